@@ -1,0 +1,167 @@
+//! Scalar f32 math on activations: the one place for each formula.
+//!
+//! Dot products use eight independent accumulators combined in a fixed
+//! order, so the compiler vectorizes them and the result is the same on
+//! every call for the same inputs (placement never changes bits).
+
+use crate::dtype::{bf16_to_f32, f16_to_f32};
+
+const LANES: usize = 8;
+
+#[inline(always)]
+fn reduce(acc: [f32; LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// Generic dot product over a weight row converted element-wise by `cvt`.
+#[inline(always)]
+fn dot_with<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [0.0f32; LANES];
+    let wc = w.chunks_exact(LANES);
+    let xc = x.chunks_exact(LANES);
+    let (wr, xr) = (wc.remainder(), xc.remainder());
+    for (a, b) in wc.zip(xc) {
+        for i in 0..LANES {
+            acc[i] += cvt(a[i]) * b[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (a, b) in wr.iter().zip(xr) {
+        tail += cvt(*a) * b;
+    }
+    reduce(acc) + tail
+}
+
+/// `Σ w[i] x[i]` for an f32 weight row.
+#[inline]
+pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    dot_with(w, x, |v| v)
+}
+
+/// `Σ w[i] x[i]` for a bf16 weight row, accumulated in f32.
+#[inline]
+pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+    dot_with(w, x, bf16_to_f32)
+}
+
+/// `Σ w[i] x[i]` for an f16 weight row, accumulated in f32.
+#[inline]
+pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+    dot_with(w, x, f16_to_f32)
+}
+
+/// RMS norm in place: `x * rsqrt(mean(x²) + eps) * weight`.
+///
+/// `hidden = hidden * torch.rsqrt(variance + eps); weight * hidden`
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    debug_assert_eq!(x.len(), weight.len());
+    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (mean_sq + eps).sqrt();
+    for (v, w) in x.iter_mut().zip(weight) {
+        *v = w * (*v * scale);
+    }
+}
+
+/// RMS norm of every `weight.len()`-wide row of `xs`.
+pub fn rms_norm_rows(xs: &mut [f32], weight: &[f32], eps: f32) {
+    for row in xs.chunks_exact_mut(weight.len()) {
+        rms_norm(row, weight, eps);
+    }
+}
+
+/// Numerically stable softmax in place.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SiLU: `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Logistic sigmoid.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Index of the largest value; the first one on ties (as `torch.argmax`).
+/// NaN never wins.
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best
+}
+
+/// The `k` largest values' indices, largest first; ties go to the lower
+/// index.
+pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dots_match_naive_sums() {
+        let x: Vec<f32> = (0..19).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let w: Vec<f32> = (0..19).map(|i| (i % 5) as f32 - 2.0).collect();
+        let naive: f64 = w
+            .iter()
+            .zip(&x)
+            .map(|(a, b)| (*a as f64) * (*b as f64))
+            .sum();
+        assert!((dot_f32(&w, &x) as f64 - naive).abs() < 1e-5);
+        let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        assert_eq!(dot_bf16(&wb, &x), dot_f32(&w, &x));
+        let wh: Vec<u16> = w
+            .iter()
+            .map(|v| half::f16::from_f32(*v).to_bits())
+            .collect();
+        assert_eq!(dot_f16(&wh, &x), dot_f32(&w, &x));
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_is_stable() {
+        let mut x = vec![1000.0, 1001.0, 999.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[1] > x[0] && x[0] > x[2]);
+    }
+
+    #[test]
+    fn rms_norm_unit_weight_gives_unit_rms() {
+        let mut x = vec![3.0, -4.0, 12.0, 0.0];
+        rms_norm(&mut x, &[1.0; 4], 0.0);
+        let rms = (x.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn argmax_and_top_k_break_ties_low() {
+        let x = [1.0, 3.0, 3.0, f32::NAN, 2.0];
+        assert_eq!(argmax(&x), 1);
+        assert_eq!(top_k(&[1.0, 3.0, 3.0, 2.0], 3), vec![1, 2, 3]);
+    }
+}

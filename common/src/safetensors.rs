@@ -1,0 +1,248 @@
+//! A model directory's safetensors weights: one `model.safetensors`, or the
+//! shards listed by `model.safetensors.index.json`. Files are memory-mapped
+//! (memmap2) and their headers validated once at open; tensors are then
+//! looked up by name without copying.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype as StDtype, SafeTensors};
+
+use crate::dtype::DType;
+use crate::error::LoadError;
+use crate::weight::{Buf, Weight, WeightData};
+
+/// One mapped file.
+struct MappedFile {
+    path: PathBuf,
+    map: Arc<Mmap>,
+}
+
+/// Where a tensor's bytes lie.
+#[derive(Clone, Debug)]
+struct Entry {
+    file: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    /// Absolute byte range in the mapped file.
+    start: usize,
+    end: usize,
+}
+
+/// All tensors of a model directory, by name.
+pub struct TensorFiles {
+    dir: PathBuf,
+    files: Vec<MappedFile>,
+    entries: HashMap<String, Entry>,
+}
+
+/// A located tensor: its dtype, shape and bytes (borrowed from the map).
+pub struct TensorRef<'a> {
+    pub name: &'a str,
+    pub path: &'a Path,
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    map: &'a Arc<Mmap>,
+    start: usize,
+    end: usize,
+}
+
+impl TensorFiles {
+    /// Opens `dir/model.safetensors`, or every shard named by
+    /// `dir/model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self, LoadError> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if index.exists() {
+            read_index(&index)?
+        } else if single.exists() {
+            vec!["model.safetensors".to_string()]
+        } else {
+            return Err(LoadError::NoWeights {
+                dir: dir.to_path_buf(),
+            });
+        };
+        let mut out = TensorFiles {
+            dir: dir.to_path_buf(),
+            files: Vec::new(),
+            entries: HashMap::new(),
+        };
+        for name in shard_names {
+            let path = dir.join(&name);
+            if !path.exists() {
+                return Err(LoadError::BadIndex {
+                    path: index.clone(),
+                    reason: format!("shard {name} does not exist"),
+                });
+            }
+            out.add_file(&path)?;
+        }
+        Ok(out)
+    }
+
+    fn add_file(&mut self, path: &Path) -> Result<(), LoadError> {
+        let io = |source| LoadError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the file is opened read-only and charm never writes model
+        // files while serving them; a file truncated underneath a running
+        // process is outside what any mmap-based loader can defend against.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (header_len, meta) =
+            SafeTensors::read_metadata(&map).map_err(|e| LoadError::BadSafetensors {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        let data_start = 8 + header_len;
+        let file_idx = self.files.len();
+        for (name, info) in meta.tensors() {
+            let (a, b) = info.data_offsets;
+            let (start, end) = (data_start + a, data_start + b);
+            if end > map.len() || start > end {
+                return Err(LoadError::BadSafetensors {
+                    path: path.to_path_buf(),
+                    reason: format!("tensor {name} lies outside the file"),
+                });
+            }
+            self.entries.insert(
+                name,
+                Entry {
+                    file: file_idx,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start,
+                    end,
+                },
+            );
+        }
+        self.files.push(MappedFile {
+            path: path.to_path_buf(),
+            map: Arc::new(map),
+        });
+        Ok(())
+    }
+
+    /// The model directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether a tensor of that name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.entries.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Locates a tensor, checking that its dtype is one charm computes with.
+    pub fn get<'a>(&'a self, name: &'a str) -> Result<TensorRef<'a>, LoadError> {
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                dir: self.dir.clone(),
+                name: name.to_string(),
+            })?;
+        let f = &self.files[e.file];
+        let dtype = match e.dtype {
+            StDtype::F32 => DType::F32,
+            StDtype::BF16 => DType::BF16,
+            StDtype::F16 => DType::F16,
+            other => {
+                return Err(LoadError::UnsupportedDtype {
+                    path: f.path.clone(),
+                    name: name.to_string(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(TensorRef {
+            name,
+            path: &f.path,
+            dtype,
+            shape: &e.shape,
+            map: &f.map,
+            start: e.start,
+            end: e.end,
+        })
+    }
+
+    /// A 2-D weight `[rows, cols]`, checked against the expected shape.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
+        let t = self.get(name)?;
+        t.expect_shape(&[rows, cols])?;
+        Ok(Weight::new(rows, cols, t.data()))
+    }
+
+    /// A 1-D vector of length `len` as f32, checked against the expected shape.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        let t = self.get(name)?;
+        t.expect_shape(&[len])?;
+        Ok(t.data().to_f32_vec())
+    }
+}
+
+impl TensorRef<'_> {
+    /// Fails with [`LoadError::ShapeMismatch`] unless the shape is `expected`.
+    pub fn expect_shape(&self, expected: &[usize]) -> Result<(), LoadError> {
+        if self.shape != expected {
+            return Err(LoadError::ShapeMismatch {
+                path: self.path.to_path_buf(),
+                name: self.name.to_string(),
+                got: self.shape.to_vec(),
+                expected: expected.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The tensor's elements, mapped in place when suitably aligned.
+    pub fn data(&self) -> WeightData {
+        let n = (self.end - self.start) / self.dtype.size();
+        match self.dtype {
+            DType::F32 => WeightData::F32(Buf::mapped(self.map.clone(), self.start, n)),
+            DType::BF16 => WeightData::BF16(Buf::mapped(self.map.clone(), self.start, n)),
+            DType::F16 => WeightData::F16(Buf::mapped(self.map.clone(), self.start, n)),
+        }
+    }
+}
+
+fn read_index(path: &Path) -> Result<Vec<String>, LoadError> {
+    let bad = |reason: String| LoadError::BadIndex {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no weight_map object".into()))?;
+    let mut shards: Vec<String> = Vec::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor}] is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file == ".." {
+            return Err(bad(format!("shard name {file} is not a plain file name")));
+        }
+        if !shards.iter().any(|s| s == file) {
+            shards.push(file.to_string());
+        }
+    }
+    shards.sort();
+    Ok(shards)
+}

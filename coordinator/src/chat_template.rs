@@ -1,0 +1,192 @@
+//! Chat templates: the Jinja template a model ships in
+//! `tokenizer_config.json` (`chat_template`) or `chat_template.jinja`,
+//! rendered with minijinja the way transformers renders it
+//! (`trim_blocks`, `lstrip_blocks`, loop controls, Python string methods,
+//! `raise_exception`, a `tojson` that matches `json.dumps`).
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error, ErrorKind};
+use serde::Serialize;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    /// A message with `role` and `content`.
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// Rendering failed (template syntax, or the template raised an exception).
+#[derive(Debug, thiserror::Error)]
+#[error("chat template: {0}")]
+pub struct TemplateError(String);
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token` / `eos_token` are the strings the
+    /// template may refer to.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_filter("tojson", tojson);
+        env.add_template_owned("chat".to_string(), source.to_string())
+            .map_err(|e| TemplateError(e.to_string()))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    /// Renders `messages` (with the assistant prompt appended when
+    /// `add_generation_prompt`). `extra` carries template switches such as
+    /// `enable_thinking`.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &[(&str, Value)],
+    ) -> Result<String, TemplateError> {
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| TemplateError(e.to_string()))?;
+        let mut ctx: Vec<(&str, Value)> = vec![
+            ("messages", Value::from_serialize(messages)),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+            ("bos_token", Value::from(self.bos_token.clone())),
+            ("eos_token", Value::from(self.eos_token.clone())),
+        ];
+        ctx.extend(extra.iter().cloned());
+        let ctx: Value = ctx
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .into();
+        tmpl.render(ctx).map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            TemplateError(msg)
+        })
+    }
+}
+
+/// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False,
+/// indent=indent, sort_keys=sort_keys)`, i.e. `", "` and `": "` separators.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write_py_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_py_json(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    sort: bool,
+    depth: usize,
+    out: &mut String,
+) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        J::Array(a) if !a.is_empty() => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                write_py_json(x, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(m) if !m.is_empty() => {
+            out.push('{');
+            let mut keys: Vec<&String> = m.keys().collect();
+            if sort {
+                keys.sort();
+            }
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&serde_json::to_string(k).unwrap_or_default());
+                out.push_str(": ");
+                write_py_json(&m[k], indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&serde_json::to_string(other).unwrap_or_default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_with_generation_prompt_and_python_methods() {
+        let src = "{% for m in messages %}<{{ m.role }}>{{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let out = t
+            .render(&[Message::new("user", "  hi  ")], true, &[])
+            .unwrap();
+        assert_eq!(out, "<user>hi\n<assistant>");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error() {
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+        let e = t.render(&[], false, &[]).unwrap_err();
+        assert!(e.to_string().contains("roles must alternate"), "{e}");
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let t = ChatTemplate::new("{{ x | tojson }}|{{ x | tojson(indent=2) }}", "", "").unwrap();
+        let x = Value::from_serialize(serde_json::json!({"name": "f", "args": [1, "é<"]}));
+        let out = t.render(&[], false, &[("x", x)]).unwrap();
+        assert_eq!(
+            out,
+            "{\"name\": \"f\", \"args\": [1, \"é<\"]}|{\n  \"name\": \"f\",\n  \"args\": [\n    1,\n    \"é<\"\n  ]\n}"
+        );
+    }
+}

@@ -1,0 +1,11 @@
+//! The `coordinator` binary: parses flags, runs, prints one clear line on error.
+
+use clap::Parser;
+
+fn main() {
+    let cli = charm_coordinator::cli::Cli::parse();
+    if let Err(e) = charm_coordinator::cli::run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

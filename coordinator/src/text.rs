@@ -1,0 +1,213 @@
+//! Text in and out: the model's `tokenizer.json` (tokenizers crate), its
+//! chat template, and a streaming decoder that emits text only once it is
+//! complete UTF-8.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::chat_template::{ChatTemplate, Message, TemplateError};
+
+/// Tokenizer and chat template problems.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// The model directory has no `tokenizer.json`.
+    #[error("{}: not found; this model has no tokenizer, pass --prompt-ids", path.display())]
+    NoTokenizer { path: PathBuf },
+    /// The model ships no chat template.
+    #[error("{}: no chat_template (nor chat_template.jinja); this model cannot chat", dir.display())]
+    NoTemplate { dir: PathBuf },
+    /// A tokenizer file is malformed.
+    #[error("{}: {reason}", path.display())]
+    BadFile { path: PathBuf, reason: String },
+    /// Encoding or decoding failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// Rendering the chat template failed.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+/// A model's tokenizer and (optional) chat template.
+pub struct TextCodec {
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    dir: PathBuf,
+}
+
+impl TextCodec {
+    /// Loads `dir/tokenizer.json` and the chat template from
+    /// `dir/chat_template.jinja` or `dir/tokenizer_config.json`.
+    pub fn load(dir: &Path) -> Result<Self, TextError> {
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Err(TextError::NoTokenizer { path: tok_path });
+        }
+        let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| TextError::BadFile {
+            path: tok_path.clone(),
+            reason: e.to_string(),
+        })?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: Value = if cfg_path.exists() {
+            let text = std::fs::read_to_string(&cfg_path).map_err(|e| TextError::BadFile {
+                path: cfg_path.clone(),
+                reason: e.to_string(),
+            })?;
+            serde_json::from_str(&text).map_err(|e| TextError::BadFile {
+                path: cfg_path.clone(),
+                reason: format!("not valid JSON: {e}"),
+            })?
+        } else {
+            Value::Null
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let source = if jinja.exists() {
+            Some(
+                std::fs::read_to_string(&jinja).map_err(|e| TextError::BadFile {
+                    path: jinja.clone(),
+                    reason: e.to_string(),
+                })?,
+            )
+        } else {
+            template_from_config(&cfg)
+        };
+        let template = match source {
+            Some(src) => Some(ChatTemplate::new(
+                &src,
+                &token_string(&cfg, "bos_token"),
+                &token_string(&cfg, "eos_token"),
+            )?),
+            None => None,
+        };
+        Ok(TextCodec {
+            tokenizer,
+            template,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Whether the model ships a chat template.
+    pub fn has_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// `tokenizer(text)["input_ids"]`: with the tokenizer's special tokens
+    /// (BOS and the like) added as its post-processor says.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        self.encode_with(text, true)
+    }
+
+    fn encode_with(&self, text: &str, special: bool) -> Result<Vec<u32>, TextError> {
+        Ok(self
+            .tokenizer
+            .encode(text, special)
+            .map_err(|e| TextError::Tokenizer(e.to_string()))?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// Decodes ids to text.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TextError::Tokenizer(e.to_string()))
+    }
+
+    /// Renders `messages` through the chat template.
+    pub fn render_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &[(&str, minijinja::Value)],
+    ) -> Result<String, TextError> {
+        let t = self
+            .template
+            .as_ref()
+            .ok_or_else(|| TextError::NoTemplate {
+                dir: self.dir.clone(),
+            })?;
+        Ok(t.render(messages, add_generation_prompt, extra)?)
+    }
+
+    /// `apply_chat_template(messages, add_generation_prompt, tokenize=True)`:
+    /// the rendered text tokenized without adding special tokens (the
+    /// template already wrote them).
+    pub fn encode_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &[(&str, minijinja::Value)],
+    ) -> Result<Vec<u32>, TextError> {
+        let text = self.render_chat(messages, add_generation_prompt, extra)?;
+        self.encode_with(&text, false)
+    }
+
+    /// A streaming decoder over this tokenizer.
+    pub fn stream(&self) -> StreamDecoder<'_> {
+        StreamDecoder {
+            codec: self,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+        }
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` (use "default").
+fn template_from_config(cfg: &Value) -> Option<String> {
+    match cfg.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `bos_token` / `eos_token` as a string, or the `content` of an added-token object.
+fn token_string(cfg: &Value, key: &str) -> String {
+    match cfg.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Object(o)) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        _ => String::new(),
+    }
+}
+
+/// Turns a growing id sequence into text pieces, holding back bytes that
+/// do not yet form complete characters (a multi-byte character split
+/// across tokens is printed once whole).
+pub struct StreamDecoder<'a> {
+    codec: &'a TextCodec,
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl StreamDecoder<'_> {
+    /// Adds one id; returns the newly completed text, if any. Special
+    /// tokens are not printed.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>, TextError> {
+        self.ids.push(id);
+        let prefix = self
+            .codec
+            .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
+        let full = self.codec.decode(&self.ids[self.prefix_offset..], true)?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
+            let piece = full[prefix.len()..].to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            Ok(Some(piece))
+        } else {
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Causal self-attention with GQA, optional QK-norm, q/k/v biases, RoPE and
+//! an optional sliding window; keys and values go through the layer's
+//! [`LayerKv`] so decode cost grows only with context length.
+
+use charm_common::kernels::{dot_f32, rms_norm, rms_norm_rows, softmax};
+use charm_common::{LoadError, TensorFiles, Weight};
+use rayon::prelude::*;
+
+use crate::config::{ModelConfig, QkNorm};
+use crate::kv_cache::LayerKv;
+use crate::rope::Rope;
+
+/// One attention layer's weights and shape.
+pub struct Attention {
+    q_proj: Weight,
+    k_proj: Weight,
+    v_proj: Weight,
+    o_proj: Weight,
+    /// `[q_dim]`, `[kv_dim]`, `[kv_dim]` when the family has biases.
+    qkv_bias: Option<[Vec<f32>; 3]>,
+    /// `[q_dim]`/`[kv_dim]` (full) or `[head_dim]` (per head).
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    qk_norm_kind: QkNorm,
+    clip_qkv: Option<f32>,
+    window: Option<usize>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    eps: f32,
+}
+
+impl Attention {
+    /// Loads `model.layers.{layer}.self_attn.*`.
+    pub fn load(files: &TensorFiles, cfg: &ModelConfig, layer: usize) -> Result<Self, LoadError> {
+        let p = format!("model.layers.{layer}.self_attn");
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let qkv_bias = if cfg.qkv_bias {
+            Some([
+                files.vector(&format!("{p}.q_proj.bias"), q)?,
+                files.vector(&format!("{p}.k_proj.bias"), kv)?,
+                files.vector(&format!("{p}.v_proj.bias"), kv)?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = match cfg.qk_norm {
+            QkNorm::None => None,
+            QkNorm::Full => Some((
+                files.vector(&format!("{p}.q_norm.weight"), q)?,
+                files.vector(&format!("{p}.k_norm.weight"), kv)?,
+            )),
+            QkNorm::PerHead => Some((
+                files.vector(&format!("{p}.q_norm.weight"), cfg.head_dim)?,
+                files.vector(&format!("{p}.k_norm.weight"), cfg.head_dim)?,
+            )),
+        };
+        Ok(Attention {
+            q_proj: files.matrix(&format!("{p}.q_proj.weight"), q, h)?,
+            k_proj: files.matrix(&format!("{p}.k_proj.weight"), kv, h)?,
+            v_proj: files.matrix(&format!("{p}.v_proj.weight"), kv, h)?,
+            o_proj: files.matrix(&format!("{p}.o_proj.weight"), h, q)?,
+            qkv_bias,
+            qk_norm,
+            qk_norm_kind: cfg.qk_norm,
+            clip_qkv: cfg.clip_qkv,
+            window: cfg.sliding_window[layer],
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            eps: cfg.rms_norm_eps,
+        })
+    }
+
+    /// Attention over `n` normed rows at `positions` (consecutive, following
+    /// what `kv` holds). Appends their keys/values to `kv` and writes the
+    /// `o_proj` output (`n × hidden`) to `out`.
+    pub fn forward(
+        &self,
+        xs: &[f32],
+        positions: &[usize],
+        rope: &Rope,
+        kv: &mut LayerKv,
+        out: &mut [f32],
+    ) {
+        let n = positions.len();
+        let (qd, kvd, hd) = (
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.head_dim,
+        );
+        let mut q = vec![0.0; n * qd];
+        let mut k = vec![0.0; n * kvd];
+        let mut v = vec![0.0; n * kvd];
+        self.q_proj.matmul(xs, n, &mut q);
+        self.k_proj.matmul(xs, n, &mut k);
+        self.v_proj.matmul(xs, n, &mut v);
+        if let Some([bq, bk, bv]) = &self.qkv_bias {
+            add_rows(&mut q, bq);
+            add_rows(&mut k, bk);
+            add_rows(&mut v, bv);
+        }
+        if let Some((nq, nk)) = &self.qk_norm {
+            // Full: self.q_norm(self.q_proj(x)); per head: q_norm(q.view(..., head_dim)).
+            match self.qk_norm_kind {
+                QkNorm::Full => {
+                    rms_norm_rows(&mut q, nq, self.eps);
+                    rms_norm_rows(&mut k, nk, self.eps);
+                }
+                QkNorm::PerHead => {
+                    q.chunks_exact_mut(hd)
+                        .for_each(|h| rms_norm(h, nq, self.eps));
+                    k.chunks_exact_mut(hd)
+                        .for_each(|h| rms_norm(h, nk, self.eps));
+                }
+                QkNorm::None => {}
+            }
+        }
+        if let Some(c) = self.clip_qkv {
+            for x in q.iter_mut().chain(k.iter_mut()).chain(v.iter_mut()) {
+                *x = x.clamp(-c, c);
+            }
+        }
+        for (t, &pos) in positions.iter().enumerate() {
+            rope.apply(&mut q[t * qd..(t + 1) * qd], pos);
+            rope.apply(&mut k[t * kvd..(t + 1) * kvd], pos);
+        }
+        let first = kv.len();
+        debug_assert_eq!(first, positions[0], "positions must continue the cache");
+        kv.k.extend_from_slice(&k);
+        kv.v.extend_from_slice(&v);
+
+        // softmax(q k^T / sqrt(head_dim)) v, one (token, head) per task.
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = self.heads / self.kv_heads;
+        let mut ctx = vec![0.0; n * qd];
+        let kv_ref: &LayerKv = kv;
+        ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+            let (t, h) = (i / self.heads, i % self.heads);
+            let pos = first + t;
+            let start = match self.window {
+                Some(w) => (pos + 1).saturating_sub(w),
+                None => 0,
+            };
+            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+            let kh = (h / group) * hd;
+            let mut scores: Vec<f32> = (start..=pos)
+                .map(|j| dot_f32(qh, &kv_ref.k[j * kvd + kh..j * kvd + kh + hd]) * scale)
+                .collect();
+            softmax(&mut scores);
+            o.fill(0.0);
+            for (j, p) in (start..=pos).zip(&scores) {
+                let vh = &kv_ref.v[j * kvd + kh..j * kvd + kh + hd];
+                for (a, b) in o.iter_mut().zip(vh) {
+                    *a += p * b;
+                }
+            }
+        });
+        self.o_proj.matmul(&ctx, n, out);
+    }
+}
+
+fn add_rows(xs: &mut [f32], bias: &[f32]) {
+    for row in xs.chunks_exact_mut(bias.len()) {
+        for (x, b) in row.iter_mut().zip(bias) {
+            *x += b;
+        }
+    }
+}

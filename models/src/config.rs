@@ -1,0 +1,379 @@
+//! A model's `config.json` (and `generation_config.json`), normalized.
+//!
+//! Hub files and transformers 5 spell several keys differently
+//! (`rope_theta` / `rope_parameters.rope_theta`, `torch_dtype` / `dtype`,
+//! `num_experts` / `num_local_experts`); [`RawConfig`] looks a key up under
+//! each of its spellings so family parsers never care.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::ModelError;
+use crate::family::Family;
+
+/// How queries and keys are normalized before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// No QK-norm (Mixtral, Qwen2-MoE).
+    None,
+    /// RMS norm over the whole projection, `[heads * head_dim]` (OLMoE).
+    Full,
+    /// RMS norm per head, `[head_dim]` (Qwen3-MoE).
+    PerHead,
+}
+
+/// Everything the decoder needs to know, whatever the family.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    /// Linear RoPE scaling factor (positions divided by it); 1.0 = none.
+    pub rope_linear_factor: f32,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub qk_norm: QkNorm,
+    /// q/k/v projections carry biases.
+    pub qkv_bias: bool,
+    /// OLMoE's optional clamp of q, k, v.
+    pub clip_qkv: Option<f32>,
+    /// Per-layer sliding attention window (`None` = full causal).
+    pub sliding_window: Vec<Option<usize>>,
+    /// Routed experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts chosen per token.
+    pub top_k: usize,
+    /// Renormalize the chosen experts' weights to sum to 1.
+    pub norm_topk_prob: bool,
+    /// Intermediate width of a routed expert.
+    pub moe_intermediate_size: usize,
+    /// Intermediate width of a dense MLP layer.
+    pub intermediate_size: usize,
+    /// Intermediate width of the shared expert (Qwen2-MoE), if any.
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Which layers are MoE (the others run a dense MLP).
+    pub moe_layers: Vec<bool>,
+    /// End-of-sequence ids from config.json and generation_config.json.
+    pub eos_token_ids: Vec<u32>,
+    /// `bos_token_id`, when the config names one.
+    pub bos_token_id: Option<u32>,
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json` and, when present, `dir/generation_config.json`.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let raw = RawConfig::read(&dir.join("config.json"))?;
+        let mut cfg = Family::from_config(&raw)?.parse(&raw)?;
+        let gen_path = dir.join("generation_config.json");
+        if gen_path.exists() {
+            let gen = RawConfig::read(&gen_path)?;
+            cfg.eos_token_ids.extend(gen.id_list("eos_token_id")?);
+            if cfg.bos_token_id.is_none() {
+                cfg.bos_token_id = gen.id_list("bos_token_id")?.first().copied();
+            }
+        }
+        let set: BTreeSet<u32> = cfg.eos_token_ids.iter().copied().collect();
+        cfg.eos_token_ids = set.into_iter().collect();
+        cfg.check(&raw)?;
+        Ok(cfg)
+    }
+
+    /// Width of the query projection output.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of the key / value projection outputs.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Whether `layer` routes to experts (otherwise it runs a dense MLP).
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        self.moe_layers[layer]
+    }
+
+    fn check(&self, raw: &RawConfig) -> Result<(), ModelError> {
+        let bad = |reason: String| raw.err(reason);
+        if self.hidden_size == 0
+            || self.num_layers == 0
+            || self.vocab_size == 0
+            || self.head_dim == 0
+        {
+            return Err(bad(
+                "hidden_size, num_hidden_layers, vocab_size and head_dim must be positive".into(),
+            ));
+        }
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        {
+            return Err(bad(format!(
+                "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
+                self.num_heads, self.num_kv_heads
+            )));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(bad(format!(
+                "head_dim {} must be even for RoPE",
+                self.head_dim
+            )));
+        }
+        if self.moe_layers.iter().any(|&m| m) && (self.top_k == 0 || self.top_k > self.num_experts)
+        {
+            return Err(bad(format!(
+                "num_experts_per_tok ({}) must be between 1 and the number of experts ({})",
+                self.top_k, self.num_experts
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A parsed JSON config with its path, for key lookups with clear errors.
+pub struct RawConfig {
+    pub path: PathBuf,
+    pub value: Value,
+}
+
+impl RawConfig {
+    /// Reads and parses a JSON object.
+    pub fn read(path: &Path) -> Result<Self, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Config {
+            path: path.to_path_buf(),
+            reason: format!("cannot read: {e}"),
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: path.to_path_buf(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        if !value.is_object() {
+            return Err(ModelError::Config {
+                path: path.to_path_buf(),
+                reason: "not a JSON object".into(),
+            });
+        }
+        Ok(RawConfig {
+            path: path.to_path_buf(),
+            value,
+        })
+    }
+
+    /// A config error at this file.
+    pub fn err(&self, reason: String) -> ModelError {
+        ModelError::Config {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// The first present, non-null value among `keys`. A key may be a dotted
+    /// path (`rope_parameters.rope_theta`).
+    pub fn lookup(&self, keys: &[&str]) -> Option<&Value> {
+        keys.iter().find_map(|k| {
+            let mut v = &self.value;
+            for part in k.split('.') {
+                v = v.get(part)?;
+            }
+            (!v.is_null()).then_some(v)
+        })
+    }
+
+    /// A required non-negative integer.
+    pub fn usize(&self, keys: &[&str]) -> Result<usize, ModelError> {
+        self.usize_opt(keys)?
+            .ok_or_else(|| self.err(format!("missing key {}", keys.join(" / "))))
+    }
+
+    /// An optional non-negative integer.
+    pub fn usize_opt(&self, keys: &[&str]) -> Result<Option<usize>, ModelError> {
+        match self.lookup(keys) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                self.err(format!(
+                    "{} must be a non-negative integer, got {v}",
+                    keys[0]
+                ))
+            }),
+        }
+    }
+
+    /// An optional number.
+    pub fn f64_opt(&self, keys: &[&str]) -> Result<Option<f64>, ModelError> {
+        match self.lookup(keys) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("{} must be a number, got {v}", keys[0]))),
+        }
+    }
+
+    /// An optional boolean.
+    pub fn bool_opt(&self, keys: &[&str]) -> Result<Option<bool>, ModelError> {
+        match self.lookup(keys) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("{} must be true or false, got {v}", keys[0]))),
+        }
+    }
+
+    /// An optional string.
+    pub fn str_opt(&self, keys: &[&str]) -> Option<&str> {
+        self.lookup(keys).and_then(Value::as_str)
+    }
+
+    /// A token id or a list of them (`eos_token_id` is spelled both ways).
+    pub fn id_list(&self, key: &str) -> Result<Vec<u32>, ModelError> {
+        let bad = || self.err(format!("{key} must be a token id or a list of token ids"));
+        match self.lookup(&[key]) {
+            None => Ok(vec![]),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_u64().map(|n| n as u32).ok_or_else(bad))
+                .collect(),
+            Some(v) => Ok(vec![v.as_u64().ok_or_else(bad)? as u32]),
+        }
+    }
+
+    /// An optional list of non-negative integers.
+    pub fn usize_list(&self, key: &str) -> Result<Vec<usize>, ModelError> {
+        Ok(self.id_list(key)?.into_iter().map(|v| v as usize).collect())
+    }
+
+    /// Common attention / embedding fields shared by every family.
+    /// Family parsers fill in the MoE-specific ones.
+    pub fn base(&self, family: Family) -> Result<ModelConfig, ModelError> {
+        let hidden_size = self.usize(&["hidden_size"])?;
+        let num_layers = self.usize(&["num_hidden_layers"])?;
+        let num_heads = self.usize(&["num_attention_heads"])?;
+        let num_kv_heads = self
+            .usize_opt(&["num_key_value_heads"])?
+            .unwrap_or(num_heads);
+        let head_dim = match self.usize_opt(&["head_dim"])? {
+            Some(d) => d,
+            None if num_heads > 0 => hidden_size / num_heads,
+            None => 0,
+        };
+        let rope_theta = self
+            .f64_opt(&["rope_parameters.rope_theta", "rope_theta"])?
+            .unwrap_or(10000.0) as f32;
+        let rope_linear_factor = self.rope_factor()?;
+        let mut eos = self.id_list("eos_token_id")?;
+        eos.sort_unstable();
+        Ok(ModelConfig {
+            family,
+            vocab_size: self.usize(&["vocab_size"])?,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: self.f64_opt(&["rms_norm_eps"])?.unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_linear_factor,
+            max_position_embeddings: self
+                .usize_opt(&["max_position_embeddings"])?
+                .unwrap_or(4096),
+            tie_word_embeddings: self.bool_opt(&["tie_word_embeddings"])?.unwrap_or(false),
+            qk_norm: QkNorm::None,
+            qkv_bias: false,
+            clip_qkv: None,
+            sliding_window: vec![None; num_layers],
+            num_experts: 0,
+            top_k: 0,
+            norm_topk_prob: false,
+            moe_intermediate_size: 0,
+            intermediate_size: self.usize_opt(&["intermediate_size"])?.unwrap_or(0),
+            shared_expert_intermediate_size: None,
+            moe_layers: vec![true; num_layers],
+            eos_token_ids: eos,
+            bos_token_id: self.id_list("bos_token_id")?.first().copied(),
+        })
+    }
+
+    /// The RoPE scaling factor: `rope_scaling` (hub) or `rope_parameters`
+    /// (transformers 5). Only the default and linear schemes are supported;
+    /// anything else is refused by name rather than silently mis-computed.
+    fn rope_factor(&self) -> Result<f32, ModelError> {
+        let kind = self
+            .str_opt(&[
+                "rope_parameters.rope_type",
+                "rope_scaling.rope_type",
+                "rope_scaling.type",
+            ])
+            .unwrap_or("default");
+        match kind {
+            "default" => Ok(1.0),
+            "linear" => Ok(self
+                .f64_opt(&["rope_parameters.factor", "rope_scaling.factor"])?
+                .ok_or_else(|| self.err("linear rope scaling without a factor".into()))?
+                as f32),
+            other => Err(self.err(format!(
+                "rope scaling type {other} is not supported (supported: default, linear)"
+            ))),
+        }
+    }
+
+    /// Per-layer sliding windows from transformers 5 `layer_types`, or from
+    /// the Qwen-style `use_sliding_window` / `max_window_layers` pair.
+    pub fn qwen_sliding_windows(
+        &self,
+        num_layers: usize,
+    ) -> Result<Vec<Option<usize>>, ModelError> {
+        let window = self.usize_opt(&["sliding_window"])?.filter(|&w| w > 0);
+        if let Some(types) = self.lookup(&["layer_types"]).and_then(Value::as_array) {
+            let w: Vec<Option<usize>> = types
+                .iter()
+                .map(|t| {
+                    if t.as_str() == Some("sliding_attention") {
+                        window
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            if w.len() != num_layers {
+                return Err(self.err(format!(
+                    "layer_types has {} entries for {num_layers} layers",
+                    w.len()
+                )));
+            }
+            return Ok(w);
+        }
+        if self.bool_opt(&["use_sliding_window"])?.unwrap_or(false) {
+            let from = self
+                .usize_opt(&["max_window_layers"])?
+                .unwrap_or(num_layers);
+            return Ok((0..num_layers)
+                .map(|l| if l >= from { window } else { None })
+                .collect());
+        }
+        Ok(vec![None; num_layers])
+    }
+
+    /// Qwen-style MoE layer selection: `mlp_only_layers` run dense MLPs,
+    /// and otherwise every `decoder_sparse_step`-th layer is sparse.
+    pub fn qwen_moe_layers(
+        &self,
+        num_layers: usize,
+        num_experts: usize,
+    ) -> Result<Vec<bool>, ModelError> {
+        let dense = self.usize_list("mlp_only_layers")?;
+        let step = self.usize_opt(&["decoder_sparse_step"])?.unwrap_or(1);
+        if step == 0 {
+            return Err(self.err("decoder_sparse_step must be at least 1".into()));
+        }
+        Ok((0..num_layers)
+            .map(|l| !dense.contains(&l) && num_experts > 0 && (l + 1) % step == 0)
+            .collect())
+    }
+}

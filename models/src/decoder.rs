@@ -1,0 +1,265 @@
+//! The decoder every supported family shares, stepped layer by layer.
+//!
+//! A step is a list of rows (tokens) with their positions. For each layer
+//! the engine calls [`Model::pre_experts`] (attention, norm, router; dense
+//! MLP layers finish here) and, when it returns a batch, hands that batch
+//! to an [`crate::ExpertService`] and gives the outputs back to
+//! [`Model::post_experts`]. The model does no I/O and never waits: the
+//! engine owns the calls to the expert service.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use charm_common::kernels::{rms_norm_rows, sigmoid};
+use charm_common::{TensorFiles, Weight};
+use charm_proto::{ExpertBatch, ExpertOutputs};
+
+use crate::attention::Attention;
+use crate::config::ModelConfig;
+use crate::error::{ExpertError, ModelError};
+use crate::ffn::SwiGlu;
+use crate::kv_cache::KvCache;
+use crate::rope::Rope;
+use crate::router::{batch_union, Router};
+
+/// A loaded model: everything but the routed experts (those live in a worker).
+pub struct Model {
+    pub cfg: ModelConfig,
+    /// `[vocab, hidden]`
+    embed: Weight,
+    layers: Vec<Layer>,
+    /// `[hidden]`
+    norm: Vec<f32>,
+    /// `[vocab, hidden]`; `None` when tied to `embed`.
+    lm_head: Option<Weight>,
+    rope: Rope,
+}
+
+struct Layer {
+    /// `[hidden]`
+    input_norm: Vec<f32>,
+    attn: Attention,
+    /// `[hidden]`
+    post_norm: Vec<f32>,
+    mlp: Mlp,
+}
+
+enum Mlp {
+    Dense(SwiGlu),
+    Moe {
+        router: Router,
+        /// Qwen2-MoE's shared expert and its `[1, hidden]` sigmoid gate.
+        shared: Option<(SwiGlu, Weight)>,
+    },
+}
+
+/// The rows of one step as they move through the layers.
+pub struct StepState {
+    positions: Vec<usize>,
+    /// Residual stream, `n × hidden`.
+    hidden: Vec<f32>,
+    /// Gated shared-expert output of the current MoE layer, `n × hidden`.
+    shared_out: Option<Vec<f32>>,
+}
+
+impl StepState {
+    /// Rows in the step.
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Whether the step has no rows.
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+}
+
+impl Model {
+    /// Loads config and dense weights from a Hugging Face model directory.
+    pub fn load(dir: &Path) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::load(dir)?;
+        let files = Arc::new(TensorFiles::open(dir)?);
+        Self::from_files(cfg, &files)
+    }
+
+    /// Loads the dense weights of `cfg` from already opened files.
+    pub fn from_files(cfg: ModelConfig, files: &TensorFiles) -> Result<Self, ModelError> {
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let names = cfg.family.moe_names();
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let mlp = if cfg.is_moe_layer(l) {
+                let shared = match cfg.shared_expert_intermediate_size {
+                    Some(si) => {
+                        let n = ["gate_proj", "up_proj", "down_proj"]
+                            .map(|x| format!("{p}.mlp.shared_expert.{x}.weight"));
+                        Some((
+                            SwiGlu::load(files, &n, h, si)?,
+                            files.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?,
+                        ))
+                    }
+                    None => None,
+                };
+                Mlp::Moe {
+                    router: Router {
+                        weight: files.matrix(&names.router(l), cfg.num_experts, h)?,
+                        top_k: cfg.top_k,
+                        norm_topk_prob: cfg.norm_topk_prob,
+                    },
+                    shared,
+                }
+            } else {
+                let n =
+                    ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.{x}.weight"));
+                Mlp::Dense(SwiGlu::load(files, &n, h, cfg.intermediate_size)?)
+            };
+            layers.push(Layer {
+                input_norm: files.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attn: Attention::load(files, &cfg, l)?,
+                post_norm: files.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp,
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(files.matrix("lm_head.weight", v, h)?)
+        };
+        Ok(Model {
+            embed: files.matrix("model.embed_tokens.weight", v, h)?,
+            norm: files.vector("model.norm.weight", h)?,
+            rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_linear_factor),
+            layers,
+            lm_head,
+            cfg,
+        })
+    }
+
+    /// An empty KV cache for one sequence.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.cfg.num_layers, self.cfg.kv_dim())
+    }
+
+    /// Embeds `tokens` at positions `start..start + tokens.len()`.
+    pub fn begin(&self, tokens: &[u32], start: usize) -> Result<StepState, ModelError> {
+        let h = self.cfg.hidden_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(ModelError::BadInput(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.cfg.vocab_size
+            )));
+        }
+        let mut hidden = vec![0.0; tokens.len() * h];
+        for (row, &t) in hidden.chunks_exact_mut(h).zip(tokens) {
+            self.embed.row_into(t as usize, row);
+        }
+        Ok(StepState {
+            positions: (start..start + tokens.len()).collect(),
+            hidden,
+            shared_out: None,
+        })
+    }
+
+    /// Attention and everything before the routed experts of `layer`.
+    /// Returns the layer's batch-union, or `None` for a dense layer (which
+    /// is then complete).
+    pub fn pre_experts(
+        &self,
+        layer: usize,
+        st: &mut StepState,
+        cache: &mut KvCache,
+    ) -> Option<ExpertBatch> {
+        let (h, n) = (self.cfg.hidden_size, st.len());
+        let eps = self.cfg.rms_norm_eps;
+        let l = &self.layers[layer];
+
+        // hidden_states = residual + self_attn(input_layernorm(hidden_states))
+        let mut xs = st.hidden.clone();
+        rms_norm_rows(&mut xs, &l.input_norm, eps);
+        let mut attn_out = vec![0.0; n * h];
+        l.attn.forward(
+            &xs,
+            &st.positions,
+            &self.rope,
+            &mut cache.layers[layer],
+            &mut attn_out,
+        );
+        add_into(&mut st.hidden, &attn_out);
+
+        // hidden_states = post_attention_layernorm(hidden_states)
+        let mut xs = st.hidden.clone();
+        rms_norm_rows(&mut xs, &l.post_norm, eps);
+        match &l.mlp {
+            Mlp::Dense(ffn) => {
+                let mut out = vec![0.0; n * h];
+                ffn.forward(&xs, n, &mut out);
+                add_into(&mut st.hidden, &out);
+                None
+            }
+            Mlp::Moe { router, shared } => {
+                st.shared_out = shared.as_ref().map(|(ffn, gate)| {
+                    // shared_expert_output = F.sigmoid(self.shared_expert_gate(x)) * shared_expert(x)
+                    let mut out = vec![0.0; n * h];
+                    ffn.forward(&xs, n, &mut out);
+                    for (row, x) in out.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
+                        let g = sigmoid(gate.row_dot(0, x));
+                        row.iter_mut().for_each(|v| *v *= g);
+                    }
+                    out
+                });
+                let choices = router.route(&xs, n);
+                Some(batch_union(layer as u16, h, xs, &choices))
+            }
+        }
+    }
+
+    /// Combines the experts' outputs of `layer` into the residual stream.
+    ///
+    /// Each row sums its experts' weighted outputs in ascending expert order,
+    /// whichever service computed them and in whatever order they came
+    /// back: the canonical order that keeps placement out of the bits.
+    pub fn post_experts(
+        &self,
+        layer: usize,
+        st: &mut StepState,
+        batch: &ExpertBatch,
+        outputs: &ExpertOutputs,
+    ) -> Result<(), ModelError> {
+        let h = self.cfg.hidden_size;
+        let ordered = outputs.in_batch_order(batch).map_err(ExpertError::from)?;
+        debug_assert_eq!(batch.layer as usize, layer);
+        let mut moe = vec![0.0f32; st.len() * h];
+        for (g, out) in batch.groups.iter().zip(ordered) {
+            for (&r, y) in g.rows.iter().zip(out.out.chunks_exact(h)) {
+                add_into(&mut moe[r as usize * h..(r as usize + 1) * h], y);
+            }
+        }
+        // final_hidden_states = final_hidden_states + shared_expert_output
+        if let Some(shared) = st.shared_out.take() {
+            add_into(&mut moe, &shared);
+        }
+        add_into(&mut st.hidden, &moe);
+        Ok(())
+    }
+
+    /// Final norm and LM head for the step's rows `from..` (the last row
+    /// only during generation; every row for teacher forcing).
+    /// Returns `(rows - from) × vocab` logits.
+    pub fn logits(&self, st: &StepState, from: usize) -> Vec<f32> {
+        let h = self.cfg.hidden_size;
+        let n = st.len() - from;
+        let mut xs = st.hidden[from * h..].to_vec();
+        rms_norm_rows(&mut xs, &self.norm, self.cfg.rms_norm_eps);
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut out = vec![0.0; n * self.cfg.vocab_size];
+        head.matmul(&xs, n, &mut out);
+        out
+    }
+}
+
+fn add_into(acc: &mut [f32], x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}

