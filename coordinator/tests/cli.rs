@@ -1,0 +1,364 @@
+//! The `coordinator` command-line contract, run as a real process: JSON
+//! shape, chat prompts, sampling reproducibility, EOS stops, and clear
+//! one-line errors (never a panic) on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures").join(name)
+}
+
+fn reference(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
+fn csv(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn coordinator(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .arg("--local")
+        .arg("--model")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run coordinator")
+}
+
+fn json_run(dir: &Path, args: &[&str]) -> Value {
+    let out = coordinator(dir, args);
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim().lines().count(), 1, "--json prints one line: {stdout}");
+    serde_json::from_str(stdout.trim()).expect("stdout is one JSON object")
+}
+
+/// Asserts a failed run: non-zero exit, one `error:` line naming `needles`, no panic.
+fn assert_clean_failure(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one clear line, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    for n in needles {
+        assert!(lines[0].contains(n), "error should name {n:?}: {stderr}");
+    }
+}
+
+/// A writable copy of a fixture.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    tmp
+}
+
+#[test]
+fn generate_json_has_the_contract_fields_and_reference_ids() {
+    let r = reference("olmoe");
+    let prompt = ids(&r["prompt_ids"]);
+    let v = json_run(
+        &fixture("olmoe"),
+        &["generate", "--prompt-ids", &csv(&prompt), "--max-tokens", "16", "--ignore-eos", "--json"],
+    );
+    assert_eq!(ids(&v["prompt_ids"]), prompt);
+    assert_eq!(ids(&v["ids"]), ids(&r["greedy_ids"]));
+    assert_eq!(v["text"], "");
+    assert_eq!(v["finish_reason"], "length");
+    let s = &v["stats"];
+    assert_eq!(s["prompt_tokens"], prompt.len());
+    assert_eq!(s["generated_tokens"], 16);
+    for k in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
+        assert!(s[k].as_f64().unwrap() > 0.0, "{k} = {}", s[k]);
+    }
+}
+
+#[test]
+fn chat_flag_renders_the_template_and_generates_reference_ids() {
+    let dir = fixture("qwen3moe-chat");
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "run scripts/fetch_test_material.sh to fetch the Qwen3 tokenizer"
+    );
+    let r = reference("qwen3moe-chat");
+    let v = json_run(
+        &dir,
+        &[
+            "generate",
+            "--prompt",
+            "What is the capital of France?",
+            "--chat",
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ],
+    );
+    assert_eq!(ids(&v["prompt_ids"]), ids(&r["prompt_ids"]));
+    assert_eq!(ids(&v["ids"]), ids(&r["greedy_ids"]));
+    assert!(!v["text"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn streaming_text_is_the_json_text() {
+    let dir = fixture("qwen3moe-chat");
+    let args = ["generate", "--prompt", "Hello there", "--max-tokens", "12", "--ignore-eos"];
+    let out = coordinator(&dir, &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let streamed = String::from_utf8(out.stdout).unwrap();
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let v = json_run(&dir, &json_args);
+    assert_eq!(streamed.strip_suffix('\n').unwrap(), v["text"].as_str().unwrap());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("12 generated"), "summary line: {stderr}");
+}
+
+#[test]
+fn sampling_is_reproducible_with_a_seed() {
+    let r = reference("mixtral");
+    let p = csv(&ids(&r["prompt_ids"]));
+    let run = |seed: &str| {
+        ids(&json_run(
+            &fixture("mixtral"),
+            &[
+                "generate", "--prompt-ids", &p, "--max-tokens", "24", "--ignore-eos", "--temperature", "1.5",
+                "--top-p", "0.95", "--top-k", "50", "--seed", seed, "--json",
+            ],
+        )["ids"])
+    };
+    let a = run("7");
+    assert_eq!(a, run("7"));
+    assert_ne!(a, run("8"));
+}
+
+#[test]
+fn stops_at_eos_unless_told_to_ignore_it() {
+    let r = reference("qwen2moe");
+    let greedy = ids(&r["greedy_ids"]);
+    let tmp = copy_fixture("qwen2moe");
+    // Make the 4th greedy token the model's end-of-sequence id.
+    std::fs::write(
+        tmp.path().join("generation_config.json"),
+        format!("{{\"eos_token_id\": [{}]}}", greedy[3]),
+    )
+    .unwrap();
+    let p = csv(&ids(&r["prompt_ids"]));
+    let v = json_run(tmp.path(), &["generate", "--prompt-ids", &p, "--max-tokens", "16", "--json"]);
+    assert_eq!(ids(&v["ids"]), greedy[..4]);
+    assert_eq!(v["finish_reason"], "stop");
+    let v = json_run(
+        tmp.path(),
+        &["generate", "--prompt-ids", &p, "--max-tokens", "16", "--ignore-eos", "--json"],
+    );
+    assert_eq!(ids(&v["ids"]), greedy);
+    let v = json_run(tmp.path(), &["generate", "--prompt-ids", &p, "--max-tokens", "2", "--json"]);
+    assert_eq!(ids(&v["ids"]), greedy[..2]);
+    assert_eq!(v["finish_reason"], "length");
+}
+
+#[test]
+fn chat_repl_answers_each_turn() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .args(["--local", "--model"])
+        .arg(fixture("qwen3moe-chat"))
+        .args(["chat", "--max-tokens", "5", "--ignore-eos"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 2, "one answer line per turn: {stdout:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("5 generated").count(), 2, "{stderr}");
+}
+
+#[test]
+fn worker_binary_reports_its_version() {
+    let worker = Path::new(env!("CARGO_BIN_EXE_coordinator")).with_file_name("worker");
+    if !worker.exists() {
+        // Built by `cargo test --workspace`; a `-p charm-coordinator` run may not have it.
+        return;
+    }
+    let out = Command::new(worker).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("worker "));
+}
+
+// ---- bad input: a clear error naming the file and tensor, never a panic ----
+
+#[test]
+fn missing_model_dir_and_missing_weights() {
+    let out = coordinator(Path::new("/nonexistent/model"), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["/nonexistent/model", "not found"]);
+    let tmp = copy_fixture("olmoe");
+    std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors"]);
+    let tmp = copy_fixture("olmoe");
+    std::fs::remove_file(tmp.path().join("config.json")).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["config.json"]);
+}
+
+#[test]
+fn missing_shard_is_named() {
+    let tmp = copy_fixture("qwen3moe");
+    std::fs::remove_file(tmp.path().join("model-00002-of-00004.safetensors")).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model-00002-of-00004.safetensors"]);
+}
+
+#[test]
+fn truncated_and_corrupt_safetensors() {
+    let tmp = copy_fixture("olmoe");
+    let path = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors", "not a valid safetensors file"]);
+
+    std::fs::write(&path, &bytes[..5]).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors", "not a valid safetensors file"]);
+
+    let mut corrupt = bytes.clone();
+    corrupt[8..24].copy_from_slice(b"garbage!garbage!");
+    std::fs::write(&path, &corrupt).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors", "not a valid safetensors file"]);
+
+    let mut huge = bytes;
+    huge[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    std::fs::write(&path, &huge).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors"]);
+}
+
+/// Rewrites the safetensors header of `path` with `edit` (same data bytes).
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    edit(&mut header);
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn unsupported_dtype_names_file_and_tensor() {
+    let tmp = copy_fixture("olmoe");
+    let path = tmp.path().join("model.safetensors");
+    let name = "model.layers.1.self_attn.k_proj.weight";
+    edit_header(&path, |h| h[name]["dtype"] = Value::from("I32"));
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors", name, "I32"]);
+}
+
+#[test]
+fn shape_mismatch_names_file_and_tensor() {
+    let tmp = copy_fixture("olmoe");
+    let path = tmp.path().join("model.safetensors");
+    let name = "model.layers.0.mlp.experts.3.up_proj.weight";
+    // Same byte count, transposed shape.
+    edit_header(&path, |h| {
+        let shape: Vec<u64> = h[name]["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        h[name]["shape"] = Value::from(vec![shape[1], shape[0]]);
+    });
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors", name, "shape"]);
+
+    // A config that disagrees with the weights.
+    let tmp = copy_fixture("mixtral");
+    let cfg_path = tmp.path().join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["intermediate_size"] = Value::from(cfg["intermediate_size"].as_u64().unwrap() + 1);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["model.safetensors", "w1.weight", "shape"]);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let tmp = copy_fixture("qwen2moe");
+    let path = tmp.path().join("model.safetensors");
+    let name = "model.layers.1.mlp.shared_expert_gate.weight";
+    edit_header(&path, |h| {
+        let v = h.remove(name).unwrap();
+        h.insert("unused.renamed".into(), v);
+    });
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &[name, "not found"]);
+}
+
+#[test]
+fn unknown_architecture_is_named_with_the_supported_list() {
+    let tmp = copy_fixture("olmoe");
+    let cfg_path = tmp.path().join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    cfg["architectures"] = serde_json::json!(["GptNeoForWhatever"]);
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(
+        &out,
+        &["GptNeoForWhatever", "OlmoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"],
+    );
+    std::fs::write(&cfg_path, "{ not json").unwrap();
+    let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn bad_requests_are_clear_errors() {
+    let dir = fixture("olmoe");
+    let out = coordinator(&dir, &["generate", "--prompt-ids", "5,99999"]);
+    assert_clean_failure(&out, &["99999", "vocabulary"]);
+    let out = coordinator(&dir, &["generate", "--prompt", "hello"]);
+    assert_clean_failure(&out, &["tokenizer.json", "--prompt-ids"]);
+    let out = coordinator(&dir, &["generate", "--prompt-ids", "1", "--top-p", "0"]);
+    assert_clean_failure(&out, &["top-p"]);
+    let out = coordinator(&dir, &["generate", "--prompt-ids", "1", "--temperature=-1"]);
+    assert_clean_failure(&out, &["temperature"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .args(["--model"])
+        .arg(&dir)
+        .args(["generate", "--prompt-ids", "1"])
+        .output()
+        .unwrap();
+    assert_clean_failure(&out, &["--local"]);
+    let long: Vec<u64> = (0..600).map(|i| 3 + i % 500).collect();
+    let out = coordinator(&dir, &["generate", "--prompt-ids", &csv(&long), "--max-tokens", "1"]);
+    assert_clean_failure(&out, &["context"]);
+}
