@@ -33,7 +33,7 @@ impl<T: bytemuck::Pod> Buf<T> {
     /// address is not aligned for `T`.
     pub fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
         let bytes = &map[start..start + len * std::mem::size_of::<T>()];
-        if (bytes.as_ptr() as usize) % std::mem::align_of::<T>() == 0 {
+        if (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
             Buf {
                 inner: BufInner::Mapped { map, start, len },
             }

@@ -21,7 +21,11 @@ fn reference(name: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u64> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
 }
 
 fn csv(ids: &[u64]) -> String {
@@ -40,9 +44,17 @@ fn coordinator(dir: &Path, args: &[&str]) -> Output {
 
 fn json_run(dir: &Path, args: &[&str]) -> Value {
     let out = coordinator(dir, args);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.trim().lines().count(), 1, "--json prints one line: {stdout}");
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "--json prints one line: {stdout}"
+    );
     serde_json::from_str(stdout.trim()).expect("stdout is one JSON object")
 }
 
@@ -75,7 +87,15 @@ fn generate_json_has_the_contract_fields_and_reference_ids() {
     let prompt = ids(&r["prompt_ids"]);
     let v = json_run(
         &fixture("olmoe"),
-        &["generate", "--prompt-ids", &csv(&prompt), "--max-tokens", "16", "--ignore-eos", "--json"],
+        &[
+            "generate",
+            "--prompt-ids",
+            &csv(&prompt),
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ],
     );
     assert_eq!(ids(&v["prompt_ids"]), prompt);
     assert_eq!(ids(&v["ids"]), ids(&r["greedy_ids"]));
@@ -118,14 +138,28 @@ fn chat_flag_renders_the_template_and_generates_reference_ids() {
 #[test]
 fn streaming_text_is_the_json_text() {
     let dir = fixture("qwen3moe-chat");
-    let args = ["generate", "--prompt", "Hello there", "--max-tokens", "12", "--ignore-eos"];
+    let args = [
+        "generate",
+        "--prompt",
+        "Hello there",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+    ];
     let out = coordinator(&dir, &args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let streamed = String::from_utf8(out.stdout).unwrap();
     let mut json_args = args.to_vec();
     json_args.push("--json");
     let v = json_run(&dir, &json_args);
-    assert_eq!(streamed.strip_suffix('\n').unwrap(), v["text"].as_str().unwrap());
+    assert_eq!(
+        streamed.strip_suffix('\n').unwrap(),
+        v["text"].as_str().unwrap()
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("12 generated"), "summary line: {stderr}");
 }
@@ -138,8 +172,21 @@ fn sampling_is_reproducible_with_a_seed() {
         ids(&json_run(
             &fixture("mixtral"),
             &[
-                "generate", "--prompt-ids", &p, "--max-tokens", "24", "--ignore-eos", "--temperature", "1.5",
-                "--top-p", "0.95", "--top-k", "50", "--seed", seed, "--json",
+                "generate",
+                "--prompt-ids",
+                &p,
+                "--max-tokens",
+                "24",
+                "--ignore-eos",
+                "--temperature",
+                "1.5",
+                "--top-p",
+                "0.95",
+                "--top-k",
+                "50",
+                "--seed",
+                seed,
+                "--json",
             ],
         )["ids"])
     };
@@ -160,15 +207,43 @@ fn stops_at_eos_unless_told_to_ignore_it() {
     )
     .unwrap();
     let p = csv(&ids(&r["prompt_ids"]));
-    let v = json_run(tmp.path(), &["generate", "--prompt-ids", &p, "--max-tokens", "16", "--json"]);
+    let v = json_run(
+        tmp.path(),
+        &[
+            "generate",
+            "--prompt-ids",
+            &p,
+            "--max-tokens",
+            "16",
+            "--json",
+        ],
+    );
     assert_eq!(ids(&v["ids"]), greedy[..4]);
     assert_eq!(v["finish_reason"], "stop");
     let v = json_run(
         tmp.path(),
-        &["generate", "--prompt-ids", &p, "--max-tokens", "16", "--ignore-eos", "--json"],
+        &[
+            "generate",
+            "--prompt-ids",
+            &p,
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ],
     );
     assert_eq!(ids(&v["ids"]), greedy);
-    let v = json_run(tmp.path(), &["generate", "--prompt-ids", &p, "--max-tokens", "2", "--json"]);
+    let v = json_run(
+        tmp.path(),
+        &[
+            "generate",
+            "--prompt-ids",
+            &p,
+            "--max-tokens",
+            "2",
+            "--json",
+        ],
+    );
     assert_eq!(ids(&v["ids"]), greedy[..2]);
     assert_eq!(v["finish_reason"], "length");
 }
@@ -192,9 +267,17 @@ fn chat_repl_answers_each_turn() {
         .write_all(b"What is the capital of France?\nAnd of Italy?\n/exit\n")
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout.lines().count(), 2, "one answer line per turn: {stdout:?}");
+    assert_eq!(
+        stdout.lines().count(),
+        2,
+        "one answer line per turn: {stdout:?}"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("5 generated").count(), 2, "{stderr}");
 }
@@ -215,7 +298,10 @@ fn worker_binary_reports_its_version() {
 
 #[test]
 fn missing_model_dir_and_missing_weights() {
-    let out = coordinator(Path::new("/nonexistent/model"), &["generate", "--prompt-ids", "1"]);
+    let out = coordinator(
+        Path::new("/nonexistent/model"),
+        &["generate", "--prompt-ids", "1"],
+    );
     assert_clean_failure(&out, &["/nonexistent/model", "not found"]);
     let tmp = copy_fixture("olmoe");
     std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
@@ -265,10 +351,11 @@ fn truncated_and_corrupt_safetensors() {
 fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
     let bytes = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut header: serde_json::Map<String, Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut h = serde_json::to_vec(&header).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -294,7 +381,12 @@ fn shape_mismatch_names_file_and_tensor() {
     let name = "model.layers.0.mlp.experts.3.up_proj.weight";
     // Same byte count, transposed shape.
     edit_header(&path, |h| {
-        let shape: Vec<u64> = h[name]["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let shape: Vec<u64> = h[name]["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         h[name]["shape"] = Value::from(vec![shape[1], shape[0]]);
     });
     let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
@@ -303,7 +395,8 @@ fn shape_mismatch_names_file_and_tensor() {
     // A config that disagrees with the weights.
     let tmp = copy_fixture("mixtral");
     let cfg_path = tmp.path().join("config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["intermediate_size"] = Value::from(cfg["intermediate_size"].as_u64().unwrap() + 1);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
@@ -327,13 +420,20 @@ fn missing_tensor_is_named() {
 fn unknown_architecture_is_named_with_the_supported_list() {
     let tmp = copy_fixture("olmoe");
     let cfg_path = tmp.path().join("config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["architectures"] = serde_json::json!(["GptNeoForWhatever"]);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
     assert_clean_failure(
         &out,
-        &["GptNeoForWhatever", "OlmoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"],
+        &[
+            "GptNeoForWhatever",
+            "OlmoeForCausalLM",
+            "Qwen3MoeForCausalLM",
+            "MixtralForCausalLM",
+            "Qwen2MoeForCausalLM",
+        ],
     );
     std::fs::write(&cfg_path, "{ not json").unwrap();
     let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
@@ -359,6 +459,9 @@ fn bad_requests_are_clear_errors() {
         .unwrap();
     assert_clean_failure(&out, &["--local"]);
     let long: Vec<u64> = (0..600).map(|i| 3 + i % 500).collect();
-    let out = coordinator(&dir, &["generate", "--prompt-ids", &csv(&long), "--max-tokens", "1"]);
+    let out = coordinator(
+        &dir,
+        &["generate", "--prompt-ids", &csv(&long), "--max-tokens", "1"],
+    );
     assert_clean_failure(&out, &["context"]);
 }

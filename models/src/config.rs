@@ -112,14 +112,16 @@ impl ModelConfig {
                 "hidden_size, num_hidden_layers, vocab_size and head_dim must be positive".into(),
             ));
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             return Err(bad(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
             )));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(bad(format!(
                 "head_dim {} must be even for RoPE",
                 self.head_dim

@@ -103,7 +103,7 @@ impl ExpertBatch {
     /// Checks every length and index; run on anything that crossed a seam.
     pub fn validate(&self) -> Result<(), BatchError> {
         let h = self.hidden as usize;
-        if h == 0 || self.rows.len() % h != 0 {
+        if h == 0 || !self.rows.len().is_multiple_of(h) {
             return Err(BatchError::RaggedRows {
                 len: self.rows.len(),
                 hidden: self.hidden,
