@@ -206,6 +206,11 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
     if let Some(e) = io_err {
         return Err(e).context("writing to stdout");
     }
+    if !args.json {
+        if let Some(rest) = stream.as_mut().map(|s| s.finish()).transpose()?.flatten() {
+            stdout.write_all(rest.as_bytes())?;
+        }
+    }
     if args.json {
         let text = match &codec {
             Some(c) => c.decode(&gen.ids, true)?,
@@ -281,6 +286,9 @@ fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
             }
             true
         })?;
+        if let Some(rest) = stream.finish()? {
+            out.write_all(rest.as_bytes())?;
+        }
         writeln!(out)?;
         let reply = codec.decode(&gen.ids, true)?;
         messages.push(Message::new("assistant", &reply));

@@ -210,4 +210,19 @@ impl StreamDecoder<'_> {
             Ok(None)
         }
     }
+
+    /// Ends the stream: returns whatever was held back (an incomplete
+    /// character at the very end decodes to U+FFFD, as whole decoding does).
+    pub fn finish(&mut self) -> Result<Option<String>, TextError> {
+        let prefix = self
+            .codec
+            .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
+        let full = self.codec.decode(&self.ids[self.prefix_offset..], true)?;
+        self.prefix_offset = self.ids.len();
+        self.read_offset = self.ids.len();
+        match full.strip_prefix(&prefix) {
+            Some(rest) if !rest.is_empty() => Ok(Some(rest.to_string())),
+            _ => Ok(None),
+        }
+    }
 }
