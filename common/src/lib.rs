@@ -3,21 +3,29 @@
 //! # Layout
 //! - [`error`]: typed load errors that name the file and the tensor.
 //! - [`dtype`]: the weight element types charm reads (F32, BF16, F16).
+//! - [`quant`]: charm's quantized formats (symmetric INT8 and INT4 with f32
+//!   group scales): their exact layout, quantizers and dequantizers.
 //! - [`weight`]: a weight matrix or vector, memory-mapped when it can be,
 //!   and its matrix-vector / matrix-matrix products.
+//! - [`container`]: charm's model container (dense file + one record per
+//!   expert, 4 KiB aligned, checksummed) — manifest, layout, checks.
 //! - [`safetensors`]: a model directory's safetensors files (single or
 //!   sharded), memory-mapped, validated, looked up by tensor name.
 //! - [`kernels`]: the scalar math on f32 activations (dot products, RMS
-//!   norm, softmax, SiLU, argmax). Activations and accumulation are always
-//!   f32, whatever the weight dtype.
+//!   norm, softmax, SiLU, argmax), with a scalar reference and a fast path
+//!   for each quantized dot. Activations and accumulation are always f32,
+//!   whatever the weight format.
 
+pub mod container;
 pub mod dtype;
 pub mod error;
 pub mod kernels;
+pub mod quant;
 pub mod safetensors;
 pub mod weight;
 
 pub use dtype::DType;
 pub use error::LoadError;
+pub use quant::{QuantError, WeightFormat};
 pub use safetensors::TensorFiles;
-pub use weight::{Weight, WeightData};
+pub use weight::{Buf, ByteSource, Weight, WeightData};

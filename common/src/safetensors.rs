@@ -83,6 +83,23 @@ impl TensorFiles {
         Ok(out)
     }
 
+    /// Opens one safetensors file (a container's `dense.safetensors`).
+    pub fn open_file(path: &Path) -> Result<Self, LoadError> {
+        let mut out = TensorFiles {
+            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            files: Vec::new(),
+            entries: HashMap::new(),
+        };
+        if !path.exists() {
+            return Err(LoadError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
+            });
+        }
+        out.add_file(path)?;
+        Ok(out)
+    }
+
     fn add_file(&mut self, path: &Path) -> Result<(), LoadError> {
         let io = |source| LoadError::Io {
             path: path.to_path_buf(),
@@ -192,7 +209,7 @@ impl TensorFiles {
     }
 }
 
-impl TensorRef<'_> {
+impl<'a> TensorRef<'a> {
     /// Fails with [`LoadError::ShapeMismatch`] unless the shape is `expected`.
     pub fn expect_shape(&self, expected: &[usize]) -> Result<(), LoadError> {
         if self.shape != expected {
@@ -204,6 +221,12 @@ impl TensorRef<'_> {
             });
         }
         Ok(())
+    }
+
+    /// The tensor's raw little-endian bytes, borrowed from the map.
+    pub fn bytes(&self) -> &'a [u8] {
+        let map: &'a Mmap = self.map;
+        &map[self.start..self.end]
     }
 
     /// The tensor's elements, mapped in place when suitably aligned.

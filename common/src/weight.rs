@@ -1,10 +1,11 @@
 //! Weights: a matrix `[rows, cols]` (row-major, the layout of a Hugging Face
-//! `Linear.weight`: `out_features × in_features`) stored as F32, BF16 or F16,
-//! and its products with f32 activations.
+//! `Linear.weight`: `out_features × in_features`) stored as F32, BF16, F16,
+//! or quantized INT8 / INT4 with f32 group scales ([`crate::quant`]), and
+//! its products with f32 activations.
 //!
 //! Storage borrows the memory-mapped file when the bytes are aligned for
 //! their type, and copies otherwise (safetensors does not promise
-//! alignment).
+//! alignment; i8/u8 values never need copying).
 
 use std::sync::Arc;
 
@@ -12,16 +13,39 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
-use crate::kernels::{dot_bf16, dot_f16, dot_f32};
+use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
+use crate::quant::{
+    check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row,
+    quantize_int4, quantize_int8, QuantError, WeightFormat,
+};
 
-/// Elements of type `T`, either mapped from a file or owned.
+/// Bytes that weights can borrow: a memory-mapped file, or a buffer an
+/// expert was read into.
+pub trait ByteSource: Send + Sync {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+impl ByteSource for Mmap {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl ByteSource for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// Elements of type `T`, either borrowed from shared bytes or owned.
 pub struct Buf<T: bytemuck::Pod> {
     inner: BufInner<T>,
 }
 
 enum BufInner<T> {
     Mapped {
-        map: Arc<Mmap>,
+        src: Arc<dyn ByteSource>,
         start: usize,
         len: usize,
     },
@@ -32,10 +56,19 @@ impl<T: bytemuck::Pod> Buf<T> {
     /// `len` elements starting at byte `start` of `map`; copied if the
     /// address is not aligned for `T`.
     pub fn mapped(map: Arc<Mmap>, start: usize, len: usize) -> Self {
-        let bytes = &map[start..start + len * std::mem::size_of::<T>()];
+        Self::shared(map, start, len)
+    }
+
+    /// `len` elements starting at byte `start` of `src`, borrowed in place
+    /// when aligned for `T`, copied otherwise.
+    ///
+    /// # Panics
+    /// If the range lies outside `src` (callers check ranges first).
+    pub fn shared(src: Arc<dyn ByteSource>, start: usize, len: usize) -> Self {
+        let bytes = &src.bytes()[start..start + len * std::mem::size_of::<T>()];
         if (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
             Buf {
-                inner: BufInner::Mapped { map, start, len },
+                inner: BufInner::Mapped { src, start, len },
             }
         } else {
             let owned: Vec<T> = bytes
@@ -55,39 +88,131 @@ impl<T: bytemuck::Pod> Buf<T> {
         }
     }
 
+    /// Whether the elements are borrowed from a mapped file (not copied).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.inner, BufInner::Mapped { .. })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            BufInner::Mapped { len, .. } => *len,
+            BufInner::Owned(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The elements.
     pub fn as_slice(&self) -> &[T] {
         match &self.inner {
-            BufInner::Mapped { map, start, len } => {
-                bytemuck::cast_slice(&map[*start..*start + len * std::mem::size_of::<T>()])
+            BufInner::Mapped { src, start, len } => {
+                bytemuck::cast_slice(&src.bytes()[*start..*start + len * std::mem::size_of::<T>()])
             }
             BufInner::Owned(v) => v,
         }
     }
 }
 
-/// Elements of a weight in their stored dtype.
+/// Elements of a weight in their stored format.
 pub enum WeightData {
     F32(Buf<f32>),
     BF16(Buf<u16>),
     F16(Buf<u16>),
+    /// INT8: `scales: rows * (cols / group)`, `q: rows * cols`.
+    Int8 {
+        scales: Buf<f32>,
+        q: Buf<i8>,
+        group: usize,
+    },
+    /// INT4: `scales: rows * (cols / group)`, `q: rows * cols / 2` bytes of
+    /// two nibbles each.
+    Int4 {
+        scales: Buf<f32>,
+        q: Buf<u8>,
+        group: usize,
+    },
 }
 
 impl WeightData {
-    /// The stored dtype.
-    pub fn dtype(&self) -> DType {
+    /// INT8 data for a `[rows, cols]` matrix; an error (not a panic) when
+    /// the buffers do not match the shape.
+    pub fn int8(
+        rows: usize,
+        cols: usize,
+        group: usize,
+        scales: Buf<f32>,
+        q: Buf<i8>,
+    ) -> Result<Self, QuantError> {
+        check_int8_buffers(rows, cols, group, scales.len(), q.len())?;
+        Ok(WeightData::Int8 { scales, q, group })
+    }
+
+    /// INT4 data for a `[rows, cols]` matrix; an error (not a panic) when
+    /// the buffers do not match the shape.
+    pub fn int4(
+        rows: usize,
+        cols: usize,
+        group: usize,
+        scales: Buf<f32>,
+        q: Buf<u8>,
+    ) -> Result<Self, QuantError> {
+        check_int4_buffers(rows, cols, group, scales.len(), q.len())?;
+        Ok(WeightData::Int4 { scales, q, group })
+    }
+
+    /// The stored format.
+    pub fn format(&self) -> WeightFormat {
         match self {
-            WeightData::F32(_) => DType::F32,
-            WeightData::BF16(_) => DType::BF16,
-            WeightData::F16(_) => DType::F16,
+            WeightData::F32(_) => WeightFormat::F32,
+            WeightData::BF16(_) => WeightFormat::BF16,
+            WeightData::F16(_) => WeightFormat::F16,
+            WeightData::Int8 { group, .. } => WeightFormat::Int8 { group: *group },
+            WeightData::Int4 { group, .. } => WeightFormat::Int4 { group: *group },
         }
     }
 
-    /// Number of elements.
+    /// The stored dtype; `None` for a quantized format (see
+    /// [`WeightData::format`]).
+    pub fn dtype(&self) -> Option<DType> {
+        self.format().dtype()
+    }
+
+    /// Number of logical elements (`rows * cols`), whatever the format.
     pub fn len(&self) -> usize {
         match self {
-            WeightData::F32(b) => b.as_slice().len(),
-            WeightData::BF16(b) | WeightData::F16(b) => b.as_slice().len(),
+            WeightData::F32(b) => b.len(),
+            WeightData::BF16(b) | WeightData::F16(b) => b.len(),
+            WeightData::Int8 { q, .. } => q.len(),
+            WeightData::Int4 { q, .. } => q.len() * 2,
+        }
+    }
+
+    /// Checks that the buffers hold a `[rows, cols]` matrix.
+    pub fn check(&self, rows: usize, cols: usize) -> Result<(), QuantError> {
+        match self {
+            WeightData::Int8 { scales, q, group } => {
+                check_int8_buffers(rows, cols, *group, scales.len(), q.len())
+            }
+            WeightData::Int4 { scales, q, group } => {
+                check_int4_buffers(rows, cols, *group, scales.len(), q.len())
+            }
+            plain => {
+                let n = rows
+                    .checked_mul(cols)
+                    .ok_or(QuantError::TooLarge { rows, cols })?;
+                if plain.len() != n {
+                    return Err(QuantError::LenMismatch {
+                        what: "elements",
+                        expected: n,
+                        got: plain.len(),
+                    });
+                }
+                Ok(())
+            }
         }
     }
 
@@ -102,6 +227,16 @@ impl WeightData {
             WeightData::F32(b) => b.as_slice().to_vec(),
             WeightData::BF16(b) => b.as_slice().iter().map(|&x| bf16_to_f32(x)).collect(),
             WeightData::F16(b) => b.as_slice().iter().map(|&x| f16_to_f32(x)).collect(),
+            WeightData::Int8 { scales, q, group } => {
+                let mut out = vec![0.0; q.len()];
+                dequantize_int8_row(q.as_slice(), scales.as_slice(), *group, &mut out);
+                out
+            }
+            WeightData::Int4 { scales, q, group } => {
+                let mut out = vec![0.0; q.len() * 2];
+                dequantize_int4_row(q.as_slice(), scales.as_slice(), *group, &mut out);
+                out
+            }
         }
     }
 }
@@ -121,15 +256,80 @@ impl Weight {
     /// Wraps `data` as a `[rows, cols]` matrix.
     ///
     /// # Panics
-    /// If `data` does not hold exactly `rows * cols` elements (loaders check
-    /// shapes before constructing, so this is a programming error).
+    /// If `data` does not hold exactly `rows * cols` elements, or quantized
+    /// scales that match (loaders check shapes before constructing, so this
+    /// is a programming error; [`Weight::try_new`] returns the error).
     pub fn new(rows: usize, cols: usize, data: WeightData) -> Self {
-        assert_eq!(
-            data.len(),
-            rows * cols,
-            "weight data does not match its shape"
-        );
-        Weight { rows, cols, data }
+        match Self::try_new(rows, cols, data) {
+            Ok(w) => w,
+            Err(e) => panic!("weight data does not match its shape: {e}"),
+        }
+    }
+
+    /// Wraps `data` as a `[rows, cols]` matrix, or says why it does not fit.
+    pub fn try_new(rows: usize, cols: usize, data: WeightData) -> Result<Self, QuantError> {
+        data.check(rows, cols)?;
+        Ok(Weight { rows, cols, data })
+    }
+
+    /// An INT8 matrix from its buffers (e.g. mapped from a container).
+    pub fn int8(
+        rows: usize,
+        cols: usize,
+        group: usize,
+        scales: Buf<f32>,
+        q: Buf<i8>,
+    ) -> Result<Self, QuantError> {
+        Self::try_new(rows, cols, WeightData::int8(rows, cols, group, scales, q)?)
+    }
+
+    /// An INT4 matrix from its buffers (e.g. mapped from a container).
+    pub fn int4(
+        rows: usize,
+        cols: usize,
+        group: usize,
+        scales: Buf<f32>,
+        q: Buf<u8>,
+    ) -> Result<Self, QuantError> {
+        Self::try_new(rows, cols, WeightData::int4(rows, cols, group, scales, q)?)
+    }
+
+    /// This matrix converted to `format` (owned): quantized with
+    /// [`quantize_int8`] / [`quantize_int4`], or rounded to nearest-even
+    /// for BF16 / F16. A quantized source is dequantized first.
+    pub fn to_format(&self, format: WeightFormat) -> Result<Self, QuantError> {
+        let (rows, cols) = (self.rows, self.cols);
+        let w = self.data.to_f32_vec();
+        let data = match format {
+            WeightFormat::F32 => WeightData::F32(Buf::owned(w)),
+            WeightFormat::BF16 => WeightData::BF16(Buf::owned(
+                w.iter()
+                    .map(|&v| half::bf16::from_f32(v).to_bits())
+                    .collect(),
+            )),
+            WeightFormat::F16 => WeightData::F16(Buf::owned(
+                w.iter()
+                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .collect(),
+            )),
+            WeightFormat::Int8 { group } => {
+                let (s, q) = quantize_int8(&w, rows, cols, group)?;
+                WeightData::Int8 {
+                    scales: Buf::owned(s),
+                    q: Buf::owned(q),
+                    group,
+                }
+            }
+            WeightFormat::Int4 { group } => {
+                let (s, q) = quantize_int4(&w, rows, cols, group)?;
+                WeightData::Int4 {
+                    scales: Buf::owned(s),
+                    q: Buf::owned(q),
+                    group,
+                }
+            }
+        };
+        Self::try_new(rows, cols, data)
     }
 
     /// An owned f32 matrix (tests, derived weights).
@@ -147,9 +347,19 @@ impl Weight {
         self.cols
     }
 
-    /// Stored dtype.
-    pub fn dtype(&self) -> DType {
+    /// Stored dtype; `None` for a quantized format.
+    pub fn dtype(&self) -> Option<DType> {
         self.data.dtype()
+    }
+
+    /// Stored format (dtype or quantization).
+    pub fn format(&self) -> WeightFormat {
+        self.data.format()
+    }
+
+    /// The stored buffers (e.g. to write them to a container).
+    pub fn data(&self) -> &WeightData {
+        &self.data
     }
 
     /// Row `r` converted to f32 into `out` (embedding lookup).
@@ -168,6 +378,17 @@ impl Weight {
                     *o = f16_to_f32(x);
                 }
             }
+            WeightData::Int8 { scales, q, group } => {
+                let gpr = c / group;
+                let s = &scales.as_slice()[r * gpr..(r + 1) * gpr];
+                dequantize_int8_row(&q.as_slice()[range], s, *group, out);
+            }
+            WeightData::Int4 { scales, q, group } => {
+                let gpr = c / group;
+                let s = &scales.as_slice()[r * gpr..(r + 1) * gpr];
+                let bytes = &q.as_slice()[r * c / 2..(r + 1) * c / 2];
+                dequantize_int4_row(bytes, s, *group, out);
+            }
         }
     }
 
@@ -180,6 +401,16 @@ impl Weight {
             WeightData::F32(b) => dot_f32(&b.as_slice()[range], x),
             WeightData::BF16(b) => dot_bf16(&b.as_slice()[range], x),
             WeightData::F16(b) => dot_f16(&b.as_slice()[range], x),
+            WeightData::Int8 { scales, q, group } => {
+                let gpr = c / group;
+                let s = &scales.as_slice()[r * gpr..(r + 1) * gpr];
+                dot_int8(&q.as_slice()[range], s, *group, x)
+            }
+            WeightData::Int4 { scales, q, group } => {
+                let gpr = c / group;
+                let s = &scales.as_slice()[r * gpr..(r + 1) * gpr];
+                dot_int4(&q.as_slice()[r * c / 2..(r + 1) * c / 2], s, *group, x)
+            }
         }
     }
 

@@ -15,9 +15,11 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::chat_template::Message;
-use crate::engine::{Engine, FinishReason, GenStats, GenerateParams};
+use crate::engine::{Engine, EngineOptions, FinishReason, GenStats, GenerateParams, LoadInfo};
 use crate::sampler::SamplingParams;
 use crate::text::TextCodec;
+use charm_common::container::Quant;
+use charm_worker::io::Backend;
 
 /// charm: Mixture-of-Experts models across the machines you own.
 #[derive(Debug, Parser)]
@@ -32,8 +34,40 @@ pub struct Cli {
     /// Compute threads (default: every core).
     #[arg(long, global = true)]
     pub threads: Option<usize>,
+    /// RAM budget for cached experts of a container, in GiB (0 = read every
+    /// expert from disk every time; default: free memory after the dense part).
+    #[arg(long, global = true)]
+    pub expert_cache_gb: Option<f64>,
+    /// Do not read the predicted next layer's experts ahead.
+    #[arg(long, global = true)]
+    pub no_prefetch: bool,
+    /// Read experts with O_DIRECT, bypassing the page cache.
+    #[arg(long, global = true)]
+    pub direct_io: bool,
+    /// Disk reader: auto (io_uring on Linux when available), io-uring, pread.
+    #[arg(long, global = true, value_enum, default_value_t = IoChoice::Auto)]
+    pub io: IoChoice,
+    /// Where learned routing history is kept (default: <model>/state).
+    #[arg(long, global = true)]
+    pub state_dir: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// `--io` choices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoChoice {
+    Auto,
+    IoUring,
+    Pread,
+}
+
+/// `--quant` choices of `convert`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QuantChoice {
+    Bf16,
+    Int8,
+    Int4,
 }
 
 #[derive(Debug, Subcommand)]
@@ -42,6 +76,22 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Interactive chat in the terminal, streaming tokens.
     Chat(ChatArgs),
+    /// Convert a Hugging Face directory into a charm container.
+    Convert(ConvertArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// Output container directory (must not exist).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// How routed experts are stored.
+    #[arg(long, value_enum)]
+    pub quant: QuantChoice,
+    /// Columns per scale: int8 0 (= per row, default) or a divisor of the
+    /// row length; int4 32 (default) or 64.
+    #[arg(long)]
+    pub group: Option<usize>,
 }
 
 /// Sampling and length flags shared by `generate` and `chat`.
@@ -129,17 +179,105 @@ pub fn run(cli: Cli) -> Result<()> {
     let Some(dir) = cli.model.clone() else {
         bail!("--model DIR is required");
     };
-    if !cli.local {
-        bail!("cluster mode is not available yet; pass --local to run on this machine");
-    }
     if !dir.is_dir() {
         bail!("{}: model directory not found", dir.display());
     }
-    let engine = Engine::local(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    if let Command::Convert(args) = &cli.command {
+        return convert_cmd(&dir, args);
+    }
+    if !cli.local {
+        bail!("cluster mode is not available yet; pass --local to run on this machine");
+    }
+    let opts = engine_options(&cli)?;
+    let (engine, info) =
+        Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    if info.container {
+        eprintln!("{}", start_line(&info));
+    }
     match cli.command {
         Command::Generate(args) => generate(&engine, &dir, args),
         Command::Chat(args) => chat(&engine, &dir, args),
+        Command::Convert(_) => unreachable!("handled above"),
     }
+}
+
+fn engine_options(cli: &Cli) -> Result<EngineOptions> {
+    let expert_cache_bytes = match cli.expert_cache_gb {
+        None => None,
+        Some(gb) if gb.is_finite() && gb >= 0.0 => Some((gb * (1u64 << 30) as f64) as u64),
+        Some(gb) => bail!("--expert-cache-gb must be 0 or more, got {gb}"),
+    };
+    Ok(EngineOptions {
+        expert_cache_bytes,
+        prefetch: !cli.no_prefetch,
+        direct_io: cli.direct_io,
+        io_backend: match cli.io {
+            IoChoice::Auto => None,
+            IoChoice::IoUring => Some(Backend::IoUring),
+            IoChoice::Pread => Some(Backend::Pread),
+        },
+        state_dir: cli.state_dir.clone(),
+    })
+}
+
+/// Bytes in the largest unit that keeps a number ≥ 1 (B, KiB, MiB, GiB).
+fn human(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", units[u])
+    }
+}
+
+/// The start-up line of a container run: budget, quantization, reader.
+fn start_line(info: &LoadInfo) -> String {
+    format!(
+        "charm: {} container, expert cache {}{} for {} of experts, {} reads",
+        info.quant.map_or("?", |q| q.name()),
+        human(info.cache_bytes),
+        if info.default_cache {
+            " (free memory after the dense part)"
+        } else {
+            ""
+        },
+        human(info.all_expert_bytes),
+        match info.backend {
+            Some(Backend::IoUring) => "io_uring",
+            _ => "pread",
+        }
+    )
+}
+
+fn convert_cmd(dir: &std::path::Path, args: &ConvertArgs) -> Result<()> {
+    let quant = match (args.quant, args.group) {
+        (QuantChoice::Bf16, None) => Quant::Bf16,
+        (QuantChoice::Bf16, Some(_)) => bail!("--group applies to int8 and int4 only"),
+        (QuantChoice::Int8, g) => Quant::Int8 {
+            group: g.unwrap_or(0),
+        },
+        (QuantChoice::Int4, None) => Quant::Int4 { group: 32 },
+        (QuantChoice::Int4, Some(g)) if g == 32 || g == 64 => Quant::Int4 { group: g },
+        (QuantChoice::Int4, Some(g)) => bail!("int4 --group must be 32 or 64, got {g}"),
+    };
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let s = crate::convert::convert(dir, &args.out, quant, progress)?;
+    eprintln!(
+        "wrote {}: {} experts ({}, {}), dense {}, fingerprint {}",
+        s.out.display(),
+        s.experts,
+        human(s.expert_bytes),
+        quant.name(),
+        human(s.dense_bytes),
+        &s.fingerprint[..16]
+    );
+    Ok(())
 }
 
 fn params(s: &SamplingArgs) -> Result<GenerateParams> {
@@ -233,10 +371,26 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
 }
 
 fn summary(s: &GenStats) -> String {
-    format!(
-        "[{} prompt tokens, {} generated; ttft {:.0} ms, prefill {:.1} tok/s, decode {:.1} tok/s]",
+    let mut line = format!(
+        "[{} prompt tokens, {} generated; ttft {:.0} ms, prefill {:.1} tok/s, decode {:.1} tok/s",
         s.prompt_tokens, s.generated_tokens, s.ttft_ms, s.prefill_tok_s, s.decode_tok_s
-    )
+    );
+    let e = &s.experts;
+    if e.expert_misses > 0 || e.expert_bytes_read > 0 || e.cache_bytes > 0 {
+        let total = (e.expert_hits + e.expert_misses).max(1);
+        line.push_str(&format!(
+            "; experts {:.0}% hits, {:.1} MiB read, io wait {:.0} ms, prefetch {}/{} used ({:.0}% predicted), cache {:.1} MiB",
+            100.0 * e.expert_hits as f64 / total as f64,
+            e.expert_bytes_read as f64 / (1 << 20) as f64,
+            e.io_wait_ms,
+            e.prefetch_hits,
+            e.prefetch_issued,
+            100.0 * s.prefetch_accuracy,
+            e.cache_bytes as f64 / (1 << 20) as f64
+        ));
+    }
+    line.push(']');
+    line
 }
 
 fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {

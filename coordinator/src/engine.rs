@@ -1,13 +1,17 @@
 //! The engine loop: prefill in chunks, decode one token at a time, sample,
 //! stop. It owns the calls to the expert service, layer by layer.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use charm_common::container::{is_container, Manifest, Quant};
 use charm_common::TensorFiles;
-use charm_models::{ExpertService, KvCache, Model, ModelConfig, ModelError};
-use charm_worker::{InProcessWorker, ResidentStore};
+use charm_models::{
+    ExpertError, ExpertService, ExpertStats, KvCache, Model, ModelConfig, ModelError,
+};
+use charm_worker::io::{Backend, ReaderOptions};
+use charm_worker::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
 use serde::Serialize;
 
 use crate::sampler::{Sampler, SamplingParams};
@@ -21,6 +25,8 @@ pub struct Engine {
     experts: Arc<dyn ExpertService>,
     /// Prompt tokens per prefill step.
     pub prefill_chunk: usize,
+    /// Send one-layer-ahead expert predictions with each batch.
+    pub prefetch: bool,
 }
 
 /// Why generation ended.
@@ -53,6 +59,11 @@ pub struct GenStats {
     pub decode_tok_s: f64,
     /// Prompt tokens served from the session's KV cache (not recomputed).
     pub cached_prompt_tokens: usize,
+    /// Expert store counters of this generation.
+    #[serde(flatten)]
+    pub experts: ExpertStats,
+    /// Share of needed experts the one-layer-ahead prediction named.
+    pub prefetch_accuracy: f64,
 }
 
 /// The result of one generation.
@@ -78,13 +89,64 @@ impl Session {
 }
 
 impl Engine {
-    /// `--local`: the model plus one in-process worker holding every expert.
+    /// `--local` with default options: the model plus one in-process worker.
     pub fn local(dir: &Path) -> Result<Self, ModelError> {
+        Ok(Self::load(dir, &EngineOptions::default())?.0)
+    }
+
+    /// `--local`: the model plus one in-process worker. A Hugging Face
+    /// directory keeps every expert memory-mapped; a charm container streams
+    /// experts from disk through a RAM cache with the given budget.
+    pub fn load(dir: &Path, opts: &EngineOptions) -> Result<(Self, LoadInfo), ModelError> {
         let cfg = ModelConfig::load(dir)?;
-        let files = TensorFiles::open(dir)?;
-        let store = ResidentStore::open(&files, &cfg)?;
+        if !is_container(dir) {
+            let files = TensorFiles::open(dir)?;
+            let store = ResidentStore::open(&files, &cfg)?;
+            let model = Model::from_files(cfg, &files)?;
+            let info = LoadInfo::default();
+            return Ok((
+                Self::new(model, Arc::new(InProcessWorker::new(store))),
+                info,
+            ));
+        }
+        let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
+        let files = TensorFiles::open_file(&dir.join(&manifest.dense_file))?;
         let model = Model::from_files(cfg, &files)?;
-        Ok(Self::new(model, Arc::new(InProcessWorker::new(store))))
+        let all_experts = manifest.records.iter().map(|r| r.padded_len()).sum::<u64>();
+        let (cache_bytes, default_cache) = match opts.expert_cache_bytes {
+            Some(b) => (b, false),
+            None => (
+                default_cache_bytes(manifest.dense_len).min(all_experts),
+                true,
+            ),
+        };
+        let history_path = history_path(dir, opts.state_dir.as_deref(), &manifest.fingerprint);
+        let store = DiskStore::open(
+            dir,
+            &manifest,
+            &StoreOptions {
+                cache_bytes,
+                prefetch: opts.prefetch,
+                reader: ReaderOptions {
+                    direct_io: opts.direct_io,
+                    backend: opts.io_backend,
+                    ..ReaderOptions::default()
+                },
+                history_path,
+            },
+        )?;
+        let info = LoadInfo {
+            container: true,
+            quant: Some(manifest.quant),
+            cache_bytes,
+            default_cache,
+            all_expert_bytes: all_experts,
+            backend: Some(store.backend()),
+            fingerprint: manifest.fingerprint.clone(),
+        };
+        let mut engine = Self::new(model, Arc::new(InProcessWorker::new(store)));
+        engine.prefetch = opts.prefetch;
+        Ok((engine, info))
     }
 
     /// A model whose experts are run by `experts`.
@@ -93,7 +155,13 @@ impl Engine {
             model,
             experts,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            prefetch: false,
         }
+    }
+
+    /// The expert service's counters since start.
+    pub fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
     }
 
     /// The model's configuration.
@@ -127,7 +195,10 @@ impl Engine {
         }
         let mut st = self.model.begin(tokens, start)?;
         for layer in 0..self.model.cfg.num_layers {
-            if let Some(batch) = self.model.pre_experts(layer, &mut st, cache) {
+            if let Some(mut batch) = self.model.pre_experts(layer, &mut st, cache) {
+                if self.prefetch {
+                    batch.next = self.model.predict_next(layer, &batch.rows);
+                }
                 let out = self.experts.run(&batch)?;
                 self.model.post_experts(layer, &mut st, &batch, &out)?;
             }
@@ -163,6 +234,7 @@ impl Engine {
         params.sampling.validate().map_err(ModelError::BadInput)?;
         let cfg = &self.model.cfg;
         let t0 = Instant::now();
+        let before = self.experts.stats();
 
         // Reuse the shared prefix; always recompute at least the last prompt token.
         let common = session
@@ -206,6 +278,8 @@ impl Engine {
             session.tokens.push(next);
         }
         let decode_s = t_decode.elapsed().as_secs_f64();
+        self.experts.end_request();
+        let experts = self.experts.stats().since(&before);
         let computed = prompt.len() - common;
         let stats = GenStats {
             prompt_tokens: prompt.len(),
@@ -214,6 +288,8 @@ impl Engine {
             prefill_tok_s: rate(computed, prefill_s),
             decode_tok_s: rate(ids.len().saturating_sub(1), decode_s),
             cached_prompt_tokens: common,
+            prefetch_accuracy: experts.prefetch_accuracy(),
+            experts,
         };
         Ok(Generation {
             ids,
@@ -221,6 +297,100 @@ impl Engine {
             stats,
         })
     }
+}
+
+/// How to load a model for `--local`.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// RAM budget for cached experts (`None`: free memory after the dense part).
+    pub expert_cache_bytes: Option<u64>,
+    /// One-layer-ahead expert prefetch.
+    pub prefetch: bool,
+    /// Bypass the page cache for expert reads.
+    pub direct_io: bool,
+    /// Force a disk reader backend (`None`: io_uring when available).
+    pub io_backend: Option<Backend>,
+    /// Where routing history is kept (`None`: `<model>/state`, else the
+    /// user's state directory).
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            expert_cache_bytes: None,
+            prefetch: true,
+            direct_io: false,
+            io_backend: None,
+            state_dir: None,
+        }
+    }
+}
+
+/// What loading decided, for the start-up line.
+#[derive(Clone, Debug, Default)]
+pub struct LoadInfo {
+    /// A charm container (experts streamed) rather than a Hugging Face dir.
+    pub container: bool,
+    pub quant: Option<Quant>,
+    /// Expert cache budget in bytes.
+    pub cache_bytes: u64,
+    /// Whether the budget was chosen from free memory.
+    pub default_cache: bool,
+    /// Bytes of all expert records.
+    pub all_expert_bytes: u64,
+    pub backend: Option<Backend>,
+    pub fingerprint: String,
+}
+
+/// Free memory after the dense part, keeping a tenth of it for everything
+/// else (KV cache, activations, the OS).
+fn default_cache_bytes(dense_bytes: u64) -> u64 {
+    let avail = available_memory().unwrap_or(0);
+    (avail - avail / 10).saturating_sub(dense_bytes)
+}
+
+/// `MemAvailable` on Linux; total memory from `sysctl` on macOS.
+fn available_memory() -> Option<u64> {
+    if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        return Some(kb * 1024);
+    }
+    let out = std::process::Command::new("sysctl")
+        .args(["-n", "hw.memsize"])
+        .output()
+        .ok()?;
+    let total: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some(total / 2)
+}
+
+/// `STATE/routing-history.json`: `--state-dir`, else `<model>/state` when
+/// writable, else `~/.local/state/charm/<fingerprint>`.
+fn history_path(dir: &Path, state_dir: Option<&Path>, fingerprint: &str) -> Option<PathBuf> {
+    let file = "routing-history.json";
+    if let Some(s) = state_dir {
+        return Some(s.join(file));
+    }
+    let local = dir.join("state");
+    if std::fs::create_dir_all(&local).is_ok() && writable(&local) {
+        return Some(local.join(file));
+    }
+    let home = std::env::var_os("HOME")?;
+    let fp = &fingerprint[..fingerprint.len().min(16)];
+    Some(
+        PathBuf::from(home)
+            .join(".local/state/charm")
+            .join(fp)
+            .join(file),
+    )
+}
+
+fn writable(dir: &Path) -> bool {
+    let probe = dir.join(".write-probe");
+    let ok = std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
 }
 
 fn rate(n: usize, secs: f64) -> f64 {

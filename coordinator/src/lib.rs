@@ -6,17 +6,22 @@
 //! - [`sampler`]: greedy and seeded temperature / top-k / top-p sampling.
 //! - [`text`]: tokenizer, chat template, streaming detokenizer.
 //! - [`chat_template`]: Jinja chat templates rendered like transformers.
-//! - [`cli`]: the `coordinator` command line (`generate`, `chat`).
+//! - [`convert`]: Hugging Face directory → charm container (bf16/int8/int4
+//!   experts, one aligned record each), written atomically.
+//! - [`cli`]: the `coordinator` command line (`generate`, `chat`, `convert`).
 //!
 //! Reading order for a newcomer: `main.rs` → [`cli`] → [`engine::Engine::generate`]
 //! → `charm_models::Model::pre_experts` → `charm_worker::InProcessWorker`.
 
 pub mod chat_template;
 pub mod cli;
+pub mod convert;
 pub mod engine;
 pub mod sampler;
 pub mod text;
 
-pub use engine::{Engine, FinishReason, GenStats, GenerateParams, Generation, Session};
+pub use engine::{
+    Engine, EngineOptions, FinishReason, GenStats, GenerateParams, Generation, LoadInfo, Session,
+};
 pub use sampler::{Sampler, SamplingParams};
 pub use text::TextCodec;

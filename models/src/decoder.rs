@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use charm_common::kernels::{rms_norm_rows, sigmoid};
 use charm_common::{TensorFiles, Weight};
-use charm_proto::{ExpertBatch, ExpertOutputs};
+use charm_proto::{ExpertBatch, ExpertOutputs, PrefetchHint};
 
 use crate::attention::Attention;
 use crate::config::ModelConfig;
@@ -212,6 +212,29 @@ impl Model {
                 Some(batch_union(layer as u16, h, xs, &choices))
             }
         }
+    }
+
+    /// One-layer-ahead prediction: the next MoE layer's router applied to
+    /// this layer's MoE input `xs` (`n × hidden`, i.e. `batch.rows`).
+    /// Returns that layer and the union of its predicted top-k experts.
+    pub fn predict_next(&self, layer: usize, xs: &[f32]) -> Option<PrefetchHint> {
+        let next = (layer + 1..self.cfg.num_layers).find(|&l| self.cfg.is_moe_layer(l))?;
+        let Mlp::Moe { router, .. } = &self.layers[next].mlp else {
+            return None;
+        };
+        let n = xs.len() / self.cfg.hidden_size;
+        let mut experts: Vec<u32> = router
+            .route(xs, n)
+            .into_iter()
+            .flatten()
+            .map(|(e, _)| e)
+            .collect();
+        experts.sort_unstable();
+        experts.dedup();
+        Some(PrefetchHint {
+            layer: next as u16,
+            experts,
+        })
     }
 
     /// Combines the experts' outputs of `layer` into the residual stream.

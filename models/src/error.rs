@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use charm_common::container::ContainerError;
 use charm_common::LoadError;
 use charm_proto::BatchError;
 use thiserror::Error;
@@ -42,4 +43,14 @@ pub enum ExpertError {
     /// Loading an expert's weights failed.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// An expert record is corrupt or does not fit its container.
+    #[error(transparent)]
+    Container(#[from] ContainerError),
+    /// Reading an expert from disk failed.
+    #[error("reading layer {layer} expert {expert}: {message}")]
+    Read {
+        layer: u16,
+        expert: u32,
+        message: String,
+    },
 }

@@ -7,6 +7,7 @@
 //! never knows which one it talks to.
 
 use charm_proto::{ExpertBatch, ExpertGroup, ExpertOutputs, GroupOutput};
+use serde::Serialize;
 
 use crate::error::ExpertError;
 use crate::ffn::SwiGlu;
@@ -17,11 +18,65 @@ use crate::ffn::SwiGlu;
 /// [`run_group`]'s result: the same math whatever the placement, so the
 /// coordinator's canonical combine gives the same bits everywhere.
 pub trait ExpertService: Send + Sync {
-    /// Runs every group of `batch`.
+    /// Runs every group of `batch`. `batch.next`, when present, predicts
+    /// the next MoE layer's experts so they can be read ahead.
     fn run(&self, batch: &ExpertBatch) -> Result<ExpertOutputs, ExpertError>;
 
-    /// Advisory: these experts of `layer` are likely needed soon.
-    fn hint(&self, _layer: u16, _experts: &[u32]) {}
+    /// Counters since the service started.
+    fn stats(&self) -> ExpertStats;
+
+    /// Advisory: a request ended (persist what was learned, re-pin).
+    fn end_request(&self) {}
+}
+
+/// Expert store counters, cumulative since start (`cache_bytes` is current).
+/// Field names are part of the `generate --json` contract.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ExpertStats {
+    /// Routed experts served from RAM without a read.
+    pub expert_hits: u64,
+    /// Routed experts that needed a disk read (demand or in-flight prefetch).
+    pub expert_misses: u64,
+    /// Bytes read from disk (demand and prefetch).
+    pub expert_bytes_read: u64,
+    /// Time the engine waited for reads.
+    pub io_wait_ms: f64,
+    /// Prefetched experts that a later step used.
+    pub prefetch_hits: u64,
+    /// Prefetch reads issued.
+    pub prefetch_issued: u64,
+    /// Bytes of experts held in RAM now.
+    pub cache_bytes: u64,
+    /// Of the experts a step needed, how many the one-layer-ahead
+    /// prediction had named (numerator / denominator).
+    pub predicted_correct: u64,
+    pub predicted_total: u64,
+}
+
+impl ExpertStats {
+    /// Counters accumulated between `before` and `self` (`cache_bytes`: now).
+    pub fn since(&self, before: &ExpertStats) -> ExpertStats {
+        ExpertStats {
+            expert_hits: self.expert_hits - before.expert_hits,
+            expert_misses: self.expert_misses - before.expert_misses,
+            expert_bytes_read: self.expert_bytes_read - before.expert_bytes_read,
+            io_wait_ms: self.io_wait_ms - before.io_wait_ms,
+            prefetch_hits: self.prefetch_hits - before.prefetch_hits,
+            prefetch_issued: self.prefetch_issued - before.prefetch_issued,
+            cache_bytes: self.cache_bytes,
+            predicted_correct: self.predicted_correct - before.predicted_correct,
+            predicted_total: self.predicted_total - before.predicted_total,
+        }
+    }
+
+    /// Share of needed experts the prediction named (0 when none measured).
+    pub fn prefetch_accuracy(&self) -> f64 {
+        if self.predicted_total == 0 {
+            0.0
+        } else {
+            self.predicted_correct as f64 / self.predicted_total as f64
+        }
+    }
 }
 
 /// Computes one expert's weighted outputs for the rows that chose it:

@@ -34,7 +34,7 @@ pub mod router;
 pub use config::{ModelConfig, QkNorm};
 pub use decoder::{Model, StepState};
 pub use error::{ExpertError, ModelError};
-pub use expert::ExpertService;
+pub use expert::{ExpertService, ExpertStats};
 pub use family::Family;
 pub use ffn::SwiGlu;
 pub use kv_cache::KvCache;

@@ -70,6 +70,7 @@ pub fn batch_union(layer: u16, hidden: usize, rows: Vec<f32>, choices: &[Choice]
         hidden: hidden as u32,
         rows,
         groups,
+        next: None,
     }
 }
 

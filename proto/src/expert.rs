@@ -20,6 +20,18 @@ pub struct ExpertBatch {
     pub rows: Vec<f32>,
     /// Routed groups, sorted by `expert`, no duplicates.
     pub groups: Vec<ExpertGroup>,
+    /// Prediction of the next MoE layer's experts, to read ahead
+    /// (advisory: never changes the result).
+    #[serde(default)]
+    pub next: Option<PrefetchHint>,
+}
+
+/// The experts a later layer is predicted to need.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefetchHint {
+    pub layer: u16,
+    /// Sorted, unique.
+    pub experts: Vec<u32>,
 }
 
 /// The rows that chose one expert, with their gate weights.
@@ -200,6 +212,7 @@ mod tests {
                     weights: vec![0.75],
                 },
             ],
+            next: None,
         }
     }
 

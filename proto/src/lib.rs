@@ -12,7 +12,7 @@
 
 pub mod expert;
 
-pub use expert::{BatchError, ExpertBatch, ExpertGroup, ExpertOutputs, GroupOutput};
+pub use expert::{BatchError, ExpertBatch, ExpertGroup, ExpertOutputs, GroupOutput, PrefetchHint};
 
 /// Version of the wire protocol. Bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use charm_common::TensorFiles;
 use charm_coordinator::{Engine, GenerateParams, SamplingParams};
-use charm_models::{ExpertError, ExpertService, Model, ModelConfig, ModelError};
+use charm_models::{ExpertError, ExpertService, ExpertStats, Model, ModelConfig, ModelError};
 use charm_proto::{ExpertBatch, ExpertOutputs};
 use charm_tests::{fixture, Reference};
 use charm_worker::{InProcessWorker, ResidentStore};
@@ -50,8 +50,12 @@ impl ExpertService for CountingService {
         self.inner.run(batch)
     }
 
-    fn hint(&self, layer: u16, experts: &[u32]) {
-        self.inner.hint(layer, experts);
+    fn stats(&self) -> ExpertStats {
+        self.inner.stats()
+    }
+
+    fn end_request(&self) {
+        self.inner.end_request();
     }
 }
 
@@ -70,6 +74,10 @@ impl ExpertService for TamperService {
         let mut out = self.inner.run(batch)?;
         (self.tamper)(i, &mut out)?;
         Ok(out)
+    }
+
+    fn stats(&self) -> ExpertStats {
+        self.inner.stats()
     }
 }
 

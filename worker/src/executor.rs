@@ -1,14 +1,15 @@
 //! Runs expert batches against a store.
 
 use charm_models::expert::run_group;
-use charm_models::{ExpertError, ExpertService};
-use charm_proto::{ExpertBatch, ExpertOutputs};
+use charm_models::{ExpertError, ExpertService, ExpertStats};
+use charm_proto::{BatchError, ExpertBatch, ExpertOutputs, GroupOutput};
 use rayon::prelude::*;
 
 use crate::store::ExpertStore;
 
 /// The worker `coordinator --local` embeds: an [`ExpertService`] that calls
-/// the store directly, with no serialization.
+/// the store directly, with no serialization. Cached experts are computed
+/// while the store's disk reads for the others are in flight.
 pub struct InProcessWorker<S: ExpertStore> {
     store: S,
 }
@@ -28,20 +29,45 @@ impl<S: ExpertStore> InProcessWorker<S> {
 impl<S: ExpertStore> ExpertService for InProcessWorker<S> {
     fn run(&self, batch: &ExpertBatch) -> Result<ExpertOutputs, ExpertError> {
         batch.validate()?;
-        let ffns = batch
+        let wanted: Vec<(u32, u64)> = batch
             .groups
             .iter()
-            .map(|g| self.store.get(batch.layer, g.expert))
-            .collect::<Result<Vec<_>, _>>()?;
-        let groups = batch
-            .groups
-            .par_iter()
-            .zip(ffns)
-            .map(|(g, ffn)| run_group(&ffn, batch, g))
+            .map(|g| (g.expert, g.rows.len() as u64))
             .collect();
+        let mut outputs: Vec<Option<GroupOutput>> = vec![None; batch.groups.len()];
+        self.store
+            .resolve(batch.layer, &wanted, batch.next.as_ref(), &mut |ready| {
+                let done: Vec<(usize, GroupOutput)> = ready
+                    .into_par_iter()
+                    .map(|(i, ffn)| (i, run_group(&ffn, batch, &batch.groups[i])))
+                    .collect();
+                for (i, out) in done {
+                    outputs[i] = Some(out);
+                }
+            })?;
+        let groups = outputs
+            .into_iter()
+            .zip(&batch.groups)
+            .map(|(o, g)| {
+                o.ok_or_else(|| {
+                    ExpertError::Batch(BatchError::OutputMismatch(format!(
+                        "store delivered no weights for expert {}",
+                        g.expert
+                    )))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(ExpertOutputs {
             layer: batch.layer,
             groups,
         })
+    }
+
+    fn stats(&self) -> ExpertStats {
+        self.store.stats()
+    }
+
+    fn end_request(&self) {
+        self.store.end_request();
     }
 }

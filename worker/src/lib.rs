@@ -2,17 +2,36 @@
 //! sent.
 //!
 //! # Layout
-//! - [`store`]: [`ExpertStore`], where an expert's weights come from, and
-//!   [`ResidentStore`], every expert memory-mapped from the model's
-//!   safetensors files (the page cache does the staging for now).
+//! - [`store`]: [`ExpertStore`], which resolves a layer step's experts to
+//!   weights, and [`ResidentStore`], every expert memory-mapped from a
+//!   Hugging Face directory's safetensors files.
+//! - [`disk_store`]: [`DiskStore`], a charm container's experts streamed
+//!   from disk into a RAM cache with a budget, read-ahead of the predicted
+//!   next layer, and a pinned hot set learned from routing history.
+//! - [`cache`]: the byte-budgeted cache (pinned set + LRU).
+//! - [`history`]: routing counts, persisted and checked against the model
+//!   fingerprint.
+//! - [`io`]: the disk reader: io_uring on Linux, a pread thread pool
+//!   elsewhere, optional O_DIRECT.
 //! - [`executor`]: [`InProcessWorker`], the [`ExpertService`] that runs a
 //!   batch against a store: the worker `coordinator --local` embeds, with
 //!   no serialization.
 //!
 //! [`ExpertService`]: charm_models::ExpertService
 
+pub mod cache;
+pub mod disk_store;
 pub mod executor;
+pub mod history;
+pub mod io;
 pub mod store;
 
+pub use disk_store::{DiskStore, StoreOptions};
 pub use executor::InProcessWorker;
 pub use store::{ExpertStore, ResidentStore};
+
+impl charm_common::ByteSource for io::AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}

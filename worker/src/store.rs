@@ -1,22 +1,46 @@
 //! Where an expert's weights come from.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use charm_common::TensorFiles;
-use charm_models::{ExpertError, ModelConfig, SwiGlu};
+use charm_models::{ExpertError, ExpertStats, ModelConfig, SwiGlu};
+use charm_proto::PrefetchHint;
 
-/// Resolves `(layer, expert)` to its weights.
+/// Experts handed to the executor, with their index in the request.
+pub type Ready = Vec<(usize, Arc<SwiGlu>)>;
+
+/// Resolves a layer step's experts to their weights.
 pub trait ExpertStore: Send + Sync {
-    /// The expert's FFN, or an error naming it when this store lacks it.
-    fn get(&self, layer: u16, expert: u32) -> Result<Arc<SwiGlu>, ExpertError>;
+    /// Resolves `wanted` (expert id, rows routed to it) of `layer`, calling
+    /// `ready` with batches of `(index into wanted, weights)` as soon as
+    /// they are available: cached experts first, while disk reads for the
+    /// others are in flight, then each read as it lands. Every index is
+    /// delivered exactly once, or an error is returned. `next` names the
+    /// experts a later layer is predicted to need (read ahead, never
+    /// evicting what this step needs).
+    fn resolve(
+        &self,
+        layer: u16,
+        wanted: &[(u32, u64)],
+        next: Option<&PrefetchHint>,
+        ready: &mut dyn FnMut(Ready),
+    ) -> Result<(), ExpertError>;
+
+    /// Counters since start.
+    fn stats(&self) -> ExpertStats;
+
+    /// A request ended: persist routing history, re-pin the hot set.
+    fn end_request(&self) {}
 }
 
-/// Every routed expert of the model, memory-mapped from its safetensors
-/// files. Shapes are checked for all of them at open, so a bad file fails
-/// at start, not mid-answer.
+/// Every routed expert of a Hugging Face directory, memory-mapped from its
+/// safetensors files (the page cache does the staging). Shapes are checked
+/// for all of them at open, so a bad file fails at start, not mid-answer.
 pub struct ResidentStore {
     /// `experts[layer][expert]`; empty for dense layers.
     experts: Vec<Vec<Arc<SwiGlu>>>,
+    hits: AtomicU64,
 }
 
 impl ResidentStore {
@@ -39,7 +63,10 @@ impl ResidentStore {
             }
             experts.push(layer);
         }
-        Ok(ResidentStore { experts })
+        Ok(ResidentStore {
+            experts,
+            hits: AtomicU64::new(0),
+        })
     }
 
     /// Number of experts held.
@@ -51,14 +78,38 @@ impl ResidentStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
 
-impl ExpertStore for ResidentStore {
     fn get(&self, layer: u16, expert: u32) -> Result<Arc<SwiGlu>, ExpertError> {
         self.experts
             .get(layer as usize)
             .and_then(|l| l.get(expert as usize))
             .cloned()
             .ok_or(ExpertError::MissingExpert { layer, expert })
+    }
+}
+
+impl ExpertStore for ResidentStore {
+    fn resolve(
+        &self,
+        layer: u16,
+        wanted: &[(u32, u64)],
+        _next: Option<&PrefetchHint>,
+        ready: &mut dyn FnMut(Ready),
+    ) -> Result<(), ExpertError> {
+        let all = wanted
+            .iter()
+            .enumerate()
+            .map(|(i, &(e, _))| Ok((i, self.get(layer, e)?)))
+            .collect::<Result<Ready, ExpertError>>()?;
+        self.hits.fetch_add(all.len() as u64, Ordering::Relaxed);
+        ready(all);
+        Ok(())
+    }
+
+    fn stats(&self) -> ExpertStats {
+        ExpertStats {
+            expert_hits: self.hits.load(Ordering::Relaxed),
+            ..Default::default()
+        }
     }
 }

@@ -1,0 +1,176 @@
+//! [`AlignedBuf`]: a zeroed heap buffer whose start is 4096-byte aligned and
+//! whose capacity is a whole number of 4096-byte blocks, as `O_DIRECT` reads
+//! need.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// The alignment (and capacity granule) of every [`AlignedBuf`]: the largest
+/// logical block size `O_DIRECT` asks for on common devices.
+pub const ALIGN: usize = 4096;
+
+/// A 4096-byte-aligned, zero-initialised heap buffer (`O_DIRECT` needs
+/// aligned memory).
+///
+/// `len()` is the number of valid bytes; the allocation behind it is rounded
+/// up to a multiple of 4096 (a zero-length buffer allocates nothing).
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: an `AlignedBuf` uniquely owns its allocation, exactly like a
+// `Vec<u8>`: moving it to another thread moves that ownership, and `&self`
+// only hands out `&[u8]`.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: see `Send`; shared references only allow reads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A buffer of `len` zero bytes whose capacity is `len` rounded up to a
+    /// multiple of 4096.
+    ///
+    /// # Panics
+    /// If the rounded capacity overflows `isize` (as `Vec` does); aborts via
+    /// [`alloc::handle_alloc_error`] when the allocator fails.
+    pub fn new_zeroed(len: usize) -> AlignedBuf {
+        let cap = len
+            .checked_next_multiple_of(ALIGN)
+            .expect("AlignedBuf capacity overflow");
+        if cap == 0 {
+            // A zero-length slice may point anywhere non-null and aligned
+            // for `u8`; nothing is allocated or freed.
+            return AlignedBuf {
+                ptr: NonNull::dangling(),
+                len: 0,
+                cap: 0,
+            };
+        }
+        let layout = Self::layout(cap);
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        AlignedBuf { ptr, len, cap }
+    }
+
+    fn layout(cap: usize) -> Layout {
+        Layout::from_size_align(cap, ALIGN).expect("AlignedBuf capacity overflow")
+    }
+
+    /// Number of valid bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size of the allocation: `len()` rounded up to a multiple of 4096.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// The valid bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `cap >= len` initialised (zeroed or
+        // written) bytes, or dangling with `len == 0`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The valid bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Start of the allocation, for handing to the kernel. The pointer stays
+    /// valid (it does not move when the `AlignedBuf` value moves) until the
+    /// buffer is dropped; it is dangling when the capacity is 0.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.cap != 0 {
+            // SAFETY: allocated in `new_zeroed` with exactly this layout.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
+        }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_length_allocates_nothing() {
+        let mut b = AlignedBuf::new_zeroed(0);
+        assert_eq!(b.len(), 0);
+        assert_eq!(b.capacity(), 0);
+        assert!(b.is_empty());
+        assert!(b.as_slice().is_empty());
+        assert!(b.as_mut_slice().is_empty());
+    }
+
+    #[test]
+    fn capacity_rounds_up_and_start_is_aligned() {
+        for (len, cap) in [
+            (1, 4096),
+            (4095, 4096),
+            (4096, 4096),
+            (4097, 8192),
+            (3 << 20, 3 << 20),
+        ] {
+            let mut b = AlignedBuf::new_zeroed(len);
+            assert_eq!(b.len(), len);
+            assert_eq!(b.capacity(), cap);
+            assert_eq!(b.as_mut_ptr() as usize % ALIGN, 0);
+            assert!(b.iter().all(|&x| x == 0));
+            b.as_mut_slice()[len - 1] = 7;
+            assert_eq!(b[len - 1], 7);
+        }
+    }
+
+    #[test]
+    fn is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<AlignedBuf>();
+    }
+}
