@@ -143,6 +143,7 @@ impl Engine {
             all_expert_bytes: all_experts,
             backend: Some(store.backend()),
             fingerprint: manifest.fingerprint.clone(),
+            warning: store.warning.clone(),
         };
         let mut engine = Self::new(model, Arc::new(InProcessWorker::new(store)));
         engine.prefetch = opts.prefetch;
@@ -341,6 +342,9 @@ pub struct LoadInfo {
     pub all_expert_bytes: u64,
     pub backend: Option<Backend>,
     pub fingerprint: String,
+    /// Something the user should know (e.g. a routing history from another
+    /// model was ignored).
+    pub warning: Option<String>,
 }
 
 /// Free memory after the dense part, keeping a tenth of it for everything

@@ -465,3 +465,115 @@ fn bad_requests_are_clear_errors() {
     );
     assert_clean_failure(&out, &["context"]);
 }
+
+// ---- containers: convert, then run with a budget ----
+
+fn convert_cli(src: &Path, out: &Path, quant: &str, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        .arg("--model")
+        .arg(src)
+        .args(["convert", "--out"])
+        .arg(out)
+        .args(["--quant", quant])
+        .args(extra)
+        .output()
+        .expect("run coordinator convert")
+}
+
+#[test]
+fn convert_then_generate_from_the_container_with_store_stats() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("mixtral-bf16");
+    let o = convert_cli(&fixture("mixtral"), &out, "bf16", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("wrote"));
+    let r = reference("mixtral");
+    let p = csv(&ids(&r["prompt_ids"]));
+    for cache in ["0", "0.0001", "4"] {
+        let out_json = coordinator(
+            &out,
+            &[
+                "--expert-cache-gb",
+                cache,
+                "--state-dir",
+                tmp.path().join("state").to_str().unwrap(),
+                "generate",
+                "--prompt-ids",
+                &p,
+                "--max-tokens",
+                "16",
+                "--ignore-eos",
+                "--json",
+            ],
+        );
+        assert!(
+            out_json.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out_json.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out_json.stdout).unwrap();
+        assert_eq!(ids(&v["ids"]), ids(&r["greedy_ids"]), "cache {cache}");
+        let s = &v["stats"];
+        for k in [
+            "expert_hits",
+            "expert_misses",
+            "expert_bytes_read",
+            "io_wait_ms",
+            "prefetch_hits",
+            "prefetch_issued",
+            "cache_bytes",
+        ] {
+            assert!(s[k].is_number(), "stats.{k} missing: {s}");
+        }
+        if cache == "0" {
+            assert_eq!(s["expert_hits"], 0);
+            assert_eq!(s["cache_bytes"], 0);
+            assert!(s["expert_bytes_read"].as_u64().unwrap() > 0);
+        }
+        let stderr = String::from_utf8_lossy(&out_json.stderr);
+        assert!(
+            stderr.contains("bf16 container, expert cache"),
+            "start-up line: {stderr}"
+        );
+    }
+    // Without --json: streamed output and a one-line summary with the store's numbers.
+    let o = coordinator(
+        &out,
+        &[
+            "--expert-cache-gb",
+            "0",
+            "generate",
+            "--prompt-ids",
+            &p,
+            "--max-tokens",
+            "4",
+        ],
+    );
+    assert!(o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("MiB read") && stderr.contains("hits"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn convert_refuses_bad_requests_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    let o = convert_cli(&fixture("olmoe"), &out, "int4", &["--group", "48"]);
+    assert_clean_failure(&o, &["--group", "32 or 64"]);
+    let o = convert_cli(&fixture("olmoe"), &out, "bf16", &["--group", "32"]);
+    assert_clean_failure(&o, &["--group"]);
+    let o = convert_cli(&fixture("olmoe"), &out, "int8", &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = convert_cli(&fixture("olmoe"), &out, "int8", &[]);
+    assert_clean_failure(&o, &["already exists"]);
+    let o = convert_cli(&out, &tmp.path().join("again"), "int8", &[]);
+    assert_clean_failure(&o, &["already a charm container"]);
+    let o = coordinator(
+        &out,
+        &["--expert-cache-gb=-1", "generate", "--prompt-ids", "1"],
+    );
+    assert_clean_failure(&o, &["--expert-cache-gb"]);
+}

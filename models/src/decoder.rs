@@ -49,7 +49,7 @@ enum Mlp {
     Moe {
         router: Router,
         /// Qwen2-MoE's shared expert and its `[1, hidden]` sigmoid gate.
-        shared: Option<(SwiGlu, Weight)>,
+        shared: Option<Box<(SwiGlu, Weight)>>,
     },
 }
 
@@ -94,10 +94,10 @@ impl Model {
                     Some(si) => {
                         let n = ["gate_proj", "up_proj", "down_proj"]
                             .map(|x| format!("{p}.mlp.shared_expert.{x}.weight"));
-                        Some((
+                        Some(Box::new((
                             SwiGlu::load(files, &n, h, si)?,
                             files.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?,
-                        ))
+                        )))
                     }
                     None => None,
                 };
@@ -198,7 +198,7 @@ impl Model {
                 None
             }
             Mlp::Moe { router, shared } => {
-                st.shared_out = shared.as_ref().map(|(ffn, gate)| {
+                st.shared_out = shared.as_deref().map(|(ffn, gate)| {
                     // shared_expert_output = F.sigmoid(self.shared_expert_gate(x)) * shared_expert(x)
                     let mut out = vec![0.0; n * h];
                     ffn.forward(&xs, n, &mut out);
