@@ -184,11 +184,7 @@ pub enum ContainerError {
 }
 
 /// The layout of an expert with `hidden` → `inter` → `hidden`.
-pub fn record_layout(
-    hidden: usize,
-    inter: usize,
-    quant: Quant,
-) -> Result<RecordLayout, ContainerError> {
+pub fn record_layout(hidden: usize, inter: usize, quant: Quant) -> Result<RecordLayout, ContainerError> {
     let mut offset = 0;
     let mut parts = [PartLayout {
         offset: 0,
@@ -255,8 +251,7 @@ impl Manifest {
             path: path.clone(),
             source,
         })?;
-        let raw: Value =
-            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let raw: Value = serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
         if raw.get("format").and_then(Value::as_str) != Some(FORMAT_NAME) {
             return Err(bad(format!("not a {FORMAT_NAME} manifest")));
         }
@@ -265,13 +260,9 @@ impl Manifest {
             .and_then(Value::as_u64)
             .ok_or_else(|| bad("no format_version".into()))?;
         if version > FORMAT_VERSION as u64 {
-            return Err(ContainerError::NewerVersion {
-                path,
-                found: version,
-            });
+            return Err(ContainerError::NewerVersion { path, found: version });
         }
-        let m: Manifest =
-            serde_json::from_value(raw).map_err(|e| bad(format!("malformed: {e}")))?;
+        let m: Manifest = serde_json::from_value(raw).map_err(|e| bad(format!("malformed: {e}")))?;
         m.check(dir, &path)?;
         Ok(m)
     }
@@ -283,9 +274,7 @@ impl Manifest {
         };
         for name in [&self.dense_file, &self.experts_file] {
             if name.contains('/') || name.contains('\\') || name.starts_with('.') {
-                return Err(mismatch(format!(
-                    "file name {name} is not a plain file name"
-                )));
+                return Err(mismatch(format!("file name {name} is not a plain file name")));
             }
         }
         let layout = record_layout(self.hidden_size, self.moe_intermediate_size, self.quant)?;
@@ -301,10 +290,7 @@ impl Manifest {
             });
         }
         for r in &self.records {
-            if r.offset % RECORD_ALIGN != 0
-                || r.len != layout.len as u64
-                || r.offset + r.padded_len() > experts_len
-            {
+            if r.offset % RECORD_ALIGN != 0 || r.len != layout.len as u64 || r.offset + r.padded_len() > experts_len {
                 return Err(mismatch(format!(
                     "record of layer {} expert {} (offset {}, length {}) does not fit {}",
                     r.layer, r.expert, r.offset, r.len, self.experts_file
@@ -337,9 +323,7 @@ impl Manifest {
 
     /// The record of `(layer, expert)`, if stored.
     pub fn record(&self, layer: u16, expert: u32) -> Option<&Record> {
-        self.records
-            .iter()
-            .find(|r| r.layer == layer && r.expert == expert)
+        self.records.iter().find(|r| r.layer == layer && r.expert == expert)
     }
 }
 

@@ -29,11 +29,7 @@ pub enum LoadError {
     MissingTensor { dir: PathBuf, name: String },
     /// A tensor is stored in a dtype charm does not compute with.
     #[error("{}: tensor {name} has dtype {dtype}; supported: F32, BF16, F16", path.display())]
-    UnsupportedDtype {
-        path: PathBuf,
-        name: String,
-        dtype: String,
-    },
+    UnsupportedDtype { path: PathBuf, name: String, dtype: String },
     /// A tensor's shape disagrees with what the config implies.
     #[error("{}: tensor {name} has shape {got:?}, but the config implies {expected:?}", path.display())]
     ShapeMismatch {

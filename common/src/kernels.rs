@@ -83,11 +83,7 @@ pub fn dot_int4_ref(packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f
     debug_assert_eq!(packed.len() * 2, x.len());
     debug_assert_eq!(x.len(), scales.len() * group);
     let mut total = 0.0f32;
-    for ((pg, xg), &scale) in packed
-        .chunks_exact(group / 2)
-        .zip(x.chunks_exact(group))
-        .zip(scales)
-    {
+    for ((pg, xg), &scale) in packed.chunks_exact(group / 2).zip(x.chunks_exact(group)).zip(scales) {
         let mut s = 0.0f32;
         for (&b, xp) in pg.iter().zip(xg.chunks_exact(2)) {
             let (lo, hi) = unpack_int4(b);
@@ -191,11 +187,7 @@ pub(crate) fn dot_int4_portable(packed: &[u8], scales: &[f32], group: usize, x: 
     debug_assert_eq!(x.len(), scales.len() * group);
     let mut total = [0.0f32; QLANES];
     let mut tail_total = 0.0f32;
-    for ((pg, xg), &scale) in packed
-        .chunks_exact(group / 2)
-        .zip(x.chunks_exact(group))
-        .zip(scales)
-    {
+    for ((pg, xg), &scale) in packed.chunks_exact(group / 2).zip(x.chunks_exact(group)).zip(scales) {
         let mut acc = [0.0f32; QLANES];
         let pc = pg.chunks_exact(QLANES / 2);
         let xc = xg.chunks_exact(QLANES);
@@ -303,18 +295,11 @@ mod tests {
     fn dots_match_naive_sums() {
         let x: Vec<f32> = (0..19).map(|i| i as f32 * 0.25 - 1.0).collect();
         let w: Vec<f32> = (0..19).map(|i| (i % 5) as f32 - 2.0).collect();
-        let naive: f64 = w
-            .iter()
-            .zip(&x)
-            .map(|(a, b)| (*a as f64) * (*b as f64))
-            .sum();
+        let naive: f64 = w.iter().zip(&x).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
         assert!((dot_f32(&w, &x) as f64 - naive).abs() < 1e-5);
         let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
         assert_eq!(dot_bf16(&wb, &x), dot_f32(&w, &x));
-        let wh: Vec<u16> = w
-            .iter()
-            .map(|v| half::f16::from_f32(*v).to_bits())
-            .collect();
+        let wh: Vec<u16> = w.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
         assert_eq!(dot_f16(&wh, &x), dot_f32(&w, &x));
     }
 

@@ -203,8 +203,7 @@ impl QuantBytes {
 }
 
 fn elements(rows: usize, cols: usize) -> Result<usize, QuantError> {
-    rows.checked_mul(cols)
-        .ok_or(QuantError::TooLarge { rows, cols })
+    rows.checked_mul(cols).ok_or(QuantError::TooLarge { rows, cols })
 }
 
 /// Checks the shape and returns `(scale count, element count)`.
@@ -262,11 +261,7 @@ pub fn int4_bytes(rows: usize, cols: usize, group: usize) -> Result<QuantBytes, 
 
 fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), QuantError> {
     if expected != got {
-        return Err(QuantError::LenMismatch {
-            what,
-            expected,
-            got,
-        });
+        return Err(QuantError::LenMismatch { what, expected, got });
     }
     Ok(())
 }
@@ -329,12 +324,7 @@ fn quantize_one(w: f32, scale: f32, lo: f32, hi: f32) -> i8 {
 
 /// Quantizes a row-major `[rows, cols]` f32 matrix to INT8 with `group`
 /// columns per scale: `(scales, values)`, laid out as the module docs say.
-pub fn quantize_int8(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    group: usize,
-) -> Result<(Vec<f32>, Vec<i8>), QuantError> {
+pub fn quantize_int8(w: &[f32], rows: usize, cols: usize, group: usize) -> Result<(Vec<f32>, Vec<i8>), QuantError> {
     let b = int8_bytes(rows, cols, group)?;
     check_weights(w, rows, cols)?;
     let mut scales = Vec::with_capacity(b.scale_count());
@@ -350,12 +340,7 @@ pub fn quantize_int8(
 /// Quantizes a row-major `[rows, cols]` f32 matrix to INT4 with `group`
 /// columns per scale: `(scales, packed bytes)`, laid out as the module docs
 /// say.
-pub fn quantize_int4(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    group: usize,
-) -> Result<(Vec<f32>, Vec<u8>), QuantError> {
+pub fn quantize_int4(w: &[f32], rows: usize, cols: usize, group: usize) -> Result<(Vec<f32>, Vec<u8>), QuantError> {
     let b = int4_bytes(rows, cols, group)?;
     check_weights(w, rows, cols)?;
     let mut scales = Vec::with_capacity(b.scale_count());
@@ -383,11 +368,7 @@ pub fn unpack_int4(byte: u8) -> (i8, i8) {
 pub fn dequantize_int8_row(q: &[i8], scales: &[f32], group: usize, out: &mut [f32]) {
     debug_assert_eq!(q.len(), out.len());
     debug_assert_eq!(q.len(), scales.len() * group);
-    for ((o, qg), &s) in out
-        .chunks_exact_mut(group)
-        .zip(q.chunks_exact(group))
-        .zip(scales)
-    {
+    for ((o, qg), &s) in out.chunks_exact_mut(group).zip(q.chunks_exact(group)).zip(scales) {
         for (o, &v) in o.iter_mut().zip(qg) {
             *o = v as f32 * s;
         }
@@ -565,9 +546,7 @@ mod tests {
         let scales: Vec<f32> = (0..rows * cols / group)
             .map(|i| (i as f32 + 1.0) * 3.0 / 1024.0)
             .collect();
-        let mut q8: Vec<i8> = (0..rows * cols)
-            .map(|_| rng.gen_range(-127..=127))
-            .collect();
+        let mut q8: Vec<i8> = (0..rows * cols).map(|_| rng.gen_range(-127..=127)).collect();
         let mut q4: Vec<i8> = (0..rows * cols).map(|_| rng.gen_range(-7..=7)).collect();
         for g in 0..rows * cols / group {
             q8[g * group + g % group] = if g % 2 == 0 { 127 } else { -127 };
@@ -592,10 +571,7 @@ mod tests {
     #[test]
     fn bad_shapes_are_errors() {
         let w = vec![0.5f32; 60];
-        assert_eq!(
-            quantize_int8(&w, 6, 10, 0).unwrap_err(),
-            QuantError::ZeroGroup
-        );
+        assert_eq!(quantize_int8(&w, 6, 10, 0).unwrap_err(), QuantError::ZeroGroup);
         assert_eq!(
             quantize_int8(&w, 6, 10, 3).unwrap_err(),
             QuantError::GroupNotDividing { cols: 10, group: 3 }
@@ -744,9 +720,7 @@ mod tests {
                 let (qr, sr) = (&q[r * cols..(r + 1) * cols], &s[r * gpr..(r + 1) * gpr]);
                 let reference = dot_int8_ref(qr, sr, g8, &x);
                 let fast = dot_int8(qr, sr, g8, &x);
-                let terms: f32 = (0..cols)
-                    .map(|c| (qr[c] as f32 * sr[c / g8] * x[c]).abs())
-                    .sum();
+                let terms: f32 = (0..cols).map(|c| (qr[c] as f32 * sr[c / g8] * x[c]).abs()).sum();
                 assert!(
                     close(fast, reference, terms),
                     "int8 {rows}x{cols}/g{g8} row {r}: fast {fast} ref {reference}"

@@ -61,9 +61,7 @@ impl TensorFiles {
         } else if single.exists() {
             vec!["model.safetensors".to_string()]
         } else {
-            return Err(LoadError::NoWeights {
-                dir: dir.to_path_buf(),
-            });
+            return Err(LoadError::NoWeights { dir: dir.to_path_buf() });
         };
         let mut out = TensorFiles {
             dir: dir.to_path_buf(),
@@ -110,11 +108,10 @@ impl TensorFiles {
         // files while serving them; a file truncated underneath a running
         // process is outside what any mmap-based loader can defend against.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (header_len, meta) =
-            SafeTensors::read_metadata(&map).map_err(|e| LoadError::BadSafetensors {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
+        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| LoadError::BadSafetensors {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         let data_start = 8 + header_len;
         let file_idx = self.files.len();
         for (name, info) in meta.tensors() {
@@ -163,13 +160,10 @@ impl TensorFiles {
 
     /// Locates a tensor, checking that its dtype is one charm computes with.
     pub fn get<'a>(&'a self, name: &'a str) -> Result<TensorRef<'a>, LoadError> {
-        let e = self
-            .entries
-            .get(name)
-            .ok_or_else(|| LoadError::MissingTensor {
-                dir: self.dir.clone(),
-                name: name.to_string(),
-            })?;
+        let e = self.entries.get(name).ok_or_else(|| LoadError::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })?;
         let f = &self.files[e.file];
         let dtype = match e.dtype {
             StDtype::F32 => DType::F32,

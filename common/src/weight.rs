@@ -15,8 +15,8 @@ use rayon::prelude::*;
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
 use crate::quant::{
-    check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row,
-    quantize_int4, quantize_int8, QuantError, WeightFormat,
+    check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, quantize_int4, quantize_int8,
+    QuantError, WeightFormat,
 };
 
 /// Bytes that weights can borrow: a memory-mapped file, or a buffer an
@@ -140,26 +140,14 @@ pub enum WeightData {
 impl WeightData {
     /// INT8 data for a `[rows, cols]` matrix; an error (not a panic) when
     /// the buffers do not match the shape.
-    pub fn int8(
-        rows: usize,
-        cols: usize,
-        group: usize,
-        scales: Buf<f32>,
-        q: Buf<i8>,
-    ) -> Result<Self, QuantError> {
+    pub fn int8(rows: usize, cols: usize, group: usize, scales: Buf<f32>, q: Buf<i8>) -> Result<Self, QuantError> {
         check_int8_buffers(rows, cols, group, scales.len(), q.len())?;
         Ok(WeightData::Int8 { scales, q, group })
     }
 
     /// INT4 data for a `[rows, cols]` matrix; an error (not a panic) when
     /// the buffers do not match the shape.
-    pub fn int4(
-        rows: usize,
-        cols: usize,
-        group: usize,
-        scales: Buf<f32>,
-        q: Buf<u8>,
-    ) -> Result<Self, QuantError> {
+    pub fn int4(rows: usize, cols: usize, group: usize, scales: Buf<f32>, q: Buf<u8>) -> Result<Self, QuantError> {
         check_int4_buffers(rows, cols, group, scales.len(), q.len())?;
         Ok(WeightData::Int4 { scales, q, group })
     }
@@ -194,16 +182,10 @@ impl WeightData {
     /// Checks that the buffers hold a `[rows, cols]` matrix.
     pub fn check(&self, rows: usize, cols: usize) -> Result<(), QuantError> {
         match self {
-            WeightData::Int8 { scales, q, group } => {
-                check_int8_buffers(rows, cols, *group, scales.len(), q.len())
-            }
-            WeightData::Int4 { scales, q, group } => {
-                check_int4_buffers(rows, cols, *group, scales.len(), q.len())
-            }
+            WeightData::Int8 { scales, q, group } => check_int8_buffers(rows, cols, *group, scales.len(), q.len()),
+            WeightData::Int4 { scales, q, group } => check_int4_buffers(rows, cols, *group, scales.len(), q.len()),
             plain => {
-                let n = rows
-                    .checked_mul(cols)
-                    .ok_or(QuantError::TooLarge { rows, cols })?;
+                let n = rows.checked_mul(cols).ok_or(QuantError::TooLarge { rows, cols })?;
                 if plain.len() != n {
                     return Err(QuantError::LenMismatch {
                         what: "elements",
@@ -273,24 +255,12 @@ impl Weight {
     }
 
     /// An INT8 matrix from its buffers (e.g. mapped from a container).
-    pub fn int8(
-        rows: usize,
-        cols: usize,
-        group: usize,
-        scales: Buf<f32>,
-        q: Buf<i8>,
-    ) -> Result<Self, QuantError> {
+    pub fn int8(rows: usize, cols: usize, group: usize, scales: Buf<f32>, q: Buf<i8>) -> Result<Self, QuantError> {
         Self::try_new(rows, cols, WeightData::int8(rows, cols, group, scales, q)?)
     }
 
     /// An INT4 matrix from its buffers (e.g. mapped from a container).
-    pub fn int4(
-        rows: usize,
-        cols: usize,
-        group: usize,
-        scales: Buf<f32>,
-        q: Buf<u8>,
-    ) -> Result<Self, QuantError> {
+    pub fn int4(rows: usize, cols: usize, group: usize, scales: Buf<f32>, q: Buf<u8>) -> Result<Self, QuantError> {
         Self::try_new(rows, cols, WeightData::int4(rows, cols, group, scales, q)?)
     }
 
@@ -303,14 +273,10 @@ impl Weight {
         let data = match format {
             WeightFormat::F32 => WeightData::F32(Buf::owned(w)),
             WeightFormat::BF16 => WeightData::BF16(Buf::owned(
-                w.iter()
-                    .map(|&v| half::bf16::from_f32(v).to_bits())
-                    .collect(),
+                w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect(),
             )),
             WeightFormat::F16 => WeightData::F16(Buf::owned(
-                w.iter()
-                    .map(|&v| half::f16::from_f32(v).to_bits())
-                    .collect(),
+                w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect(),
             )),
             WeightFormat::Int8 { group } => {
                 let (s, q) = quantize_int8(&w, rows, cols, group)?;
@@ -428,14 +394,12 @@ impl Weight {
     pub fn matvec(&self, x: &[f32], out: &mut [f32]) {
         debug_assert_eq!(x.len(), self.cols);
         debug_assert_eq!(out.len(), self.rows);
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(chunk, o)| {
-                let base = chunk * ROWS_PER_TASK;
-                for (i, v) in o.iter_mut().enumerate() {
-                    *v = self.row_dot(base + i, x);
-                }
-            });
+        out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(chunk, o)| {
+            let base = chunk * ROWS_PER_TASK;
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = self.row_dot(base + i, x);
+            }
+        });
     }
 
     /// `out[t] = W xs[t]` for `n` activation rows (`xs: n × cols`,
@@ -465,9 +429,7 @@ mod tests {
             .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
             .collect();
         let w = Weight::from_f32(rows, cols, w);
-        let xs: Vec<f32> = (0..3 * cols)
-            .map(|i| ((i * 31) % 11) as f32 / 11.0 - 0.3)
-            .collect();
+        let xs: Vec<f32> = (0..3 * cols).map(|i| ((i * 31) % 11) as f32 / 11.0 - 0.3).collect();
         let mut batched = vec![0.0; 3 * rows];
         w.matmul(&xs, 3, &mut batched);
         for t in 0..3 {
@@ -483,11 +445,7 @@ mod tests {
     #[test]
     fn bf16_rows_convert_exactly() {
         // 1.0, -2.0, 0.5 in bf16.
-        let w = Weight::new(
-            1,
-            3,
-            WeightData::BF16(Buf::owned(vec![0x3f80, 0xc000, 0x3f00])),
-        );
+        let w = Weight::new(1, 3, WeightData::BF16(Buf::owned(vec![0x3f80, 0xc000, 0x3f00])));
         let mut row = vec![0.0; 3];
         w.row_into(0, &mut row);
         assert_eq!(row, vec![1.0, -2.0, 0.5]);

@@ -79,10 +79,7 @@ impl ChatTemplate {
             ("eos_token", Value::from(self.eos_token.clone())),
         ];
         ctx.extend(extra.iter().cloned());
-        let ctx: Value = ctx
-            .into_iter()
-            .collect::<std::collections::BTreeMap<_, _>>()
-            .into();
+        let ctx: Value = ctx.into_iter().collect::<std::collections::BTreeMap<_, _>>().into();
         tmpl.render(ctx).map_err(|e| {
             let mut msg = e.to_string();
             let mut src = std::error::Error::source(&e);
@@ -101,20 +98,13 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_py_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
     Ok(Value::from_safe_string(out))
 }
 
-fn write_py_json(
-    v: &serde_json::Value,
-    indent: Option<usize>,
-    sort: bool,
-    depth: usize,
-    out: &mut String,
-) {
+fn write_py_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
@@ -166,9 +156,7 @@ mod tests {
     fn renders_with_generation_prompt_and_python_methods() {
         let src = "{% for m in messages %}<{{ m.role }}>{{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        let out = t
-            .render(&[Message::new("user", "  hi  ")], true, &[])
-            .unwrap();
+        let out = t.render(&[Message::new("user", "  hi  ")], true, &[]).unwrap();
         assert_eq!(out, "<user>hi\n<assistant>");
     }
 

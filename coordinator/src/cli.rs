@@ -120,11 +120,7 @@ pub struct SamplingArgs {
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     /// Prompt text.
-    #[arg(
-        long,
-        conflicts_with = "prompt_ids",
-        required_unless_present = "prompt_ids"
-    )]
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
@@ -165,9 +161,7 @@ struct GenerateJson<'a> {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .try_init();
     if let Some(n) = cli.threads {
@@ -189,8 +183,7 @@ pub fn run(cli: Cli) -> Result<()> {
         bail!("cluster mode is not available yet; pass --local to run on this machine");
     }
     let opts = engine_options(&cli)?;
-    let (engine, info) =
-        Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    let (engine, info) = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
     if info.container {
         eprintln!("{}", start_line(&info));
     }
@@ -259,9 +252,7 @@ fn convert_cmd(dir: &std::path::Path, args: &ConvertArgs) -> Result<()> {
     let quant = match (args.quant, args.group) {
         (QuantChoice::Bf16, None) => Quant::Bf16,
         (QuantChoice::Bf16, Some(_)) => bail!("--group applies to int8 and int4 only"),
-        (QuantChoice::Int8, g) => Quant::Int8 {
-            group: g.unwrap_or(0),
-        },
+        (QuantChoice::Int8, g) => Quant::Int8 { group: g.unwrap_or(0) },
         (QuantChoice::Int4, None) => Quant::Int4 { group: 32 },
         (QuantChoice::Int4, Some(g)) if g == 32 || g == 64 => Quant::Int4 { group: g },
         (QuantChoice::Int4, Some(g)) => bail!("int4 --group must be 32 or 64, got {g}"),
@@ -396,10 +387,7 @@ fn summary(s: &GenStats) -> String {
 fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
     let codec = TextCodec::load(dir)?;
     if !codec.has_template() {
-        bail!(
-            "{}: no chat template; use `generate --prompt` instead",
-            dir.display()
-        );
+        bail!("{}: no chat template; use `generate --prompt` instead", dir.display());
     }
     let params = params(&args.sampling)?;
     let mut messages = Vec::new();

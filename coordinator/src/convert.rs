@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use charm_common::container::{
-    dense_identity, record_layout, Manifest, Quant, Record, DENSE_FILE, EXPERTS_FILE, FORMAT_NAME,
-    FORMAT_VERSION, MANIFEST, RECORD_ALIGN,
+    dense_identity, record_layout, Manifest, Quant, Record, DENSE_FILE, EXPERTS_FILE, FORMAT_NAME, FORMAT_VERSION,
+    MANIFEST, RECORD_ALIGN,
 };
 use charm_common::dtype::{bf16_to_f32, f16_to_f32};
 use charm_common::quant::{quantize_int4, quantize_int8};
@@ -51,24 +51,19 @@ pub fn convert(src: &Path, out: &Path, quant: Quant, progress: bool) -> Result<C
         bail!("{}: already a charm container", src.display());
     }
     if out.exists() {
-        bail!(
-            "{}: already exists; remove it or choose another --out",
-            out.display()
-        );
+        bail!("{}: already exists; remove it or choose another --out", out.display());
     }
     let partial = partial_dir(out);
     if partial.exists() {
         eprintln!("removing unfinished conversion {}", partial.display());
-        std::fs::remove_dir_all(&partial)
-            .with_context(|| format!("removing {}", partial.display()))?;
+        std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
     }
     std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let result = write_container(src, &partial, quant, progress);
     match result {
         Ok(mut summary) => {
-            std::fs::rename(&partial, out).with_context(|| {
-                format!("publishing {} as {}", partial.display(), out.display())
-            })?;
+            std::fs::rename(&partial, out)
+                .with_context(|| format!("publishing {} as {}", partial.display(), out.display()))?;
             summary.out = out.to_path_buf();
             Ok(summary)
         }
@@ -81,10 +76,7 @@ pub fn convert(src: &Path, out: &Path, quant: Quant, progress: bool) -> Result<C
 
 /// `OUT.partial` next to `OUT`.
 pub fn partial_dir(out: &Path) -> PathBuf {
-    let mut name = out
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
+    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".partial");
     out.with_file_name(name)
 }
@@ -129,12 +121,8 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
         bar.inc(1);
     }
     let dense_path = dir.join(DENSE_FILE);
-    safetensors::tensor::serialize_to_file(
-        dense.iter().map(|(n, v)| (n.as_str(), v)),
-        None,
-        &dense_path,
-    )
-    .with_context(|| format!("writing {}", dense_path.display()))?;
+    safetensors::tensor::serialize_to_file(dense.iter().map(|(n, v)| (n.as_str(), v)), None, &dense_path)
+        .with_context(|| format!("writing {}", dense_path.display()))?;
     drop(dense);
     sync(&dense_path)?;
     let (dense_len, dense_header_crc32) = dense_identity(&dense_path)?;
@@ -142,8 +130,7 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     // Experts: one record each, gate/up/down adjacent, 4 KiB aligned.
     bar.set_message("experts");
     let experts_path = dir.join(EXPERTS_FILE);
-    let file = File::create(&experts_path)
-        .with_context(|| format!("creating {}", experts_path.display()))?;
+    let file = File::create(&experts_path).with_context(|| format!("creating {}", experts_path.display()))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let mut records = Vec::new();
     let mut offset = 0u64;
@@ -182,12 +169,10 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     for name in COPIED {
         let from = src.join(name);
         if from.exists() {
-            std::fs::copy(&from, dir.join(name))
-                .with_context(|| format!("copying {}", from.display()))?;
+            std::fs::copy(&from, dir.join(name)).with_context(|| format!("copying {}", from.display()))?;
         }
     }
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json"))?)?;
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json"))?)?;
     let architecture = cfg.family.architecture().to_string();
 
     // Fingerprint: architecture, config, quantization, dense bytes, records.
@@ -235,14 +220,7 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
 }
 
 /// Writes one matrix of an expert in `quant` into `dst` (scales, then values).
-fn encode_part(
-    t: &TensorRef<'_>,
-    quant: Quant,
-    group: usize,
-    rows: usize,
-    cols: usize,
-    dst: &mut [u8],
-) -> Result<()> {
+fn encode_part(t: &TensorRef<'_>, quant: Quant, group: usize, rows: usize, cols: usize, dst: &mut [u8]) -> Result<()> {
     match quant {
         Quant::Bf16 => {
             let src = t.bytes();
@@ -361,6 +339,5 @@ fn hash_file(h: &mut Sha256, path: &Path) -> Result<()> {
 
 fn sync(path: &Path) -> Result<()> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    f.sync_all()
-        .with_context(|| format!("syncing {}", path.display()))
+    f.sync_all().with_context(|| format!("syncing {}", path.display()))
 }

@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use charm_common::container::{is_container, Manifest, Quant};
 use charm_common::TensorFiles;
-use charm_models::{
-    ExpertError, ExpertService, ExpertStats, KvCache, Model, ModelConfig, ModelError,
-};
+use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, Model, ModelConfig, ModelError};
 use charm_worker::io::{Backend, ReaderOptions};
 use charm_worker::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
 use serde::Serialize;
@@ -27,6 +25,31 @@ pub struct Engine {
     pub prefill_chunk: usize,
     /// Send one-layer-ahead expert predictions with each batch.
     pub prefetch: bool,
+    /// Sees every MoE layer step's routing (dashboard, metrics).
+    observer: Option<Arc<dyn StepObserver>>,
+}
+
+/// Watches the engine work: called on the engine thread, keep it cheap.
+pub trait StepObserver: Send + Sync {
+    /// One MoE layer step ran: each routed expert with the rows that chose it.
+    fn on_experts(&self, layer: u16, experts: &[(u32, u32)]);
+}
+
+/// Where a generation's time went, in milliseconds.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PhaseTimes {
+    /// Norms, attention and the KV cache.
+    pub attention_ms: f64,
+    /// Router, top-k, shared experts and dense MLP layers.
+    pub routing_ms: f64,
+    /// Waiting for the expert service (compute, disk, network).
+    pub experts_ms: f64,
+    /// Combining expert outputs into the residual stream.
+    pub combine_ms: f64,
+    /// Final norm and LM head.
+    pub head_ms: f64,
+    /// Sampling.
+    pub sample_ms: f64,
 }
 
 /// Why generation ended.
@@ -64,6 +87,8 @@ pub struct GenStats {
     pub experts: ExpertStats,
     /// Share of needed experts the one-layer-ahead prediction named.
     pub prefetch_accuracy: f64,
+    /// Where the time went.
+    pub profile: PhaseTimes,
 }
 
 /// The result of one generation.
@@ -104,10 +129,7 @@ impl Engine {
             let store = ResidentStore::open(&files, &cfg)?;
             let model = Model::from_files(cfg, &files)?;
             let info = LoadInfo::default();
-            return Ok((
-                Self::new(model, Arc::new(InProcessWorker::new(store))),
-                info,
-            ));
+            return Ok((Self::new(model, Arc::new(InProcessWorker::new(store))), info));
         }
         let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
         let files = TensorFiles::open_file(&dir.join(&manifest.dense_file))?;
@@ -115,10 +137,7 @@ impl Engine {
         let all_experts = manifest.records.iter().map(|r| r.padded_len()).sum::<u64>();
         let (cache_bytes, default_cache) = match opts.expert_cache_bytes {
             Some(b) => (b, false),
-            None => (
-                default_cache_bytes(manifest.dense_len).min(all_experts),
-                true,
-            ),
+            None => (default_cache_bytes(manifest.dense_len).min(all_experts), true),
         };
         let history_path = history_path(dir, opts.state_dir.as_deref(), &manifest.fingerprint);
         let store = DiskStore::open(
@@ -157,7 +176,18 @@ impl Engine {
             experts,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             prefetch: false,
+            observer: None,
         }
+    }
+
+    /// Installs an observer of every MoE layer step.
+    pub fn set_observer(&mut self, observer: Arc<dyn StepObserver>) {
+        self.observer = Some(observer);
+    }
+
+    /// The expert service (to share it, or to ask it for its counters).
+    pub fn expert_service(&self) -> &Arc<dyn ExpertService> {
+        &self.experts
     }
 
     /// The expert service's counters since start.
@@ -180,11 +210,17 @@ impl Engine {
 
     /// Runs `tokens` through every layer after what `cache` holds and
     /// returns logits for the last row (or every row when `all_logits`).
-    pub fn forward(
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Vec<f32>, ModelError> {
+        self.forward_timed(tokens, cache, all_logits, &mut PhaseTimes::default())
+    }
+
+    /// [`Engine::forward`], adding each phase's time to `prof`.
+    pub fn forward_timed(
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
         all_logits: bool,
+        prof: &mut PhaseTimes,
     ) -> Result<Vec<f32>, ModelError> {
         let start = cache.len();
         if start + tokens.len() > self.model.cfg.max_position_embeddings {
@@ -194,18 +230,39 @@ impl Engine {
                 self.model.cfg.max_position_embeddings
             )));
         }
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let mut st = self.model.begin(tokens, start)?;
         for layer in 0..self.model.cfg.num_layers {
-            if let Some(mut batch) = self.model.pre_experts(layer, &mut st, cache) {
+            let t = Instant::now();
+            self.model.attend(layer, &mut st, cache);
+            prof.attention_ms += ms(t);
+            let t = Instant::now();
+            let batch = self.model.route(layer, &mut st);
+            prof.routing_ms += ms(t);
+            if let Some(mut batch) = batch {
+                let t = Instant::now();
                 if self.prefetch {
                     batch.next = self.model.predict_next(layer, &batch.rows);
                 }
+                if let Some(obs) = &self.observer {
+                    let routed: Vec<(u32, u32)> =
+                        batch.groups.iter().map(|g| (g.expert, g.rows.len() as u32)).collect();
+                    obs.on_experts(layer as u16, &routed);
+                }
+                prof.routing_ms += ms(t);
+                let t = Instant::now();
                 let out = self.experts.run(&batch)?;
+                prof.experts_ms += ms(t);
+                let t = Instant::now();
                 self.model.post_experts(layer, &mut st, &batch, &out)?;
+                prof.combine_ms += ms(t);
             }
         }
+        let t = Instant::now();
         let from = if all_logits { 0 } else { st.len() - 1 };
-        Ok(self.model.logits(&st, from))
+        let logits = self.model.logits(&st, from);
+        prof.head_ms += ms(t);
+        Ok(logits)
     }
 
     /// Logits at every position of `tokens` from an empty cache, prefilled in
@@ -248,9 +305,10 @@ impl Engine {
         session.cache.truncate(common);
         session.tokens.truncate(common);
 
+        let mut prof = PhaseTimes::default();
         let mut logits = Vec::new();
         for chunk in prompt[common..].chunks(self.prefill_chunk.max(1)) {
-            logits = self.forward(chunk, &mut session.cache, false)?;
+            logits = self.forward_timed(chunk, &mut session.cache, false, &mut prof)?;
             session.tokens.extend_from_slice(chunk);
         }
         let prefill_s = t0.elapsed().as_secs_f64();
@@ -261,7 +319,9 @@ impl Engine {
         let mut ttft_ms = 0.0;
         let t_decode = Instant::now();
         while ids.len() < params.max_tokens {
+            let t = Instant::now();
             let next = sampler.sample(&logits);
+            prof.sample_ms += t.elapsed().as_secs_f64() * 1e3;
             if ids.is_empty() {
                 ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
             }
@@ -271,11 +331,10 @@ impl Engine {
                 finish = FinishReason::Stop;
                 break;
             }
-            if ids.len() == params.max_tokens || session.cache.len() >= cfg.max_position_embeddings
-            {
+            if ids.len() == params.max_tokens || session.cache.len() >= cfg.max_position_embeddings {
                 break;
             }
-            logits = self.forward(&[next], &mut session.cache, false)?;
+            logits = self.forward_timed(&[next], &mut session.cache, false, &mut prof)?;
             session.tokens.push(next);
         }
         let decode_s = t_decode.elapsed().as_secs_f64();
@@ -291,6 +350,7 @@ impl Engine {
             cached_prompt_tokens: common,
             prefetch_accuracy: experts.prefetch_accuracy(),
             experts,
+            profile: prof,
         };
         Ok(Generation {
             ids,
@@ -382,12 +442,7 @@ fn history_path(dir: &Path, state_dir: Option<&Path>, fingerprint: &str) -> Opti
     }
     let home = std::env::var_os("HOME")?;
     let fp = &fingerprint[..fingerprint.len().min(16)];
-    Some(
-        PathBuf::from(home)
-            .join(".local/state/charm")
-            .join(fp)
-            .join(file),
-    )
+    Some(PathBuf::from(home).join(".local/state/charm").join(fp).join(file))
 }
 
 fn writable(dir: &Path) -> bool {

@@ -21,7 +21,8 @@ pub mod sampler;
 pub mod text;
 
 pub use engine::{
-    Engine, EngineOptions, FinishReason, GenStats, GenerateParams, Generation, LoadInfo, Session,
+    Engine, EngineOptions, FinishReason, GenStats, GenerateParams, Generation, LoadInfo, PhaseTimes, Session,
+    StepObserver,
 };
 pub use sampler::{Sampler, SamplingParams};
 pub use text::TextCodec;

@@ -34,10 +34,7 @@ impl SamplingParams {
     /// Checks ranges; the message names the flag at fault.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
+            return Err(format!("temperature must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top-p must be in (0, 1], got {}", self.top_p));
@@ -127,13 +124,7 @@ mod tests {
             (0..64).map(|_| s.sample(&logits())).collect::<Vec<_>>()
         };
         assert_eq!(draw(&p), draw(&p));
-        assert_ne!(
-            draw(&p),
-            draw(&SamplingParams {
-                seed: 8,
-                ..p.clone()
-            })
-        );
+        assert_ne!(draw(&p), draw(&SamplingParams { seed: 8, ..p.clone() }));
     }
 
     #[test]

@@ -63,12 +63,10 @@ impl TextCodec {
         };
         let jinja = dir.join("chat_template.jinja");
         let source = if jinja.exists() {
-            Some(
-                std::fs::read_to_string(&jinja).map_err(|e| TextError::BadFile {
-                    path: jinja.clone(),
-                    reason: e.to_string(),
-                })?,
-            )
+            Some(std::fs::read_to_string(&jinja).map_err(|e| TextError::BadFile {
+                path: jinja.clone(),
+                reason: e.to_string(),
+            })?)
         } else {
             template_from_config(&cfg)
         };
@@ -124,9 +122,7 @@ impl TextCodec {
         let t = self
             .template
             .as_ref()
-            .ok_or_else(|| TextError::NoTemplate {
-                dir: self.dir.clone(),
-            })?;
+            .ok_or_else(|| TextError::NoTemplate { dir: self.dir.clone() })?;
         Ok(t.render(messages, add_generation_prompt, extra)?)
     }
 
@@ -173,11 +169,7 @@ fn template_from_config(cfg: &Value) -> Option<String> {
 fn token_string(cfg: &Value, key: &str) -> String {
     match cfg.get(key) {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
         _ => String::new(),
     }
 }

@@ -21,11 +21,7 @@ fn reference(name: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
 }
 
 fn csv(ids: &[u64]) -> String {
@@ -44,17 +40,9 @@ fn coordinator(dir: &Path, args: &[&str]) -> Output {
 
 fn json_run(dir: &Path, args: &[&str]) -> Value {
     let out = coordinator(dir, args);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(
-        stdout.trim().lines().count(),
-        1,
-        "--json prints one line: {stdout}"
-    );
+    assert_eq!(stdout.trim().lines().count(), 1, "--json prints one line: {stdout}");
     serde_json::from_str(stdout.trim()).expect("stdout is one JSON object")
 }
 
@@ -147,19 +135,12 @@ fn streaming_text_is_the_json_text() {
         "--ignore-eos",
     ];
     let out = coordinator(&dir, &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let streamed = String::from_utf8(out.stdout).unwrap();
     let mut json_args = args.to_vec();
     json_args.push("--json");
     let v = json_run(&dir, &json_args);
-    assert_eq!(
-        streamed.strip_suffix('\n').unwrap(),
-        v["text"].as_str().unwrap()
-    );
+    assert_eq!(streamed.strip_suffix('\n').unwrap(), v["text"].as_str().unwrap());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("12 generated"), "summary line: {stderr}");
 }
@@ -209,14 +190,7 @@ fn stops_at_eos_unless_told_to_ignore_it() {
     let p = csv(&ids(&r["prompt_ids"]));
     let v = json_run(
         tmp.path(),
-        &[
-            "generate",
-            "--prompt-ids",
-            &p,
-            "--max-tokens",
-            "16",
-            "--json",
-        ],
+        &["generate", "--prompt-ids", &p, "--max-tokens", "16", "--json"],
     );
     assert_eq!(ids(&v["ids"]), greedy[..4]);
     assert_eq!(v["finish_reason"], "stop");
@@ -235,14 +209,7 @@ fn stops_at_eos_unless_told_to_ignore_it() {
     assert_eq!(ids(&v["ids"]), greedy);
     let v = json_run(
         tmp.path(),
-        &[
-            "generate",
-            "--prompt-ids",
-            &p,
-            "--max-tokens",
-            "2",
-            "--json",
-        ],
+        &["generate", "--prompt-ids", &p, "--max-tokens", "2", "--json"],
     );
     assert_eq!(ids(&v["ids"]), greedy[..2]);
     assert_eq!(v["finish_reason"], "length");
@@ -267,17 +234,9 @@ fn chat_repl_answers_each_turn() {
         .write_all(b"What is the capital of France?\nAnd of Italy?\n/exit\n")
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(
-        stdout.lines().count(),
-        2,
-        "one answer line per turn: {stdout:?}"
-    );
+    assert_eq!(stdout.lines().count(), 2, "one answer line per turn: {stdout:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("5 generated").count(), 2, "{stderr}");
 }
@@ -298,10 +257,7 @@ fn worker_binary_reports_its_version() {
 
 #[test]
 fn missing_model_dir_and_missing_weights() {
-    let out = coordinator(
-        Path::new("/nonexistent/model"),
-        &["generate", "--prompt-ids", "1"],
-    );
+    let out = coordinator(Path::new("/nonexistent/model"), &["generate", "--prompt-ids", "1"]);
     assert_clean_failure(&out, &["/nonexistent/model", "not found"]);
     let tmp = copy_fixture("olmoe");
     std::fs::remove_file(tmp.path().join("model.safetensors")).unwrap();
@@ -351,8 +307,7 @@ fn truncated_and_corrupt_safetensors() {
 fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) {
     let bytes = std::fs::read(path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Map<String, Value> =
-        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     edit(&mut header);
     let mut h = serde_json::to_vec(&header).unwrap();
     while !h.len().is_multiple_of(8) {
@@ -395,8 +350,7 @@ fn shape_mismatch_names_file_and_tensor() {
     // A config that disagrees with the weights.
     let tmp = copy_fixture("mixtral");
     let cfg_path = tmp.path().join("config.json");
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["intermediate_size"] = Value::from(cfg["intermediate_size"].as_u64().unwrap() + 1);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
@@ -420,8 +374,7 @@ fn missing_tensor_is_named() {
 fn unknown_architecture_is_named_with_the_supported_list() {
     let tmp = copy_fixture("olmoe");
     let cfg_path = tmp.path().join("config.json");
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["architectures"] = serde_json::json!(["GptNeoForWhatever"]);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let out = coordinator(tmp.path(), &["generate", "--prompt-ids", "1"]);
@@ -459,10 +412,7 @@ fn bad_requests_are_clear_errors() {
         .unwrap();
     assert_clean_failure(&out, &["--local"]);
     let long: Vec<u64> = (0..600).map(|i| 3 + i % 500).collect();
-    let out = coordinator(
-        &dir,
-        &["generate", "--prompt-ids", &csv(&long), "--max-tokens", "1"],
-    );
+    let out = coordinator(&dir, &["generate", "--prompt-ids", &csv(&long), "--max-tokens", "1"]);
     assert_clean_failure(&out, &["context"]);
 }
 
@@ -551,10 +501,7 @@ fn convert_then_generate_from_the_container_with_store_stats() {
     );
     assert!(o.status.success());
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        stderr.contains("MiB read") && stderr.contains("hits"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("MiB read") && stderr.contains("hits"), "{stderr}");
 }
 
 #[test]
@@ -571,9 +518,6 @@ fn convert_refuses_bad_requests_clearly() {
     assert_clean_failure(&o, &["already exists"]);
     let o = convert_cli(&out, &tmp.path().join("again"), "int8", &[]);
     assert_clean_failure(&o, &["already a charm container"]);
-    let o = coordinator(
-        &out,
-        &["--expert-cache-gb=-1", "generate", "--prompt-ids", "1"],
-    );
+    let o = coordinator(&out, &["--expert-cache-gb=-1", "generate", "--prompt-ids", "1"]);
     assert_clean_failure(&o, &["--expert-cache-gb"]);
 }

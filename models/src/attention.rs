@@ -74,20 +74,9 @@ impl Attention {
     /// Attention over `n` normed rows at `positions` (consecutive, following
     /// what `kv` holds). Appends their keys/values to `kv` and writes the
     /// `o_proj` output (`n × hidden`) to `out`.
-    pub fn forward(
-        &self,
-        xs: &[f32],
-        positions: &[usize],
-        rope: &Rope,
-        kv: &mut LayerKv,
-        out: &mut [f32],
-    ) {
+    pub fn forward(&self, xs: &[f32], positions: &[usize], rope: &Rope, kv: &mut LayerKv, out: &mut [f32]) {
         let n = positions.len();
-        let (qd, kvd, hd) = (
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
-            self.head_dim,
-        );
+        let (qd, kvd, hd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim);
         let mut q = vec![0.0; n * qd];
         let mut k = vec![0.0; n * kvd];
         let mut v = vec![0.0; n * kvd];
@@ -107,10 +96,8 @@ impl Attention {
                     rms_norm_rows(&mut k, nk, self.eps);
                 }
                 QkNorm::PerHead => {
-                    q.chunks_exact_mut(hd)
-                        .for_each(|h| rms_norm(h, nq, self.eps));
-                    k.chunks_exact_mut(hd)
-                        .for_each(|h| rms_norm(h, nk, self.eps));
+                    q.chunks_exact_mut(hd).for_each(|h| rms_norm(h, nq, self.eps));
+                    k.chunks_exact_mut(hd).for_each(|h| rms_norm(h, nk, self.eps));
                 }
                 QkNorm::None => {}
             }

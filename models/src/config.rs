@@ -103,32 +103,21 @@ impl ModelConfig {
 
     fn check(&self, raw: &RawConfig) -> Result<(), ModelError> {
         let bad = |reason: String| raw.err(reason);
-        if self.hidden_size == 0
-            || self.num_layers == 0
-            || self.vocab_size == 0
-            || self.head_dim == 0
-        {
+        if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 || self.head_dim == 0 {
             return Err(bad(
                 "hidden_size, num_hidden_layers, vocab_size and head_dim must be positive".into(),
             ));
         }
-        if self.num_heads == 0
-            || self.num_kv_heads == 0
-            || !self.num_heads.is_multiple_of(self.num_kv_heads)
-        {
+        if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(bad(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
             )));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(bad(format!(
-                "head_dim {} must be even for RoPE",
-                self.head_dim
-            )));
+            return Err(bad(format!("head_dim {} must be even for RoPE", self.head_dim)));
         }
-        if self.moe_layers.iter().any(|&m| m) && (self.top_k == 0 || self.top_k > self.num_experts)
-        {
+        if self.moe_layers.iter().any(|&m| m) && (self.top_k == 0 || self.top_k > self.num_experts) {
             return Err(bad(format!(
                 "num_experts_per_tok ({}) must be between 1 and the number of experts ({})",
                 self.top_k, self.num_experts
@@ -197,12 +186,10 @@ impl RawConfig {
     pub fn usize_opt(&self, keys: &[&str]) -> Result<Option<usize>, ModelError> {
         match self.lookup(keys) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                self.err(format!(
-                    "{} must be a non-negative integer, got {v}",
-                    keys[0]
-                ))
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| self.err(format!("{} must be a non-negative integer, got {v}", keys[0]))),
         }
     }
 
@@ -238,10 +225,7 @@ impl RawConfig {
         let bad = || self.err(format!("{key} must be a token id or a list of token ids"));
         match self.lookup(&[key]) {
             None => Ok(vec![]),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_u64().map(|n| n as u32).ok_or_else(bad))
-                .collect(),
+            Some(Value::Array(a)) => a.iter().map(|v| v.as_u64().map(|n| n as u32).ok_or_else(bad)).collect(),
             Some(v) => Ok(vec![v.as_u64().ok_or_else(bad)? as u32]),
         }
     }
@@ -257,9 +241,7 @@ impl RawConfig {
         let hidden_size = self.usize(&["hidden_size"])?;
         let num_layers = self.usize(&["num_hidden_layers"])?;
         let num_heads = self.usize(&["num_attention_heads"])?;
-        let num_kv_heads = self
-            .usize_opt(&["num_key_value_heads"])?
-            .unwrap_or(num_heads);
+        let num_kv_heads = self.usize_opt(&["num_key_value_heads"])?.unwrap_or(num_heads);
         let head_dim = match self.usize_opt(&["head_dim"])? {
             Some(d) => d,
             None if num_heads > 0 => hidden_size / num_heads,
@@ -282,9 +264,7 @@ impl RawConfig {
             rms_norm_eps: self.f64_opt(&["rms_norm_eps"])?.unwrap_or(1e-6) as f32,
             rope_theta,
             rope_linear_factor,
-            max_position_embeddings: self
-                .usize_opt(&["max_position_embeddings"])?
-                .unwrap_or(4096),
+            max_position_embeddings: self.usize_opt(&["max_position_embeddings"])?.unwrap_or(4096),
             tie_word_embeddings: self.bool_opt(&["tie_word_embeddings"])?.unwrap_or(false),
             qk_norm: QkNorm::None,
             qkv_bias: false,
@@ -327,10 +307,7 @@ impl RawConfig {
 
     /// Per-layer sliding windows from transformers 5 `layer_types`, or from
     /// the Qwen-style `use_sliding_window` / `max_window_layers` pair.
-    pub fn qwen_sliding_windows(
-        &self,
-        num_layers: usize,
-    ) -> Result<Vec<Option<usize>>, ModelError> {
+    pub fn qwen_sliding_windows(&self, num_layers: usize) -> Result<Vec<Option<usize>>, ModelError> {
         let window = self.usize_opt(&["sliding_window"])?.filter(|&w| w > 0);
         if let Some(types) = self.lookup(&["layer_types"]).and_then(Value::as_array) {
             let w: Vec<Option<usize>> = types
@@ -344,31 +321,20 @@ impl RawConfig {
                 })
                 .collect();
             if w.len() != num_layers {
-                return Err(self.err(format!(
-                    "layer_types has {} entries for {num_layers} layers",
-                    w.len()
-                )));
+                return Err(self.err(format!("layer_types has {} entries for {num_layers} layers", w.len())));
             }
             return Ok(w);
         }
         if self.bool_opt(&["use_sliding_window"])?.unwrap_or(false) {
-            let from = self
-                .usize_opt(&["max_window_layers"])?
-                .unwrap_or(num_layers);
-            return Ok((0..num_layers)
-                .map(|l| if l >= from { window } else { None })
-                .collect());
+            let from = self.usize_opt(&["max_window_layers"])?.unwrap_or(num_layers);
+            return Ok((0..num_layers).map(|l| if l >= from { window } else { None }).collect());
         }
         Ok(vec![None; num_layers])
     }
 
     /// Qwen-style MoE layer selection: `mlp_only_layers` run dense MLPs,
     /// and otherwise every `decoder_sparse_step`-th layer is sparse.
-    pub fn qwen_moe_layers(
-        &self,
-        num_layers: usize,
-        num_experts: usize,
-    ) -> Result<Vec<bool>, ModelError> {
+    pub fn qwen_moe_layers(&self, num_layers: usize, num_experts: usize) -> Result<Vec<bool>, ModelError> {
         let dense = self.usize_list("mlp_only_layers")?;
         let step = self.usize_opt(&["decoder_sparse_step"])?.unwrap_or(1);
         if step == 0 {

@@ -92,8 +92,8 @@ impl Model {
             let mlp = if cfg.is_moe_layer(l) {
                 let shared = match cfg.shared_expert_intermediate_size {
                     Some(si) => {
-                        let n = ["gate_proj", "up_proj", "down_proj"]
-                            .map(|x| format!("{p}.mlp.shared_expert.{x}.weight"));
+                        let n =
+                            ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.shared_expert.{x}.weight"));
                         Some(Box::new((
                             SwiGlu::load(files, &n, h, si)?,
                             files.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?,
@@ -110,8 +110,7 @@ impl Model {
                     shared,
                 }
             } else {
-                let n =
-                    ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.{x}.weight"));
+                let n = ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.{x}.weight"));
                 Mlp::Dense(SwiGlu::load(files, &n, h, cfg.intermediate_size)?)
             };
             layers.push(Layer {
@@ -164,28 +163,31 @@ impl Model {
     /// Attention and everything before the routed experts of `layer`.
     /// Returns the layer's batch-union, or `None` for a dense layer (which
     /// is then complete).
-    pub fn pre_experts(
-        &self,
-        layer: usize,
-        st: &mut StepState,
-        cache: &mut KvCache,
-    ) -> Option<ExpertBatch> {
+    pub fn pre_experts(&self, layer: usize, st: &mut StepState, cache: &mut KvCache) -> Option<ExpertBatch> {
+        self.attend(layer, st, cache);
+        self.route(layer, st)
+    }
+
+    /// The attention sublayer of `layer` (first half of [`Model::pre_experts`]).
+    pub fn attend(&self, layer: usize, st: &mut StepState, cache: &mut KvCache) {
+        let (h, n) = (self.cfg.hidden_size, st.len());
+        let l = &self.layers[layer];
+        // hidden_states = residual + self_attn(input_layernorm(hidden_states))
+        let mut xs = st.hidden.clone();
+        rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
+        let mut attn_out = vec![0.0; n * h];
+        l.attn
+            .forward(&xs, &st.positions, &self.rope, &mut cache.layers[layer], &mut attn_out);
+        add_into(&mut st.hidden, &attn_out);
+    }
+
+    /// The MLP half of `layer` up to the experts (second half of
+    /// [`Model::pre_experts`]): norm, then the dense MLP (returns `None`) or
+    /// shared expert + router (returns the batch-union).
+    pub fn route(&self, layer: usize, st: &mut StepState) -> Option<ExpertBatch> {
         let (h, n) = (self.cfg.hidden_size, st.len());
         let eps = self.cfg.rms_norm_eps;
         let l = &self.layers[layer];
-
-        // hidden_states = residual + self_attn(input_layernorm(hidden_states))
-        let mut xs = st.hidden.clone();
-        rms_norm_rows(&mut xs, &l.input_norm, eps);
-        let mut attn_out = vec![0.0; n * h];
-        l.attn.forward(
-            &xs,
-            &st.positions,
-            &self.rope,
-            &mut cache.layers[layer],
-            &mut attn_out,
-        );
-        add_into(&mut st.hidden, &attn_out);
 
         // hidden_states = post_attention_layernorm(hidden_states)
         let mut xs = st.hidden.clone();
@@ -223,12 +225,7 @@ impl Model {
             return None;
         };
         let n = xs.len() / self.cfg.hidden_size;
-        let mut experts: Vec<u32> = router
-            .route(xs, n)
-            .into_iter()
-            .flatten()
-            .map(|(e, _)| e)
-            .collect();
+        let mut experts: Vec<u32> = router.route(xs, n).into_iter().flatten().map(|(e, _)| e).collect();
         experts.sort_unstable();
         experts.dedup();
         Some(PrefetchHint {

@@ -19,10 +19,7 @@ pub enum ModelError {
     Config { path: PathBuf, reason: String },
     /// `architectures` names a model family charm does not implement.
     #[error("unsupported architecture {name}; supported: {}", supported.join(", "))]
-    UnknownArchitecture {
-        name: String,
-        supported: Vec<&'static str>,
-    },
+    UnknownArchitecture { name: String, supported: Vec<&'static str> },
     /// The expert service failed or returned something that does not fit the batch.
     #[error(transparent)]
     Expert(#[from] ExpertError),
@@ -48,9 +45,5 @@ pub enum ExpertError {
     Container(#[from] ContainerError),
     /// Reading an expert from disk failed.
     #[error("reading layer {layer} expert {expert}: {message}")]
-    Read {
-        layer: u16,
-        expert: u32,
-        message: String,
-    },
+    Read { layer: u16, expert: u32, message: String },
 }

@@ -25,12 +25,7 @@ pub struct MoeNames {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 4] = [
-        Family::Olmoe,
-        Family::Qwen3Moe,
-        Family::Mixtral,
-        Family::Qwen2Moe,
-    ];
+    pub const ALL: [Family; 4] = [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral, Family::Qwen2Moe];
 
     /// The `architectures` entry of this family.
     pub fn architecture(self) -> &'static str {
@@ -104,11 +99,7 @@ impl MoeNames {
 
     /// The gate, up and down projection names of one expert.
     pub fn expert(&self, layer: usize, expert: usize) -> [String; 3] {
-        self.proj.map(|p| {
-            format!(
-                "model.layers.{layer}.{}.experts.{expert}.{p}.weight",
-                self.block
-            )
-        })
+        self.proj
+            .map(|p| format!("model.layers.{layer}.{}.experts.{expert}.{p}.weight", self.block))
     }
 }

@@ -72,9 +72,6 @@ impl KvCache {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers
-            .iter()
-            .map(|l| (l.k.len() + l.v.len()) * 4)
-            .sum()
+        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 4).sum()
     }
 }

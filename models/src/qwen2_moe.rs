@@ -20,9 +20,7 @@ pub fn parse(raw: &RawConfig) -> Result<ModelConfig, ModelError> {
     c.top_k = raw.usize(&["num_experts_per_tok"])?;
     c.norm_topk_prob = raw.bool_opt(&["norm_topk_prob"])?.unwrap_or(false);
     c.moe_intermediate_size = raw.usize(&["moe_intermediate_size"])?;
-    c.shared_expert_intermediate_size = raw
-        .usize_opt(&["shared_expert_intermediate_size"])?
-        .filter(|&n| n > 0);
+    c.shared_expert_intermediate_size = raw.usize_opt(&["shared_expert_intermediate_size"])?.filter(|&n| n > 0);
     c.moe_layers = raw.qwen_moe_layers(c.num_layers, c.num_experts)?;
     c.sliding_window = raw.qwen_sliding_windows(c.num_layers)?;
     Ok(c)

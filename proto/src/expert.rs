@@ -76,18 +76,10 @@ pub enum BatchError {
     RaggedRows { len: usize, hidden: u32 },
     /// A group's `rows` and `weights` lists differ in length.
     #[error("expert {expert}: {rows} rows but {weights} weights")]
-    WeightCount {
-        expert: u32,
-        rows: usize,
-        weights: usize,
-    },
+    WeightCount { expert: u32, rows: usize, weights: usize },
     /// A group names a row the batch does not carry.
     #[error("expert {expert}: row {row} out of range (batch has {n_rows} rows)")]
-    RowOutOfRange {
-        expert: u32,
-        row: u32,
-        n_rows: usize,
-    },
+    RowOutOfRange { expert: u32, row: u32, n_rows: usize },
     /// Groups are not strictly increasing by expert id.
     #[error("expert groups are not sorted and unique at expert {expert}")]
     UnsortedGroups { expert: u32 },
@@ -150,10 +142,7 @@ impl ExpertBatch {
 impl ExpertOutputs {
     /// Checks that there is exactly one output per group of `batch`, of the
     /// right size, and returns them in the batch's group order.
-    pub fn in_batch_order<'a>(
-        &'a self,
-        batch: &ExpertBatch,
-    ) -> Result<Vec<&'a GroupOutput>, BatchError> {
+    pub fn in_batch_order<'a>(&'a self, batch: &ExpertBatch) -> Result<Vec<&'a GroupOutput>, BatchError> {
         if self.layer != batch.layer {
             return Err(BatchError::OutputMismatch(format!(
                 "outputs for layer {} returned for layer {}",
@@ -174,9 +163,7 @@ impl ExpertOutputs {
                 .groups
                 .iter()
                 .find(|o| o.expert == g.expert)
-                .ok_or_else(|| {
-                    BatchError::OutputMismatch(format!("no output for expert {}", g.expert))
-                })?;
+                .ok_or_else(|| BatchError::OutputMismatch(format!("no output for expert {}", g.expert)))?;
             if out.out.len() != g.rows.len() * h {
                 return Err(BatchError::OutputMismatch(format!(
                     "expert {}: {} floats for {} rows of width {h}",
@@ -231,22 +218,13 @@ mod tests {
         assert!(matches!(b.validate(), Err(BatchError::RaggedRows { .. })));
         let mut b = batch();
         b.groups[0].weights.pop();
-        assert!(matches!(
-            b.validate(),
-            Err(BatchError::WeightCount { expert: 1, .. })
-        ));
+        assert!(matches!(b.validate(), Err(BatchError::WeightCount { expert: 1, .. })));
         let mut b = batch();
         b.groups[1].rows[0] = 2;
-        assert!(matches!(
-            b.validate(),
-            Err(BatchError::RowOutOfRange { row: 2, .. })
-        ));
+        assert!(matches!(b.validate(), Err(BatchError::RowOutOfRange { row: 2, .. })));
         let mut b = batch();
         b.groups.swap(0, 1);
-        assert!(matches!(
-            b.validate(),
-            Err(BatchError::UnsortedGroups { .. })
-        ));
+        assert!(matches!(b.validate(), Err(BatchError::UnsortedGroups { .. })));
         let mut b = batch();
         b.hidden = 0;
         assert!(matches!(b.validate(), Err(BatchError::RaggedRows { .. })));

@@ -15,8 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// The five model fixtures, one per family (plus the real-tokenizer chat one).
-pub const FAMILY_FIXTURES: [&str; 5] =
-    ["olmoe", "qwen3moe", "mixtral", "qwen2moe", "qwen3moe-chat"];
+pub const FAMILY_FIXTURES: [&str; 5] = ["olmoe", "qwen3moe", "mixtral", "qwen2moe", "qwen3moe-chat"];
 
 /// Relative tolerance of logits against the reference:
 /// `max |ours - ref| <= LOGIT_RTOL * max(1, max |ref|)`.
@@ -97,10 +96,8 @@ impl Reference {
     /// Reads `tests/fixtures/<name>/reference.json`.
     pub fn load(name: &str) -> Reference {
         let path = fixture(name).join("reference.json");
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{}: not a reference.json: {e}", path.display()))
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not a reference.json: {e}", path.display()))
     }
 
     /// `prompt_ids + greedy_ids`: the sequence of the teacher-forced forward.
@@ -114,11 +111,7 @@ impl Reference {
     /// the whole vocabulary, or the stored top entries.
     pub fn last_logit_entries(&self) -> Vec<(u32, f32)> {
         match (&self.last_logits, &self.last_logits_top) {
-            (Some(all), _) => all
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| (i as u32, v))
-                .collect(),
+            (Some(all), _) => all.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect(),
             (None, Some(top)) => {
                 assert_eq!(top.top_ids.len(), top.top_logits.len());
                 top.top_ids

@@ -91,10 +91,7 @@ fn worker(dir: &Path) -> (ModelConfig, TensorFiles, Arc<dyn ExpertService>) {
 }
 
 /// An engine over fixture `name` whose experts are run by `wrap(worker)`.
-fn engine_with(
-    name: &str,
-    wrap: impl FnOnce(Arc<dyn ExpertService>) -> Arc<dyn ExpertService>,
-) -> Engine {
+fn engine_with(name: &str, wrap: impl FnOnce(Arc<dyn ExpertService>) -> Arc<dyn ExpertService>) -> Engine {
     let (cfg, files, inner) = worker(&fixture(name));
     let model = Model::from_files(cfg, &files).expect("Model::from_files");
     Engine::new(model, wrap(inner))
@@ -192,10 +189,7 @@ fn check_batch(name: &str, cfg: &ModelConfig, files: &TensorFiles, b: &ExpertBat
         }
         let sum: f64 = got.iter().map(|x| x.1 as f64).sum();
         if cfg.norm_topk_prob {
-            assert!(
-                (sum - 1.0).abs() < 1e-5,
-                "{name}: renormalized weights sum to {sum}"
-            );
+            assert!((sum - 1.0).abs() < 1e-5, "{name}: renormalized weights sum to {sum}");
         } else {
             assert!(sum > 0.0 && sum < 1.0, "{name}: weights sum to {sum}");
         }
@@ -226,18 +220,10 @@ fn check_calls(name: &str) {
         Model::from_files(cfg.clone(), &files).expect("Model::from_files"),
         counting.clone(),
     );
-    let moe_layers: Vec<usize> = (0..cfg.num_layers)
-        .filter(|&l| cfg.is_moe_layer(l))
-        .collect();
-    let dense_layers: Vec<usize> = (0..cfg.num_layers)
-        .filter(|&l| !cfg.is_moe_layer(l))
-        .collect();
+    let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
+    let dense_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| !cfg.is_moe_layer(l)).collect();
     if name == "qwen3moe" {
-        assert_eq!(
-            dense_layers,
-            vec![1],
-            "qwen3moe: layer 1 is the dense (mlp_only) layer"
-        );
+        assert_eq!(dense_layers, vec![1], "qwen3moe: layer 1 is the dense (mlp_only) layer");
     }
 
     // (a) Outputs unchanged by the wrapper.
@@ -245,10 +231,7 @@ fn check_calls(name: &str) {
     let gen = engine
         .generate(&mut session, &r.prompt_ids, &greedy(16), |_| true)
         .unwrap_or_else(|e| panic!("{name}: generate: {e}"));
-    assert_eq!(
-        gen.ids, r.greedy_ids,
-        "{name}: greedy ids through the counting service"
-    );
+    assert_eq!(gen.ids, r.greedy_ids, "{name}: greedy ids through the counting service");
     let calls = counting.take();
 
     // (b) Every MoE layer once per forward step, in layer order; dense layers never.
@@ -272,11 +255,7 @@ fn check_calls(name: &str) {
             b.layer, moe_layers[k]
         );
         assert!(!dense_layers.contains(&(b.layer as usize)));
-        assert_eq!(
-            b.n_rows(),
-            step_rows[step],
-            "{name}: rows of call {i} (step {step})"
-        );
+        assert_eq!(b.n_rows(), step_rows[step], "{name}: rows of call {i} (step {step})");
         // (c) + (d)
         check_batch(name, &cfg, &files, b);
     }
@@ -295,11 +274,7 @@ fn check_calls(name: &str) {
     let all = r.full_sequence();
     engine.logits_all(&all).expect("logits_all");
     let calls = counting.take();
-    assert_eq!(
-        calls.len(),
-        moe_layers.len(),
-        "{name}: one call per MoE layer"
-    );
+    assert_eq!(calls.len(), moe_layers.len(), "{name}: one call per MoE layer");
     for b in &calls {
         check_batch(name, &cfg, &files, b);
     }
@@ -338,10 +313,7 @@ fn generate_tampered(
     });
     let mut session = engine.session();
     match engine.generate(&mut session, &r.prompt_ids, &greedy(16), |_| true) {
-        Ok(g) => panic!(
-            "{what}: generate succeeded ({:?}) but should have failed",
-            g.ids
-        ),
+        Ok(g) => panic!("{what}: generate succeeded ({:?}) but should have failed", g.ids),
         Err(e) => {
             println!("{what}: {e}");
             e
@@ -355,10 +327,7 @@ fn wrong_size_output_is_an_error() {
         out.groups[0].out.pop();
         Ok(())
     });
-    assert!(
-        matches!(e, ModelError::Expert(ExpertError::Batch(_))),
-        "{e:?}"
-    );
+    assert!(matches!(e, ModelError::Expert(ExpertError::Batch(_))), "{e:?}");
     assert!(e.to_string().contains("floats"), "{e}");
 
     let e = generate_tampered("long output", |i, out| {
@@ -368,10 +337,7 @@ fn wrong_size_output_is_an_error() {
         }
         Ok(())
     });
-    assert!(
-        matches!(e, ModelError::Expert(ExpertError::Batch(_))),
-        "{e:?}"
-    );
+    assert!(matches!(e, ModelError::Expert(ExpertError::Batch(_))), "{e:?}");
 }
 
 #[test]
@@ -380,10 +346,7 @@ fn missing_group_is_an_error() {
         out.groups.pop();
         Ok(())
     });
-    assert!(
-        matches!(e, ModelError::Expert(ExpertError::Batch(_))),
-        "{e:?}"
-    );
+    assert!(matches!(e, ModelError::Expert(ExpertError::Batch(_))), "{e:?}");
 
     // As many groups as asked for, but one expert twice and one never.
     let e = generate_tampered("duplicated group", |_, out| {
@@ -400,10 +363,7 @@ fn missing_group_is_an_error() {
         out.layer += 1;
         Ok(())
     });
-    assert!(
-        matches!(e, ModelError::Expert(ExpertError::Batch(_))),
-        "{e:?}"
-    );
+    assert!(matches!(e, ModelError::Expert(ExpertError::Batch(_))), "{e:?}");
 
     let e = generate_tampered("service error", |i, out| {
         if i == 5 {
@@ -415,10 +375,7 @@ fn missing_group_is_an_error() {
         Ok(())
     });
     assert!(
-        matches!(
-            e,
-            ModelError::Expert(ExpertError::MissingExpert { expert: 7, .. })
-        ),
+        matches!(e, ModelError::Expert(ExpertError::MissingExpert { expert: 7, .. })),
         "{e:?}"
     );
 }
@@ -489,10 +446,7 @@ fn group_order_does_not_change_a_bit() {
                 .zip(&base)
                 .filter(|(a, b)| a.to_bits() != b.to_bits())
                 .count();
-            assert_eq!(
-                differing, 0,
-                "{name}: {how} groups changed {differing} logits' bits"
-            );
+            assert_eq!(differing, 0, "{name}: {how} groups changed {differing} logits' bits");
             let mut session = engine.session();
             let gen = engine
                 .generate(&mut session, &r.prompt_ids, &greedy(16), |_| true)

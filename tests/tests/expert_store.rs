@@ -24,10 +24,7 @@ use charm_worker::{InProcessWorker, ResidentStore};
 fn scratch() -> tempfile::TempDir {
     let base = repo_root().join("target").join("test-scratch");
     std::fs::create_dir_all(&base).unwrap();
-    tempfile::Builder::new()
-        .prefix("store-")
-        .tempdir_in(base)
-        .unwrap()
+    tempfile::Builder::new().prefix("store-").tempdir_in(base).unwrap()
 }
 
 fn container(tmp: &Path, name: &str, quant: Quant) -> PathBuf {
@@ -108,11 +105,7 @@ fn bf16_container_reproduces_the_hf_directory_bit_for_bit() {
 fn placement_and_io_settings_never_change_a_bit() {
     let tmp = scratch();
     let r = Reference::load("mixtral");
-    for quant in [
-        Quant::Bf16,
-        Quant::Int8 { group: 32 },
-        Quant::Int4 { group: 32 },
-    ] {
+    for quant in [Quant::Bf16, Quant::Int8 { group: 32 }, Quant::Int4 { group: 32 }] {
         let c = container(tmp.path(), "mixtral", quant);
         let per_expert = Manifest::open(&c).unwrap().records[0].padded_len();
         let mut baseline: Option<(Vec<u32>, Vec<u32>)> = None;
@@ -124,7 +117,8 @@ fn placement_and_io_settings_never_change_a_bit() {
                         o.prefetch = prefetch;
                         o.direct_io = direct_io;
                         o.io_backend = Some(backend);
-                        let what = format!("{quant:?} cache={cache} prefetch={prefetch} {backend:?} direct={direct_io}");
+                        let what =
+                            format!("{quant:?} cache={cache} prefetch={prefetch} {backend:?} direct={direct_io}");
                         let engine = match Engine::load(&c, &o) {
                             Ok((e, _)) => e,
                             // io_uring or O_DIRECT may be unavailable on some machines:
@@ -178,15 +172,12 @@ fn cache_zero_reads_exactly_what_the_routing_implies() {
     let cfg = ModelConfig::load(&dir).unwrap();
     let files = TensorFiles::open(&dir).unwrap();
     let counting = Arc::new(Counting {
-        inner: Arc::new(InProcessWorker::new(
-            ResidentStore::open(&files, &cfg).unwrap(),
-        )),
+        inner: Arc::new(InProcessWorker::new(ResidentStore::open(&files, &cfg).unwrap())),
         groups: Mutex::new(0),
     });
     let hf = Engine::new(Model::from_files(cfg, &files).unwrap(), counting.clone());
     let mut s = hf.session();
-    hf.generate(&mut s, &r.prompt_ids, &greedy(16), |_| true)
-        .unwrap();
+    hf.generate(&mut s, &r.prompt_ids, &greedy(16), |_| true).unwrap();
     let unique_per_step_total = *counting.groups.lock().unwrap();
 
     let c = container(tmp.path(), "olmoe", Quant::Int8 { group: 0 });
@@ -195,9 +186,7 @@ fn cache_zero_reads_exactly_what_the_routing_implies() {
     o.prefetch = false;
     let (engine, _) = Engine::load(&c, &o).unwrap();
     let mut s = engine.session();
-    let gen = engine
-        .generate(&mut s, &r.prompt_ids, &greedy(16), |_| true)
-        .unwrap();
+    let gen = engine.generate(&mut s, &r.prompt_ids, &greedy(16), |_| true).unwrap();
     let e = gen.stats.experts;
     assert_eq!(e.expert_hits, 0);
     assert_eq!(e.expert_misses, unique_per_step_total);
@@ -215,18 +204,13 @@ fn unlimited_cache_reads_nothing_the_second_time() {
     let (ids1, _, first) = run(&engine, &r.prompt_ids);
     assert!(first.expert_bytes_read > 0);
     let mut s = engine.session();
-    let gen = engine
-        .generate(&mut s, &r.prompt_ids, &greedy(16), |_| true)
-        .unwrap();
+    let gen = engine.generate(&mut s, &r.prompt_ids, &greedy(16), |_| true).unwrap();
     let second = gen.stats.experts;
     assert_eq!(gen.ids, ids1);
     assert_eq!(second.expert_bytes_read, 0, "{second:?}");
     assert_eq!(second.expert_misses, 0);
     assert!(second.expert_hits > 0);
-    assert_eq!(
-        second.cache_bytes,
-        first.cache_bytes.max(second.cache_bytes)
-    );
+    assert_eq!(second.cache_bytes, first.cache_bytes.max(second.cache_bytes));
 }
 
 #[test]
@@ -240,12 +224,9 @@ fn routing_history_is_learned_and_tied_to_the_model() {
     let (engine, info) = Engine::load(&c, &o).unwrap();
     assert!(info.warning.is_none());
     let mut s = engine.session();
-    engine
-        .generate(&mut s, &r.prompt_ids, &greedy(16), |_| true)
-        .unwrap();
+    engine.generate(&mut s, &r.prompt_ids, &greedy(16), |_| true).unwrap();
     let path = state.join("routing-history.json");
-    let h: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let h: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(h["fingerprint"], info.fingerprint.as_str());
     let total: u64 = h["counts"]
         .as_array()
@@ -313,31 +294,21 @@ fn bad_containers_are_clear_errors() {
     let b = container(tmp.path(), "qwen2moe", Quant::Bf16);
     std::fs::copy(a.join("manifest.json"), b.join("manifest.json")).unwrap();
     let e = load_err(&b);
-    assert!(
-        e.contains("manifest.json") && e.contains("another model"),
-        "{e}"
-    );
+    assert!(e.contains("manifest.json") && e.contains("another model"), "{e}");
 
     // A container from a newer format version.
     let c = container(tmp.path(), "qwen3moe", Quant::Int8 { group: 0 });
     let path = c.join("manifest.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     v["format_version"] = 99.into();
     std::fs::write(&path, v.to_string()).unwrap();
     let e = load_err(&c);
-    assert!(
-        e.contains("manifest.json") && e.contains("version 99"),
-        "{e}"
-    );
+    assert!(e.contains("manifest.json") && e.contains("version 99"), "{e}");
 
     // Not JSON at all.
     std::fs::write(&path, "{ half a manifest").unwrap();
     let e = load_err(&c);
-    assert!(
-        e.contains("manifest.json") && e.contains("not valid JSON"),
-        "{e}"
-    );
+    assert!(e.contains("manifest.json") && e.contains("not valid JSON"), "{e}");
 
     // The expert file is missing.
     let c = container(tmp.path(), "mixtral", Quant::Int8 { group: 32 });

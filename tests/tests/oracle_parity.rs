@@ -75,9 +75,7 @@ fn assert_argmax(name: &str, what: &str, logits: &[f32], vocab: usize, expected:
         expected.len(),
         logits.len()
     );
-    let got: Vec<u32> = (0..expected.len())
-        .map(|i| argmax(row(logits, vocab, i)))
-        .collect();
+    let got: Vec<u32> = (0..expected.len()).map(|i| argmax(row(logits, vocab, i))).collect();
     if got != expected {
         let first = got.iter().zip(expected).position(|(a, b)| a != b).unwrap();
         panic!(
@@ -89,16 +87,12 @@ fn assert_argmax(name: &str, what: &str, logits: &[f32], vocab: usize, expected:
 fn check_family(name: &str) {
     let dir = fixture(name);
     let r = Reference::load(name);
-    let mut engine = Engine::local(&dir)
-        .unwrap_or_else(|e| panic!("{name}: Engine::local({}) failed: {e}", dir.display()));
+    let mut engine =
+        Engine::local(&dir).unwrap_or_else(|e| panic!("{name}: Engine::local({}) failed: {e}", dir.display()));
     let vocab = engine.config().vocab_size;
     let all = r.full_sequence();
     let n_prompt = r.prompt_ids.len();
-    assert_eq!(
-        r.greedy_ids.len(),
-        16,
-        "{name}: reference greedy run length"
-    );
+    assert_eq!(r.greedy_ids.len(), 16, "{name}: reference greedy run length");
     assert_eq!(
         r.teacher_forced_argmax.len(),
         all.len(),
@@ -125,11 +119,7 @@ fn check_family(name: &str) {
     assert_eq!(gen.stats.cached_prompt_tokens, 0, "{name}: fresh session");
     // The session holds the prompt and every generated id but the last
     // (which was never fed back).
-    assert_eq!(
-        session.tokens(),
-        &all[..all.len() - 1],
-        "{name}: session tokens"
-    );
+    assert_eq!(session.tokens(), &all[..all.len() - 1], "{name}: session tokens");
 
     // 1b. A second turn in the same session reuses the cached prefix and
     // continues the reference exactly.
@@ -174,25 +164,14 @@ fn check_family(name: &str) {
         .logits_all(&all)
         .unwrap_or_else(|e| panic!("{name}: chunked logits_all failed: {e}"));
     engine.prefill_chunk = crate_default_chunk();
-    assert_argmax(
-        name,
-        "chunked prefill (5)",
-        &chunked,
-        vocab,
-        &r.teacher_forced_argmax,
-    );
+    assert_argmax(name, "chunked prefill (5)", &chunked, vocab, &r.teacher_forced_argmax);
     let d_chunk = max_abs_diff(&chunked, &one_shot);
     let tol_chunk = tolerance(&one_shot);
     assert!(
         d_chunk <= tol_chunk,
         "{name}: chunked prefill differs from one-shot prefill: maxdiff={d_chunk:.3e} > {tol_chunk:.3e}"
     );
-    diff_against_reference(
-        name,
-        "chunked prefill",
-        row(&chunked, vocab, all.len() - 1),
-        &r,
-    );
+    diff_against_reference(name, "chunked prefill", row(&chunked, vocab, all.len() - 1), &r);
     println!("{name}: chunked prefill vs one-shot maxdiff={d_chunk:.3e}");
 
     // 4. Decode through the KV cache, one token at a time, as generation
@@ -233,9 +212,7 @@ fn check_family(name: &str) {
     );
     let (d_ref, _) = diff_against_reference(name, "KV-cache decode", &logits, &r);
     d_decode = d_decode.max(d);
-    println!(
-        "{name}: KV-cache decode vs logits_all maxdiff={d_decode:.3e}; vs reference maxdiff={d_ref:.3e}"
-    );
+    println!("{name}: KV-cache decode vs logits_all maxdiff={d_decode:.3e}; vs reference maxdiff={d_ref:.3e}");
 }
 
 fn crate_default_chunk() -> usize {

@@ -51,8 +51,7 @@ struct ChatCase {
 
 fn cases(name: &str) -> Cases {
     let path = fixture("tokenizers").join(format!("{name}_cases.json"));
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -76,10 +75,7 @@ fn olmo() -> (tempfile::TempDir, TextCodec) {
     let tmp = tempfile::tempdir().expect("tempdir");
     std::fs::copy(&src, tmp.path().join("tokenizer.json")).expect("copy tokenizer.json");
     let codec = TextCodec::load(tmp.path()).unwrap_or_else(|e| panic!("TextCodec::load: {e}"));
-    assert!(
-        !codec.has_template(),
-        "no tokenizer_config.json, no template"
-    );
+    assert!(!codec.has_template(), "no tokenizer_config.json, no template");
     (tmp, codec)
 }
 
@@ -99,11 +95,7 @@ fn check_decode(name: &str, codec: &TextCodec, cases: &Cases) {
         let text = codec.decode(&c.ids, false).unwrap();
         assert_eq!(text, c.text, "{name}: decode {:?}", c.ids);
         let skip = codec.decode(&c.ids, true).unwrap();
-        assert_eq!(
-            skip, c.text_skip,
-            "{name}: decode {:?} skipping specials",
-            c.ids
-        );
+        assert_eq!(skip, c.text_skip, "{name}: decode {:?} skipping specials", c.ids);
     }
 }
 
@@ -144,11 +136,7 @@ fn check_stream(name: &str, codec: &TextCodec, cases: &Cases) {
     for c in &cases.decode {
         let whole = codec.decode(&c.ids, true).unwrap();
         let streamed = stream_all(name, codec, &c.ids, &whole);
-        assert_eq!(
-            streamed, whole,
-            "{name}: streaming decode of ids {:?}",
-            c.ids
-        );
+        assert_eq!(streamed, whole, "{name}: streaming decode of ids {:?}", c.ids);
     }
 }
 
@@ -237,8 +225,6 @@ fn olmo_stream_decode() {
 #[test]
 fn olmo_has_no_chat_template() {
     let (_tmp, codec) = olmo();
-    let e = codec
-        .render_chat(&[Message::new("user", "hi")], true, &[])
-        .unwrap_err();
+    let e = codec.render_chat(&[Message::new("user", "hi")], true, &[]).unwrap_err();
     assert!(e.to_string().contains("chat_template"), "{e}");
 }

@@ -83,13 +83,7 @@ impl ExpertCache {
     /// Inserts an expert of `bytes`, evicting least-recently-used unpinned
     /// experts outside `protect` until it fits. Returns `false` (and holds
     /// nothing new) when it cannot fit.
-    pub fn insert(
-        &mut self,
-        key: Key,
-        ffn: Arc<SwiGlu>,
-        bytes: u64,
-        protect: &HashSet<Key>,
-    ) -> bool {
+    pub fn insert(&mut self, key: Key, ffn: Arc<SwiGlu>, bytes: u64, protect: &HashSet<Key>) -> bool {
         if self.entries.contains_key(&key) {
             return true;
         }

@@ -21,9 +21,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use charm_common::container::{
-    record_layout, record_weights, verify_record, Manifest, Quant, Record, RecordLayout,
-};
+use charm_common::container::{record_layout, record_weights, verify_record, Manifest, Quant, Record, RecordLayout};
 use charm_models::{ExpertError, ExpertStats, SwiGlu};
 use charm_proto::PrefetchHint;
 
@@ -103,11 +101,7 @@ impl DiskStore {
             expert: 0,
             message: e.to_string(),
         })?;
-        let layout = record_layout(
-            manifest.hidden_size,
-            manifest.moe_intermediate_size,
-            manifest.quant,
-        )?;
+        let layout = record_layout(manifest.hidden_size, manifest.moe_intermediate_size, manifest.quant)?;
         let records: HashMap<Key, Record> = manifest
             .records
             .iter()
@@ -117,10 +111,7 @@ impl DiskStore {
         let experts = records.keys().map(|k| k.1 as usize + 1).max().unwrap_or(0);
         let (history, warning) = match &opts.history_path {
             Some(p) => RoutingHistory::load(p, &manifest.fingerprint, layers, experts),
-            None => (
-                RoutingHistory::new(&manifest.fingerprint, layers, experts),
-                None,
-            ),
+            None => (RoutingHistory::new(&manifest.fingerprint, layers, experts), None),
         };
         if let Some(w) = &warning {
             tracing::warn!("{w}");
@@ -197,13 +188,11 @@ impl DiskStore {
             return Ok(());
         }
         let first = key(reqs[0].tag);
-        self.reader
-            .submit(reqs, st.tx.clone())
-            .map_err(|e| ExpertError::Read {
-                layer: first.0,
-                expert: first.1,
-                message: e.to_string(),
-            })
+        self.reader.submit(reqs, st.tx.clone()).map_err(|e| ExpertError::Read {
+            layer: first.0,
+            expert: first.1,
+            message: e.to_string(),
+        })
     }
 
     /// Turns a finished read into weights (checksum verified).
@@ -233,8 +222,7 @@ impl DiskStore {
         let was_prefetch = st.inflight.remove(&k) == Some(Origin::Prefetch);
         let (k, ffn, bytes) = self.decode(done).map_err(|e| (k, e))?;
         st.stats.expert_bytes_read += bytes;
-        if st.cache.insert(k, ffn.clone(), bytes, protect) && was_prefetch && !protect.contains(&k)
-        {
+        if st.cache.insert(k, ffn.clone(), bytes, protect) && was_prefetch && !protect.contains(&k) {
             st.prefetched.insert(k);
         }
         st.stats.cache_bytes = st.cache.used();
@@ -267,10 +255,7 @@ impl DiskStore {
             .into_iter()
             .filter(|k| !st.cache.contains(*k) && !st.inflight.contains_key(k))
             .collect();
-        let reqs: Vec<ReadRequest> = missing
-            .iter()
-            .filter_map(|&k| self.request(k).ok())
-            .collect();
+        let reqs: Vec<ReadRequest> = missing.iter().filter_map(|&k| self.request(k).ok()).collect();
         if self.submit(st, reqs).is_ok() {
             for k in missing {
                 st.inflight.insert(k, Origin::Preload);
@@ -295,8 +280,7 @@ impl ExpertStore for DiskStore {
         if let Some((pl, predicted)) = st.prediction.take() {
             if pl == layer {
                 st.stats.predicted_total += wanted.len() as u64;
-                st.stats.predicted_correct +=
-                    wanted.iter().filter(|(e, _)| predicted.contains(e)).count() as u64;
+                st.stats.predicted_correct += wanted.iter().filter(|(e, _)| predicted.contains(e)).count() as u64;
             }
         }
 
@@ -332,15 +316,11 @@ impl ExpertStore for DiskStore {
             let mut ahead = Vec::new();
             for &e in &h.experts {
                 let k = (h.layer, e);
-                if !st.cache.contains(k)
-                    && !st.inflight.contains_key(&k)
-                    && self.records.contains_key(&k)
-                {
+                if !st.cache.contains(k) && !st.inflight.contains_key(&k) && self.records.contains_key(&k) {
                     ahead.push(k);
                 }
             }
-            let reqs: Vec<ReadRequest> =
-                ahead.iter().filter_map(|&k| self.request(k).ok()).collect();
+            let reqs: Vec<ReadRequest> = ahead.iter().filter_map(|&k| self.request(k).ok()).collect();
             if self.submit(st, reqs).is_ok() {
                 st.stats.prefetch_issued += ahead.len() as u64;
                 for k in ahead {

@@ -29,11 +29,7 @@ impl<S: ExpertStore> InProcessWorker<S> {
 impl<S: ExpertStore> ExpertService for InProcessWorker<S> {
     fn run(&self, batch: &ExpertBatch) -> Result<ExpertOutputs, ExpertError> {
         batch.validate()?;
-        let wanted: Vec<(u32, u64)> = batch
-            .groups
-            .iter()
-            .map(|g| (g.expert, g.rows.len() as u64))
-            .collect();
+        let wanted: Vec<(u32, u64)> = batch.groups.iter().map(|g| (g.expert, g.rows.len() as u64)).collect();
         let mut outputs: Vec<Option<GroupOutput>> = vec![None; batch.groups.len()];
         self.store
             .resolve(batch.layer, &wanted, batch.next.as_ref(), &mut |ready| {

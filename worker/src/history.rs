@@ -30,12 +30,7 @@ impl RoutingHistory {
 
     /// Loads `path` if it exists and belongs to this model; otherwise
     /// starts empty. The second value is a warning to show the user.
-    pub fn load(
-        path: &Path,
-        fingerprint: &str,
-        layers: usize,
-        experts: usize,
-    ) -> (Self, Option<String>) {
+    pub fn load(path: &Path, fingerprint: &str, layers: usize, experts: usize) -> (Self, Option<String>) {
         let mut fresh = Self::new(fingerprint, layers, experts);
         fresh.path = Some(path.to_path_buf());
         let Ok(text) = std::fs::read_to_string(path) else {
@@ -89,11 +84,7 @@ impl RoutingHistory {
             .counts
             .iter()
             .enumerate()
-            .flat_map(|(l, row)| {
-                row.iter()
-                    .enumerate()
-                    .map(move |(e, &c)| (c, l as u16, e as u32))
-            })
+            .flat_map(|(l, row)| row.iter().enumerate().map(move |(e, &c)| (c, l as u16, e as u32)))
             .filter(|&(c, _, _)| c > 0)
             .collect();
         v.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
@@ -109,10 +100,7 @@ impl RoutingHistory {
             std::fs::create_dir_all(dir)?;
         }
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(self).map_err(std::io::Error::other)?,
-        )?;
+        std::fs::write(&tmp, serde_json::to_vec(self).map_err(std::io::Error::other)?)?;
         std::fs::rename(&tmp, path)
     }
 }

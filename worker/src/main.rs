@@ -8,10 +8,7 @@ fn main() {
         println!("worker {version}");
         return;
     }
-    println!(
-        "worker {version} (protocol {})",
-        charm_proto::PROTOCOL_VERSION
-    );
+    println!("worker {version} (protocol {})", charm_proto::PROTOCOL_VERSION);
     if !args.is_empty() {
         eprintln!("error: the worker does not serve over the network yet; run `coordinator --local` on one machine");
         std::process::exit(2);

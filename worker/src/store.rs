@@ -52,12 +52,7 @@ impl ResidentStore {
             let mut layer = Vec::new();
             if cfg.is_moe_layer(l) {
                 for e in 0..cfg.num_experts {
-                    let ffn = SwiGlu::load(
-                        files,
-                        &names.expert(l, e),
-                        cfg.hidden_size,
-                        cfg.moe_intermediate_size,
-                    )?;
+                    let ffn = SwiGlu::load(files, &names.expert(l, e), cfg.hidden_size, cfg.moe_intermediate_size)?;
                     layer.push(Arc::new(ffn));
                 }
             }

@@ -151,13 +151,7 @@ mod tests {
 
     #[test]
     fn capacity_rounds_up_and_start_is_aligned() {
-        for (len, cap) in [
-            (1, 4096),
-            (4095, 4096),
-            (4096, 4096),
-            (4097, 8192),
-            (3 << 20, 3 << 20),
-        ] {
+        for (len, cap) in [(1, 4096), (4095, 4096), (4096, 4096), (4097, 8192), (3 << 20, 3 << 20)] {
             let mut b = AlignedBuf::new_zeroed(len);
             assert_eq!(b.len(), len);
             assert_eq!(b.capacity(), cap);

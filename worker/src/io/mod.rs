@@ -112,29 +112,17 @@ pub struct ReadDone {
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     #[error("opening {}: {source}", path.display())]
-    Open {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Open { path: PathBuf, source: std::io::Error },
     #[error(
         "opening {} for direct I/O: O_DIRECT is not supported for this file ({source}); \
          open it without direct I/O or keep it on a filesystem that supports O_DIRECT",
         path.display()
     )]
-    DirectIoUnsupported {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    DirectIoUnsupported { path: PathBuf, source: std::io::Error },
     #[error("opening {} with io_uring: io_uring is unavailable here ({source})", path.display())]
-    UringUnavailable {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    UringUnavailable { path: PathBuf, source: std::io::Error },
     #[error("starting the reader threads for {}: {source}", path.display())]
-    Spawn {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Spawn { path: PathBuf, source: std::io::Error },
     #[error("reading {} bytes at offset {offset} of {}: {source}", len, path.display())]
     Read {
         path: PathBuf,
@@ -162,11 +150,7 @@ pub enum IoError {
         len,
         path.display()
     )]
-    Misaligned {
-        path: PathBuf,
-        offset: u64,
-        len: usize,
-    },
+    Misaligned { path: PathBuf, offset: u64, len: usize },
     #[error("reading {}: the reader has shut down", path.display())]
     ShutDown { path: PathBuf },
 }
@@ -287,27 +271,22 @@ impl DiskReader {
         let (backend, inner) = match opts.backend {
             Some(Backend::Pread) => (Backend::Pread, pread(ctx.clone())?),
             #[cfg(target_os = "linux")]
-            Some(Backend::IoUring) | None => {
-                match uring::UringReader::start(ctx.clone(), opts.queue_depth) {
-                    Ok(Ok(reader)) => (Backend::IoUring, Inner::Uring(reader)),
-                    Ok(Err(spawn)) => return Err(spawn_error(spawn)),
-                    Err(unavailable) if opts.backend.is_some() => {
-                        return Err(IoError::UringUnavailable {
-                            path: path.to_path_buf(),
-                            source: unavailable,
-                        })
-                    }
-                    Err(_) => (Backend::Pread, pread(ctx.clone())?),
+            Some(Backend::IoUring) | None => match uring::UringReader::start(ctx.clone(), opts.queue_depth) {
+                Ok(Ok(reader)) => (Backend::IoUring, Inner::Uring(reader)),
+                Ok(Err(spawn)) => return Err(spawn_error(spawn)),
+                Err(unavailable) if opts.backend.is_some() => {
+                    return Err(IoError::UringUnavailable {
+                        path: path.to_path_buf(),
+                        source: unavailable,
+                    })
                 }
-            }
+                Err(_) => (Backend::Pread, pread(ctx.clone())?),
+            },
             #[cfg(not(target_os = "linux"))]
             Some(Backend::IoUring) => {
                 return Err(IoError::UringUnavailable {
                     path: path.to_path_buf(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::Unsupported,
-                        "io_uring exists only on Linux",
-                    ),
+                    source: std::io::Error::new(std::io::ErrorKind::Unsupported, "io_uring exists only on Linux"),
                 })
             }
             #[cfg(not(target_os = "linux"))]
@@ -352,10 +331,7 @@ impl DiskReader {
     pub fn submit(&self, reqs: Vec<ReadRequest>, done: Sender<ReadDone>) -> Result<(), IoError> {
         if self.direct_io {
             let align = ALIGN as u64;
-            if let Some(bad) = reqs
-                .iter()
-                .find(|r| r.offset % align != 0 || r.len % ALIGN != 0)
-            {
+            if let Some(bad) = reqs.iter().find(|r| r.offset % align != 0 || r.len % ALIGN != 0) {
                 return Err(IoError::Misaligned {
                     path: self.ctx.path.clone(),
                     offset: bad.offset,
@@ -417,10 +393,7 @@ fn open_file(path: &Path, direct: bool) -> Result<File, IoError> {
     if direct {
         return Err(IoError::DirectIoUnsupported {
             path: path.to_path_buf(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "no direct I/O on this platform",
-            ),
+            source: std::io::Error::new(std::io::ErrorKind::Unsupported, "no direct I/O on this platform"),
         });
     }
     Ok(file)

@@ -48,11 +48,7 @@ fn make_file_in(dir: &Path, len: usize, seed: u64) -> TestFile {
     let mut rng = Rng(seed);
     let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
     std::fs::write(&path, &bytes).expect("write test file");
-    TestFile {
-        _dir: tmp,
-        path,
-        bytes,
-    }
+    TestFile { _dir: tmp, path, bytes }
 }
 
 /// Where test files may go: the temp dir, then the target dir.
@@ -130,10 +126,7 @@ fn setup(len: usize, seed: u64, o: &ReaderOptions) -> Option<(TestFile, DiskRead
 
 /// Every (backend, direct_io) combination this machine can run, with a
 /// reader on a fresh `FILE_LEN`-byte file.
-fn each_setup(
-    mut tweak: impl FnMut(&mut ReaderOptions),
-    mut test: impl FnMut(&TestFile, DiskReader),
-) {
+fn each_setup(mut tweak: impl FnMut(&mut ReaderOptions), mut test: impl FnMut(&TestFile, DiskReader)) {
     for backend in backends() {
         for direct in [false, true] {
             let mut o = opts(backend, direct);
@@ -149,13 +142,7 @@ fn each_setup(
 /// `n` requests inside `file_len`: 4096-aligned offsets and lengths, plus
 /// (when `any_alignment`) arbitrary ones; a few are longer than `MAX_CHUNK`
 /// and one is empty.
-fn random_requests(
-    rng: &mut Rng,
-    n: usize,
-    file_len: usize,
-    any_alignment: bool,
-    first_tag: u64,
-) -> Vec<ReadRequest> {
+fn random_requests(rng: &mut Rng, n: usize, file_len: usize, any_alignment: bool, first_tag: u64) -> Vec<ReadRequest> {
     (0..n)
         .map(|i| {
             let tag = first_tag + i as u64;
@@ -191,23 +178,13 @@ fn random_requests(
 fn collect(rx: &Receiver<ReadDone>, n: usize) -> HashMap<u64, Result<AlignedBuf, IoError>> {
     let mut out = HashMap::new();
     for _ in 0..n {
-        let done = rx
-            .recv_timeout(TIMEOUT)
-            .expect("a completion within the timeout");
-        assert!(
-            out.insert(done.tag, done.result).is_none(),
-            "tag {} twice",
-            done.tag
-        );
+        let done = rx.recv_timeout(TIMEOUT).expect("a completion within the timeout");
+        assert!(out.insert(done.tag, done.result).is_none(), "tag {} twice", done.tag);
     }
     out
 }
 
-fn check_ok(
-    file: &TestFile,
-    reqs: &[ReadRequest],
-    got: &HashMap<u64, Result<AlignedBuf, IoError>>,
-) {
+fn check_ok(file: &TestFile, reqs: &[ReadRequest], got: &HashMap<u64, Result<AlignedBuf, IoError>>) {
     for r in reqs {
         let buf = match &got[&r.tag] {
             Ok(buf) => buf,
@@ -252,13 +229,8 @@ fn random_reads_in_concurrent_submits() {
                             let mut rng = Rng(100 + t);
                             let mut mine = Vec::new();
                             for b in 0..5u64 {
-                                let reqs = random_requests(
-                                    &mut rng,
-                                    10,
-                                    FILE_LEN,
-                                    !reader.direct_io(),
-                                    t * 1000 + b * 10,
-                                );
+                                let reqs =
+                                    random_requests(&mut rng, 10, FILE_LEN, !reader.direct_io(), t * 1000 + b * 10);
                                 reader.submit(reqs.clone(), tx.clone()).unwrap();
                                 mine.extend(reqs);
                             }
@@ -266,10 +238,7 @@ fn random_reads_in_concurrent_submits() {
                         })
                     })
                     .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap())
-                    .collect()
+                handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
             });
             drop(tx);
             let got = collect(&rx, all.len());
@@ -326,10 +295,7 @@ fn reads_past_end_of_file_fail_naming_the_file() {
                             file_len,
                         },
                     ) => {
-                        assert_eq!(
-                            (path, *offset, *len, *file_len),
-                            (&file.path, r.offset, r.len, end)
-                        );
+                        assert_eq!((path, *offset, *len, *file_len), (&file.path, r.offset, r.len, end));
                         let msg = e.to_string();
                         assert!(msg.contains(&*file.path.to_string_lossy()), "{msg}");
                         assert!(msg.contains("end of file"), "{msg}");
@@ -364,9 +330,7 @@ fn unpadded_file_under_direct_io_fails_only_its_last_record() {
             reader.submit(vec![whole, padded_last], tx.clone()).unwrap();
             let got = collect(&rx, 2);
             check_ok(&file, &[whole], &got);
-            assert!(
-                matches!(got[&1], Err(IoError::UnexpectedEof { file_len, .. }) if file_len == len as u64)
-            );
+            assert!(matches!(got[&1], Err(IoError::UnexpectedEof { file_len, .. }) if file_len == len as u64));
             if !direct {
                 let exact_last = ReadRequest {
                     offset: last,
@@ -392,11 +356,7 @@ fn misaligned_request_under_direct_io_is_rejected_before_submitting() {
                         len: 4096,
                         tag: 0,
                     },
-                    ReadRequest {
-                        offset,
-                        len,
-                        tag: 1,
-                    },
+                    ReadRequest { offset, len, tag: 1 },
                 ];
                 let (tx, rx) = mpsc::channel();
                 let sent = reader.submit(reqs.clone(), tx);
@@ -478,10 +438,7 @@ fn check_read_or_shut_down(
             Err(e) => panic!("{r:?}: {e}"),
         }
     }
-    eprintln!(
-        "  {when}: {read} of {} read, the rest shut down",
-        reqs.len()
-    );
+    eprintln!("  {when}: {read} of {} read, the rest shut down", reqs.len());
 }
 
 #[test]
@@ -529,9 +486,7 @@ fn file_shrunk_after_open_reports_end_of_file_at_read_time() {
         let got = collect(&rx, 2);
         check_ok(&file, &reqs[1..], &got);
         match &got[&0] {
-            Err(IoError::UnexpectedEof {
-                file_len, offset, ..
-            }) => {
+            Err(IoError::UnexpectedEof { file_len, offset, .. }) => {
                 assert_eq!((*offset, *file_len), (half - 4096, half));
             }
             other => panic!("{backend:?}: expected UnexpectedEof, got {other:?}"),
@@ -584,10 +539,7 @@ fn open_failure_names_the_file() {
 fn io_uring_is_refused_off_linux() {
     let file = make_file_in(&std::env::temp_dir(), 4096, 1);
     let err = DiskReader::open(&file.path, &opts(Backend::IoUring, false)).err();
-    assert!(
-        matches!(err, Some(IoError::UringUnavailable { .. })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Some(IoError::UringUnavailable { .. })), "{err:?}");
 }
 
 #[test]
@@ -625,10 +577,7 @@ fn falls_back_to_pread_when_io_uring_is_denied() {
                 };
                 assert_eq!(source.raw_os_error(), Some(libc::EPERM), "{e}");
             }
-            other => panic!(
-                "expected UringUnavailable, got {:?}",
-                other.map(|r| r.backend())
-            ),
+            other => panic!("expected UringUnavailable, got {:?}", other.map(|r| r.backend())),
         }
         println!("fallback checked under seccomp");
         return;
@@ -658,10 +607,7 @@ fn falls_back_to_pread_when_io_uring_is_denied() {
         ),
         stmt(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
     ];
-    let name = module_path!()
-        .split_once("::")
-        .map_or("", |(_, m)| m)
-        .to_owned()
+    let name = module_path!().split_once("::").map_or("", |(_, m)| m).to_owned()
         + "::falls_back_to_pread_when_io_uring_is_denied";
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", &name, "--nocapture", "--test-threads=1"])

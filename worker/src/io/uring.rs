@@ -46,10 +46,7 @@ impl UringReader {
     /// The outer `Err` means io_uring is unusable here (no syscall, denied,
     /// no `IORING_OP_READ`, out of locked memory, ...): the caller may fall
     /// back to pread. The inner `Err` means the thread could not be spawned.
-    pub(super) fn start(
-        ctx: Arc<FileCtx>,
-        queue_depth: u32,
-    ) -> io::Result<io::Result<UringReader>> {
+    pub(super) fn start(ctx: Arc<FileCtx>, queue_depth: u32) -> io::Result<io::Result<UringReader>> {
         let depth = queue_depth.clamp(1, MAX_DEPTH);
         let ring = IoUring::new(depth.next_power_of_two())?;
         let mut probe = Probe::new();
@@ -146,8 +143,7 @@ impl Ring {
 
     fn enqueue(&mut self, batch: Batch) {
         let Batch { reqs, done } = batch;
-        self.pending
-            .extend(reqs.into_iter().map(|r| (r, done.clone())));
+        self.pending.extend(reqs.into_iter().map(|r| (r, done.clone())));
     }
 
     fn run(mut self, rx: Receiver<Batch>) {
@@ -190,11 +186,7 @@ impl Ring {
                 }
                 // Interrupted or busy: reap whatever is there and go round.
             }
-            cqes.extend(
-                self.ring
-                    .completion()
-                    .map(|cqe| (cqe.user_data(), cqe.result())),
-            );
+            cqes.extend(self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())));
             for (slot, res) in cqes.drain(..) {
                 self.complete(slot as usize, res);
             }
@@ -227,9 +219,7 @@ impl Ring {
     /// Queue an SQE reading the rest of `slot`'s request (at most
     /// `MAX_CHUNK` bytes) into the rest of its buffer.
     fn push_read(&mut self, slot: usize) {
-        let f = self.slots.slots[slot]
-            .as_mut()
-            .expect("push_read on an occupied slot");
+        let f = self.slots.slots[slot].as_mut().expect("push_read on an occupied slot");
         let len = (f.req.len - f.filled).min(MAX_CHUNK);
         // SAFETY: `filled < req.len <= capacity`, so the pointer stays
         // inside the allocation.
@@ -260,8 +250,7 @@ impl Ring {
             // `depth`. Make room anyway rather than lose the read.
             let _ = self.ring.submit();
             // SAFETY: as above.
-            unsafe { self.ring.submission().push(&entry) }
-                .expect("room in the submission queue after submitting it");
+            unsafe { self.ring.submission().push(&entry) }.expect("room in the submission queue after submitting it");
         }
     }
 
