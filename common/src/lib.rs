@@ -11,6 +11,8 @@
 //!   expert, 4 KiB aligned, checksummed) — manifest, layout, checks.
 //! - [`safetensors`]: a model directory's safetensors files (single or
 //!   sharded), memory-mapped, validated, looked up by tensor name.
+//! - [`source`]: [`WeightSource`], tensors by Hugging Face name from any
+//!   file format.
 //! - [`kernels`]: the scalar math on f32 activations (dot products, RMS
 //!   norm, softmax, SiLU, argmax), with a scalar reference and a fast path
 //!   for each quantized dot. Activations and accumulation are always f32,
@@ -22,10 +24,12 @@ pub mod error;
 pub mod kernels;
 pub mod quant;
 pub mod safetensors;
+pub mod source;
 pub mod weight;
 
 pub use dtype::DType;
 pub use error::LoadError;
 pub use quant::{QuantError, WeightFormat};
 pub use safetensors::TensorFiles;
+pub use source::WeightSource;
 pub use weight::{Buf, ByteSource, Weight, WeightData};

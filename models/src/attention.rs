@@ -3,7 +3,7 @@
 //! [`LayerKv`] so decode cost grows only with context length.
 
 use charm_common::kernels::{dot_f32, rms_norm, rms_norm_rows, softmax};
-use charm_common::{LoadError, TensorFiles, Weight};
+use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 
 use crate::config::{ModelConfig, QkNorm};
@@ -31,7 +31,7 @@ pub struct Attention {
 
 impl Attention {
     /// Loads `model.layers.{layer}.self_attn.*`.
-    pub fn load(files: &TensorFiles, cfg: &ModelConfig, layer: usize) -> Result<Self, LoadError> {
+    pub fn load(files: &dyn WeightSource, cfg: &ModelConfig, layer: usize) -> Result<Self, LoadError> {
         let p = format!("model.layers.{layer}.self_attn");
         let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
         let qkv_bias = if cfg.qkv_bias {

@@ -8,10 +8,9 @@
 //! engine owns the calls to the expert service.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use charm_common::kernels::{rms_norm_rows, sigmoid};
-use charm_common::{TensorFiles, Weight};
+use charm_common::{TensorFiles, Weight, WeightSource};
 use charm_proto::{ExpertBatch, ExpertOutputs, PrefetchHint};
 
 use crate::attention::Attention;
@@ -78,12 +77,12 @@ impl Model {
     /// Loads config and dense weights from a Hugging Face model directory.
     pub fn load(dir: &Path) -> Result<Self, ModelError> {
         let cfg = ModelConfig::load(dir)?;
-        let files = Arc::new(TensorFiles::open(dir)?);
+        let files = TensorFiles::open(dir)?;
         Self::from_files(cfg, &files)
     }
 
     /// Loads the dense weights of `cfg` from already opened files.
-    pub fn from_files(cfg: ModelConfig, files: &TensorFiles) -> Result<Self, ModelError> {
+    pub fn from_files(cfg: ModelConfig, files: &dyn WeightSource) -> Result<Self, ModelError> {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let names = cfg.family.moe_names();
         let mut layers = Vec::with_capacity(cfg.num_layers);

@@ -6,7 +6,7 @@
 //! shared blocks.
 
 use charm_common::kernels::silu;
-use charm_common::{LoadError, TensorFiles, Weight};
+use charm_common::{LoadError, Weight, WeightSource};
 
 /// One SwiGLU FFN.
 pub struct SwiGlu {
@@ -20,7 +20,7 @@ pub struct SwiGlu {
 
 impl SwiGlu {
     /// Loads gate / up / down by name, checking their shapes.
-    pub fn load(files: &TensorFiles, names: &[String; 3], hidden: usize, inter: usize) -> Result<Self, LoadError> {
+    pub fn load(files: &dyn WeightSource, names: &[String; 3], hidden: usize, inter: usize) -> Result<Self, LoadError> {
         Ok(SwiGlu {
             gate: files.matrix(&names[0], inter, hidden)?,
             up: files.matrix(&names[1], inter, hidden)?,

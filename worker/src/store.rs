@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use charm_common::TensorFiles;
+use charm_common::WeightSource;
 use charm_models::{ExpertError, ExpertStats, ModelConfig, SwiGlu};
 use charm_proto::PrefetchHint;
 
@@ -45,7 +45,7 @@ pub struct ResidentStore {
 
 impl ResidentStore {
     /// Maps every routed expert named by `cfg` from `files`.
-    pub fn open(files: &TensorFiles, cfg: &ModelConfig) -> Result<Self, ExpertError> {
+    pub fn open(files: &dyn WeightSource, cfg: &ModelConfig) -> Result<Self, ExpertError> {
         let names = cfg.family.moe_names();
         let mut experts = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
