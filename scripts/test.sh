@@ -15,6 +15,20 @@ need npm "install Node.js and npm (Debian: apt-get install nodejs npm)"
 need python3 "install Python 3 with pip (Debian: apt-get install python3-pip)"
 
 bash scripts/fetch_test_material.sh
+
+# The HTTP API tests drive the dashboard in headless Chromium and run the
+# official openai / anthropic Python SDKs (in target/sdk-venv). On CI a
+# missing one fails those tests instead of skipping them.
+if [[ "${CI:-}" == "true" ]]; then export CHARM_CI=1; fi
+if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "warning: chromium + chromedriver not found; the dashboard browser test will skip" >&2
+    fi
+fi
+bash scripts/sdk_venv.sh >/dev/null
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

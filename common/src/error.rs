@@ -38,4 +38,7 @@ pub enum LoadError {
         got: Vec<usize>,
         expected: Vec<usize>,
     },
+    /// A GGUF file is malformed or lacks a tensor (names the file and tensor).
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
 }

@@ -11,6 +11,9 @@
 //!   expert, 4 KiB aligned, checksummed) — manifest, layout, checks.
 //! - [`safetensors`]: a model directory's safetensors files (single or
 //!   sharded), memory-mapped, validated, looked up by tensor name.
+//! - [`gguf`]: GGUF files (v2/v3), memory-mapped and validated: metadata,
+//!   tensor table, GGML block types with their reference dequantization
+//!   and dot products; tensors become [`Weight`]s without re-quantizing.
 //! - [`source`]: [`WeightSource`], tensors by Hugging Face name from any
 //!   file format.
 //! - [`kernels`]: the scalar math on f32 activations (dot products, RMS
@@ -21,6 +24,7 @@
 pub mod container;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod kernels;
 pub mod quant;
 pub mod safetensors;

@@ -62,6 +62,7 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::dtype::DType;
+use crate::gguf::GgmlType;
 
 /// A shape or buffer that a quantized format cannot hold. Quantized weights
 /// come from files, so every such case is an error, never a panic.
@@ -94,6 +95,9 @@ pub enum QuantError {
     /// A weight to quantize is NaN or infinite.
     #[error("weight at row {row}, column {col} is not finite ({value})")]
     NonFinite { row: usize, col: usize, value: f32 },
+    /// A conversion to a format charm reads but does not write (GGUF blocks).
+    #[error("charm does not quantize to {format}; it only reads that format")]
+    NoQuantizer { format: WeightFormat },
 }
 
 /// How a weight's elements are stored: a plain dtype or a quantized format.
@@ -110,6 +114,9 @@ pub enum WeightFormat {
     Int4 {
         group: usize,
     },
+    /// GGML blocks as stored in a GGUF file ([`crate::gguf`]): rows of
+    /// whole blocks of this type, used in place.
+    Gguf(GgmlType),
 }
 
 impl WeightFormat {
@@ -119,11 +126,12 @@ impl WeightFormat {
             WeightFormat::F32 => Some(DType::F32),
             WeightFormat::BF16 => Some(DType::BF16),
             WeightFormat::F16 => Some(DType::F16),
-            WeightFormat::Int8 { .. } | WeightFormat::Int4 { .. } => None,
+            WeightFormat::Int8 { .. } | WeightFormat::Int4 { .. } | WeightFormat::Gguf(_) => None,
         }
     }
 
-    /// The kind without its group: `F32`, `BF16`, `F16`, `INT8`, `INT4`.
+    /// The kind without its group: `F32`, `BF16`, `F16`, `INT8`, `INT4`,
+    /// or a GGUF block type's name (`Q4_K`).
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::F32 => "F32",
@@ -131,6 +139,7 @@ impl WeightFormat {
             WeightFormat::F16 => "F16",
             WeightFormat::Int8 { .. } => "INT8",
             WeightFormat::Int4 { .. } => "INT4",
+            WeightFormat::Gguf(ty) => ty.name(),
         }
     }
 
@@ -145,6 +154,10 @@ impl WeightFormat {
         match self {
             WeightFormat::Int8 { group } => int8_bytes(rows, cols, group),
             WeightFormat::Int4 { group } => int4_bytes(rows, cols, group),
+            WeightFormat::Gguf(ty) => Ok(QuantBytes {
+                scale_bytes: 0,
+                value_bytes: gguf_bytes(ty, rows, cols)?,
+            }),
             plain => {
                 let size = plain.dtype().map_or(4, DType::size);
                 let value_bytes = elements(rows, cols)?
@@ -170,7 +183,7 @@ impl From<DType> for WeightFormat {
 }
 
 impl fmt::Display for WeightFormat {
-    /// `F32`, `BF16`, `F16`, `INT8/g32`, `INT4/g64`.
+    /// `F32`, `BF16`, `F16`, `INT8/g32`, `INT4/g64`, `Q4_K` (GGUF blocks).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             WeightFormat::Int8 { group } | WeightFormat::Int4 { group } => {
@@ -238,6 +251,20 @@ fn check_int4_shape(cols: usize, group: usize) -> Result<(), QuantError> {
         return Err(QuantError::OddGroup { group });
     }
     Ok(())
+}
+
+/// Bytes of a `[rows, cols]` matrix of GGML `ty` blocks (scales inside).
+pub fn gguf_bytes(ty: GgmlType, rows: usize, cols: usize) -> Result<usize, QuantError> {
+    let row = ty.row_bytes(cols).ok_or(if cols.is_multiple_of(ty.block_elems()) {
+        QuantError::TooLarge { rows, cols }
+    } else {
+        QuantError::GroupNotDividing {
+            cols,
+            group: ty.block_elems(),
+        }
+    })?;
+    elements(rows, cols)?;
+    row.checked_mul(rows).ok_or(QuantError::TooLarge { rows, cols })
 }
 
 /// Bytes of an INT8 `[rows, cols]` matrix with `group` columns per scale.

@@ -1,7 +1,8 @@
 //! Weights: a matrix `[rows, cols]` (row-major, the layout of a Hugging Face
 //! `Linear.weight`: `out_features × in_features`) stored as F32, BF16, F16,
-//! or quantized INT8 / INT4 with f32 group scales ([`crate::quant`]), and
-//! its products with f32 activations.
+//! quantized INT8 / INT4 with f32 group scales ([`crate::quant`]), or GGML
+//! blocks from a GGUF file ([`crate::gguf`]), and its products with f32
+//! activations.
 //!
 //! Storage borrows the memory-mapped file when the bytes are aligned for
 //! their type, and copies otherwise (safetensors does not promise
@@ -13,10 +14,11 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
+use crate::gguf::{self, GgmlType};
 use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
 use crate::quant::{
-    check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, quantize_int4, quantize_int8,
-    QuantError, WeightFormat,
+    check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, gguf_bytes, quantize_int4,
+    quantize_int8, QuantError, WeightFormat,
 };
 
 /// Bytes that weights can borrow: a memory-mapped file, or a buffer an
@@ -135,6 +137,10 @@ pub enum WeightData {
         q: Buf<u8>,
         group: usize,
     },
+    /// GGML blocks of `ty` from a GGUF file: `rows * ty.row_bytes(cols)`
+    /// bytes, row `r` at byte `r * ty.row_bytes(cols)` (`cols` a multiple
+    /// of `ty.block_elems()`), used as stored.
+    Gguf { ty: GgmlType, data: Buf<u8> },
 }
 
 impl WeightData {
@@ -160,6 +166,7 @@ impl WeightData {
             WeightData::F16(_) => WeightFormat::F16,
             WeightData::Int8 { group, .. } => WeightFormat::Int8 { group: *group },
             WeightData::Int4 { group, .. } => WeightFormat::Int4 { group: *group },
+            WeightData::Gguf { ty, .. } => WeightFormat::Gguf(*ty),
         }
     }
 
@@ -176,6 +183,7 @@ impl WeightData {
             WeightData::BF16(b) | WeightData::F16(b) => b.len(),
             WeightData::Int8 { q, .. } => q.len(),
             WeightData::Int4 { q, .. } => q.len() * 2,
+            WeightData::Gguf { ty, data } => data.len() / ty.block_bytes() * ty.block_elems(),
         }
     }
 
@@ -184,6 +192,17 @@ impl WeightData {
         match self {
             WeightData::Int8 { scales, q, group } => check_int8_buffers(rows, cols, *group, scales.len(), q.len()),
             WeightData::Int4 { scales, q, group } => check_int4_buffers(rows, cols, *group, scales.len(), q.len()),
+            WeightData::Gguf { ty, data } => {
+                let expected = gguf_bytes(*ty, rows, cols)?;
+                if data.len() != expected {
+                    return Err(QuantError::LenMismatch {
+                        what: "gguf block bytes",
+                        expected,
+                        got: data.len(),
+                    });
+                }
+                Ok(())
+            }
             plain => {
                 let n = rows.checked_mul(cols).ok_or(QuantError::TooLarge { rows, cols })?;
                 if plain.len() != n {
@@ -217,6 +236,12 @@ impl WeightData {
             WeightData::Int4 { scales, q, group } => {
                 let mut out = vec![0.0; q.len() * 2];
                 dequantize_int4_row(q.as_slice(), scales.as_slice(), *group, &mut out);
+                out
+            }
+            WeightData::Gguf { ty, data } => {
+                let bytes = &data.as_slice()[..data.len() - data.len() % ty.block_bytes()];
+                let mut out = vec![0.0; self.len()];
+                gguf::dequantize_into(*ty, bytes, &mut out);
                 out
             }
         }
@@ -266,7 +291,8 @@ impl Weight {
 
     /// This matrix converted to `format` (owned): quantized with
     /// [`quantize_int8`] / [`quantize_int4`], or rounded to nearest-even
-    /// for BF16 / F16. A quantized source is dequantized first.
+    /// for BF16 / F16. A quantized source is dequantized first. GGUF block
+    /// formats are read, never written: [`QuantError::NoQuantizer`].
     pub fn to_format(&self, format: WeightFormat) -> Result<Self, QuantError> {
         let (rows, cols) = (self.rows, self.cols);
         let w = self.data.to_f32_vec();
@@ -294,6 +320,7 @@ impl Weight {
                     group,
                 }
             }
+            WeightFormat::Gguf(_) => return Err(QuantError::NoQuantizer { format }),
         };
         Self::try_new(rows, cols, data)
     }
@@ -355,6 +382,10 @@ impl Weight {
                 let bytes = &q.as_slice()[r * c / 2..(r + 1) * c / 2];
                 dequantize_int4_row(bytes, s, *group, out);
             }
+            WeightData::Gguf { ty, data } => {
+                let rb = data.len() / self.rows.max(1);
+                gguf::dequantize_into(*ty, &data.as_slice()[r * rb..(r + 1) * rb], out);
+            }
         }
     }
 
@@ -376,6 +407,10 @@ impl Weight {
                 let gpr = c / group;
                 let s = &scales.as_slice()[r * gpr..(r + 1) * gpr];
                 dot_int4(&q.as_slice()[r * c / 2..(r + 1) * c / 2], s, *group, x)
+            }
+            WeightData::Gguf { ty, data } => {
+                let rb = data.len() / self.rows.max(1);
+                gguf::dot::dot(*ty, &data.as_slice()[r * rb..(r + 1) * rb], x)
             }
         }
     }

@@ -5,7 +5,15 @@
 //!             [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
 //!             [--ignore-eos] [--json]
 //! coordinator --local --model DIR chat
+//! coordinator --local --model DIR (serve | web) [--host 127.0.0.1] [--port 8000] [--api-key-file F]
+//!             [--queue-size N] [--max-body-bytes N]
+//! coordinator --model DIR --cluster-key-file F [--workers HOST:PORT,...] generate|chat|serve ...
+//! coordinator --model DIR --cluster-key-file F [--workers HOST:PORT,...] plan [--json]
+//! coordinator keygen --out F
 //! ```
+//!
+//! Without `--local`, experts run on workers (see [`crate::cluster`]):
+//! those given by `--workers`, or found with mDNS.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -28,7 +36,7 @@ pub struct Cli {
     /// Run every expert in this process (one machine).
     #[arg(long, global = true)]
     pub local: bool,
-    /// Model directory (Hugging Face layout: config.json, safetensors, tokenizer.json).
+    /// Model: a Hugging Face directory, a charm container, or a .gguf file.
     #[arg(long, global = true)]
     pub model: Option<PathBuf>,
     /// Compute threads (default: every core).
@@ -50,6 +58,9 @@ pub struct Cli {
     /// Where learned routing history is kept (default: <model>/state).
     #[arg(long, global = true)]
     pub state_dir: Option<PathBuf>,
+    /// Cluster mode (without --local): workers, key, discovery, timeouts.
+    #[command(flatten)]
+    pub cluster: crate::cluster::cli::ClusterArgs,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -78,6 +89,38 @@ pub enum Command {
     Chat(ChatArgs),
     /// Convert a Hugging Face directory into a charm container.
     Convert(ConvertArgs),
+    /// Rebuild a dense GGUF model as a Mixture-of-Experts (sparse upcycling).
+    Upcycle(UpcycleArgs),
+    /// Serve the OpenAI and Anthropic APIs, /metrics and the dashboard over HTTP.
+    Serve(crate::server::ServeArgs),
+    /// `serve`, and open the dashboard in the browser.
+    Web(crate::server::ServeArgs),
+    /// Create a cluster key file (32 random bytes, hex, mode 0600).
+    Keygen(crate::cluster::cli::KeygenArgs),
+    /// Connect to the cluster's workers and print the expert placement.
+    Plan(crate::cluster::cli::PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UpcycleArgs {
+    /// Output Hugging Face directory (must not exist).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Experts per layer (0: export the dense model unchanged).
+    #[arg(long, default_value_t = 4)]
+    pub experts: usize,
+    /// Experts chosen per token.
+    #[arg(long, default_value_t = 2)]
+    pub top_k: usize,
+    /// Perturbation of each expert copy, relative to the weight's RMS.
+    #[arg(long, default_value_t = 0.02)]
+    pub noise: f32,
+    /// Router weight scale (times 1/sqrt(hidden)).
+    #[arg(long, default_value_t = 4.0)]
+    pub router_gain: f32,
+    /// Seed of the perturbations and the router.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -170,27 +213,59 @@ pub fn run(cli: Cli) -> Result<()> {
             .build_global()
             .context("setting up compute threads")?;
     }
+    if let Command::Keygen(args) = &cli.command {
+        return crate::cluster::cli::keygen(args);
+    }
     let Some(dir) = cli.model.clone() else {
         bail!("--model DIR is required");
     };
-    if !dir.is_dir() {
+    if !dir.is_dir() && !crate::engine::is_gguf(&dir) {
+        if dir.is_file() {
+            bail!("{}: not a model directory or a GGUF file", dir.display());
+        }
         bail!("{}: model directory not found", dir.display());
     }
     if let Command::Convert(args) = &cli.command {
         return convert_cmd(&dir, args);
     }
-    if !cli.local {
-        bail!("cluster mode is not available yet; pass --local to run on this machine");
+    if let Command::Upcycle(a) = &cli.command {
+        let opts = crate::upcycle::UpcycleOptions {
+            experts: a.experts,
+            top_k: a.top_k,
+            noise: a.noise,
+            router_gain: a.router_gain,
+            seed: a.seed,
+        };
+        crate::upcycle::upcycle(&dir, &a.out, &opts)?;
+        eprintln!("wrote {}", a.out.display());
+        return Ok(());
     }
     let opts = engine_options(&cli)?;
-    let (engine, info) = Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?;
+    if let Command::Plan(args) = &cli.command {
+        if cli.local {
+            bail!("`plan` describes a cluster; drop --local");
+        }
+        return crate::cluster::cli::plan(&dir, &cli.cluster, &opts, args);
+    }
+    let (engine, info) = if cli.local {
+        Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?
+    } else {
+        let (model, service) = crate::cluster::cli::start(&dir, &cli.cluster, &opts)?;
+        let mut engine = Engine::new(model, service);
+        engine.prefetch = opts.prefetch;
+        (engine, LoadInfo::default())
+    };
     if info.container {
         eprintln!("{}", start_line(&info));
     }
     match cli.command {
         Command::Generate(args) => generate(&engine, &dir, args),
         Command::Chat(args) => chat(&engine, &dir, args),
-        Command::Convert(_) => unreachable!("handled above"),
+        Command::Serve(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, false)?),
+        Command::Web(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, true)?),
+        Command::Convert(_) | Command::Upcycle(_) | Command::Keygen(_) | Command::Plan(_) => {
+            unreachable!("handled above")
+        }
     }
 }
 
@@ -290,7 +365,7 @@ fn params(s: &SamplingArgs) -> Result<GenerateParams> {
 fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Result<()> {
     let params = params(&args.sampling)?;
     // The tokenizer is optional when ids go in: a model without one prints ids.
-    let codec = match (&args.prompt, TextCodec::load(dir)) {
+    let codec = match (&args.prompt, TextCodec::for_model(dir)) {
         (Some(_), Err(e)) => return Err(e.into()),
         (_, Ok(c)) => Some(c),
         (None, Err(crate::text::TextError::NoTokenizer { .. })) => None,
@@ -380,12 +455,21 @@ fn summary(s: &GenStats) -> String {
             e.cache_bytes as f64 / (1 << 20) as f64
         ));
     }
+    if e.round_trips > 0 {
+        line.push_str(&format!(
+            "; network {} round trips, {:.1} KiB sent, {:.1} KiB received, {} workers",
+            e.round_trips,
+            e.network_bytes_sent as f64 / 1024.0,
+            e.network_bytes_received as f64 / 1024.0,
+            e.workers.iter().filter(|w| w.requests > 0).count()
+        ));
+    }
     line.push(']');
     line
 }
 
 fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
-    let codec = TextCodec::load(dir)?;
+    let codec = TextCodec::for_model(dir)?;
     if !codec.has_template() {
         bail!("{}: no chat template; use `generate --prompt` instead", dir.display());
     }

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use charm_common::container::{is_container, Manifest, Quant};
 use charm_common::TensorFiles;
+use charm_models::gguf::GgufModel;
 use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, Model, ModelConfig, ModelError};
 use charm_worker::io::{Backend, ReaderOptions};
 use charm_worker::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
@@ -123,6 +124,14 @@ impl Engine {
     /// directory keeps every expert memory-mapped; a charm container streams
     /// experts from disk through a RAM cache with the given budget.
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<(Self, LoadInfo), ModelError> {
+        if is_gguf(dir) {
+            // A lone GGUF file: dense part and experts mapped from it, blocks as stored.
+            let gguf = GgufModel::open(dir)?;
+            let store = ResidentStore::open(&gguf, &gguf.cfg)?;
+            let model = Model::from_files(gguf.cfg.clone(), &gguf)?;
+            let info = LoadInfo::default();
+            return Ok((Self::new(model, Arc::new(InProcessWorker::new(store))), info));
+        }
         let cfg = ModelConfig::load(dir)?;
         if !is_container(dir) {
             let files = TensorFiles::open(dir)?;
@@ -360,6 +369,17 @@ impl Engine {
     }
 }
 
+/// Whether `path` is a GGUF file (by its magic bytes).
+pub fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
+
 /// How to load a model for `--local`.
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
@@ -458,4 +478,18 @@ fn rate(n: usize, secs: f64) -> f64 {
     } else {
         n as f64 / secs
     }
+}
+
+/// Everything but the routed experts of the model in `dir` (a Hugging Face
+/// directory or a charm container), for an engine whose experts run
+/// elsewhere (cluster mode), and the container's manifest when it is one.
+pub fn load_model(dir: &Path) -> Result<(Model, Option<Manifest>), ModelError> {
+    let cfg = ModelConfig::load(dir)?;
+    if !is_container(dir) {
+        let files = TensorFiles::open(dir)?;
+        return Ok((Model::from_files(cfg, &files)?, None));
+    }
+    let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
+    let files = TensorFiles::open_file(&dir.join(&manifest.dense_file))?;
+    Ok((Model::from_files(cfg, &files)?, Some(manifest)))
 }

@@ -5,20 +5,32 @@
 //!   stopping) and the calls to the expert service, layer by layer.
 //! - [`sampler`]: greedy and seeded temperature / top-k / top-p sampling.
 //! - [`text`]: tokenizer, chat template, streaming detokenizer.
+//! - [`gguf_text`]: the tokenizer a GGUF file carries, rebuilt for the
+//!   tokenizers crate.
 //! - [`chat_template`]: Jinja chat templates rendered like transformers.
+//! - [`cluster`]: cluster mode: experts on remote workers over QUIC
+//!   (sharded fan-out with failover, placement, discovery, `keygen`, `plan`).
 //! - [`convert`]: Hugging Face directory → charm container (bf16/int8/int4
 //!   experts, one aligned record each), written atomically.
-//! - [`cli`]: the `coordinator` command line (`generate`, `chat`, `convert`).
+//! - [`server`]: `serve` / `web`: the OpenAI and Anthropic HTTP APIs,
+//!   Prometheus metrics and the live dashboard, in front of one engine thread.
+//! - [`upcycle`]: a dense GGUF model rebuilt as an MoE (the demo model).
+//! - [`cli`]: the `coordinator` command line (`generate`, `chat`, `convert`,
+//!   `serve`, `web`).
 //!
 //! Reading order for a newcomer: `main.rs` → [`cli`] → [`engine::Engine::generate`]
 //! → `charm_models::Model::pre_experts` → `charm_worker::InProcessWorker`.
 
 pub mod chat_template;
 pub mod cli;
+pub mod cluster;
 pub mod convert;
 pub mod engine;
+pub mod gguf_text;
 pub mod sampler;
+pub mod server;
 pub mod text;
+pub mod upcycle;
 
 pub use engine::{
     Engine, EngineOptions, FinishReason, GenStats, GenerateParams, Generation, LoadInfo, PhaseTimes, Session,

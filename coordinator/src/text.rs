@@ -37,6 +37,19 @@ pub struct TextCodec {
 }
 
 impl TextCodec {
+    /// The text codec of a model path: a GGUF file's metadata, or a
+    /// directory's tokenizer files ([`TextCodec::load`]).
+    pub fn for_model(path: &Path) -> Result<Self, TextError> {
+        if crate::engine::is_gguf(path) {
+            let f = charm_common::gguf::GgufFile::open(path).map_err(|e| TextError::BadFile {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+            return Self::from_gguf(&f);
+        }
+        Self::load(path)
+    }
+
     /// Loads `dir/tokenizer.json` and the chat template from
     /// `dir/chat_template.jinja` or `dir/tokenizer_config.json`.
     pub fn load(dir: &Path) -> Result<Self, TextError> {
@@ -83,6 +96,39 @@ impl TextCodec {
             template,
             dir: dir.to_path_buf(),
         })
+    }
+
+    /// The tokenizer and chat template stored in a GGUF file's metadata.
+    pub fn from_gguf(f: &charm_common::gguf::GgufFile) -> Result<Self, TextError> {
+        let bad = |reason: String| TextError::BadFile {
+            path: f.path().to_path_buf(),
+            reason,
+        };
+        let json = crate::gguf_text::tokenizer_json(f).map_err(bad)?;
+        let tokenizer: Tokenizer = json
+            .to_string()
+            .parse()
+            .map_err(|e: tokenizers::Error| bad(format!("tokenizer metadata: {e}")))?;
+        let template = match crate::gguf_text::chat_template(f) {
+            Some(src) => Some(ChatTemplate::new(
+                &src,
+                &crate::gguf_text::token_text(f, "tokenizer.ggml.bos_token_id"),
+                &crate::gguf_text::token_text(f, "tokenizer.ggml.eos_token_id"),
+            )?),
+            None => None,
+        };
+        Ok(TextCodec {
+            tokenizer,
+            template,
+            dir: f.path().to_path_buf(),
+        })
+    }
+
+    /// The tokenizer, as `tokenizer.json` would hold it.
+    pub fn tokenizer_json(&self) -> Result<String, TextError> {
+        self.tokenizer
+            .to_string(false)
+            .map_err(|e| TextError::Tokenizer(e.to_string()))
     }
 
     /// Whether the model ships a chat template.

@@ -23,6 +23,7 @@ pub struct Attention {
     qk_norm_kind: QkNorm,
     clip_qkv: Option<f32>,
     window: Option<usize>,
+    qk_rows_interleaved: bool,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -64,6 +65,7 @@ impl Attention {
             qk_norm_kind: cfg.qk_norm,
             clip_qkv: cfg.clip_qkv,
             window: cfg.sliding_window[layer],
+            qk_rows_interleaved: cfg.qk_rows_interleaved,
             heads: cfg.num_heads,
             kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
@@ -87,6 +89,10 @@ impl Attention {
             add_rows(&mut q, bq);
             add_rows(&mut k, bk);
             add_rows(&mut v, bv);
+        }
+        if self.qk_rows_interleaved {
+            deinterleave_heads(&mut q, hd);
+            deinterleave_heads(&mut k, hd);
         }
         if let Some((nq, nk)) = &self.qk_norm {
             // Full: self.q_norm(self.q_proj(x)); per head: q_norm(q.view(..., head_dim)).
@@ -146,10 +152,37 @@ impl Attention {
     }
 }
 
+/// Reorders every `head_dim`-wide head from interleaved rotary pairs
+/// `(x0, y0, x1, y1, ...)` to halves `(x0, x1, ..., y0, y1, ...)`.
+fn deinterleave_heads(xs: &mut [f32], head_dim: usize) {
+    let half = head_dim / 2;
+    let mut tmp = vec![0.0; head_dim];
+    for head in xs.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            tmp[i] = head[2 * i];
+            tmp[half + i] = head[2 * i + 1];
+        }
+        head.copy_from_slice(&tmp);
+    }
+}
+
 fn add_rows(xs: &mut [f32], bias: &[f32]) {
     for row in xs.chunks_exact_mut(bias.len()) {
         for (x, b) in row.iter_mut().zip(bias) {
             *x += b;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deinterleave_heads;
+
+    #[test]
+    fn interleaved_pairs_become_halves() {
+        let mut x = vec![0.0, 10.0, 1.0, 11.0, 2.0, 12.0, 3.0, 13.0, 5.0, 15.0, 6.0, 16.0];
+        deinterleave_heads(&mut x[..8], 8);
+        deinterleave_heads(&mut x[8..], 4);
+        assert_eq!(x, vec![0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0, 5.0, 6.0, 15.0, 16.0]);
     }
 }

@@ -65,6 +65,10 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// `bos_token_id`, when the config names one.
     pub bos_token_id: Option<u32>,
+    /// q/k projection rows are stored with each head's rotary pairs
+    /// interleaved (llama.cpp's `llama` GGUF layout) rather than as halves;
+    /// attention reorders the projected q and k before RoPE.
+    pub qk_rows_interleaved: bool,
 }
 
 impl ModelConfig {
@@ -102,26 +106,31 @@ impl ModelConfig {
     }
 
     fn check(&self, raw: &RawConfig) -> Result<(), ModelError> {
-        let bad = |reason: String| raw.err(reason);
+        self.validate().map_err(|reason| raw.err(reason))
+    }
+
+    /// Checks the shape parameters fit together; the message names the keys.
+    pub fn validate(&self) -> Result<(), String> {
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 || self.head_dim == 0 {
-            return Err(bad(
-                "hidden_size, num_hidden_layers, vocab_size and head_dim must be positive".into(),
-            ));
+            return Err("hidden_size, num_hidden_layers, vocab_size and head_dim must be positive".into());
         }
         if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(bad(format!(
+            return Err(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_heads, self.num_kv_heads
-            )));
+            ));
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(bad(format!("head_dim {} must be even for RoPE", self.head_dim)));
+            return Err(format!("head_dim {} must be even for RoPE", self.head_dim));
         }
         if self.moe_layers.iter().any(|&m| m) && (self.top_k == 0 || self.top_k > self.num_experts) {
-            return Err(bad(format!(
+            return Err(format!(
                 "num_experts_per_tok ({}) must be between 1 and the number of experts ({})",
                 self.top_k, self.num_experts
-            )));
+            ));
+        }
+        if self.moe_layers.len() != self.num_layers || self.sliding_window.len() != self.num_layers {
+            return Err("per-layer settings do not cover every layer".into());
         }
         Ok(())
     }
@@ -279,6 +288,7 @@ impl RawConfig {
             moe_layers: vec![true; num_layers],
             eos_token_ids: eos,
             bos_token_id: self.id_list("bos_token_id")?.first().copied(),
+            qk_rows_interleaved: false,
         })
     }
 

@@ -46,4 +46,8 @@ pub enum ExpertError {
     /// Reading an expert from disk failed.
     #[error("reading layer {layer} expert {expert}: {message}")]
     Read { layer: u16, expert: u32, message: String },
+    /// Cluster mode: no connected worker (nor the coordinator) holds these
+    /// experts any more; `reason` says what happened to the last holders.
+    #[error("no holder left for layer {layer} experts {experts:?}: {reason}")]
+    Unavailable { layer: u16, experts: Vec<u32>, reason: String },
 }

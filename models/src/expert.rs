@@ -51,6 +51,83 @@ pub struct ExpertStats {
     /// prediction had named (numerator / denominator).
     pub predicted_correct: u64,
     pub predicted_total: u64,
+    /// Cluster mode: frame bytes sent to workers (0 in-process).
+    pub network_bytes_sent: u64,
+    /// Cluster mode: frame bytes received from workers.
+    pub network_bytes_received: u64,
+    /// Cluster mode: layer steps that waited on the network (one fan-out
+    /// to every involved worker counts once; a failover re-send counts
+    /// again).
+    pub round_trips: u64,
+    /// Cluster mode: one entry per worker (and the coordinator's own
+    /// in-process worker once it computed anything).
+    pub workers: Vec<WorkerReport>,
+}
+
+/// One worker's share of the work, as `generate --json` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WorkerReport {
+    /// `HOST:PORT`, or `local` for the coordinator's in-process worker.
+    pub address: String,
+    /// Whether the worker is connected now.
+    pub connected: bool,
+    /// Expert groups it computed.
+    pub experts_served: u64,
+    /// Requests it answered.
+    pub requests: u64,
+    /// Mean request round trip seen by the coordinator (network, queueing
+    /// and the worker's compute), in ms.
+    pub rtt_ms: f64,
+    /// Sum of request round trips, in ms (for `since`).
+    #[serde(skip)]
+    pub rtt_ms_total: f64,
+    /// Frame bytes sent to it and received from it.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Its expert store's hits and misses (the worker's own counters).
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    /// `expert_hits / (expert_hits + expert_misses)` (0 when none).
+    pub cache_hit_rate: f64,
+    /// Requests it failed, timed out on, or dropped.
+    pub failures: u64,
+}
+
+impl WorkerReport {
+    /// Fills the derived means (`rtt_ms`, `cache_hit_rate`) from the sums.
+    pub fn with_means(mut self) -> WorkerReport {
+        self.rtt_ms = if self.requests == 0 {
+            0.0
+        } else {
+            self.rtt_ms_total / self.requests as f64
+        };
+        let looked_up = self.expert_hits + self.expert_misses;
+        self.cache_hit_rate = if looked_up == 0 {
+            0.0
+        } else {
+            self.expert_hits as f64 / looked_up as f64
+        };
+        self
+    }
+
+    /// Counters accumulated between `before` and `self`.
+    pub fn since(&self, before: &WorkerReport) -> WorkerReport {
+        WorkerReport {
+            address: self.address.clone(),
+            connected: self.connected,
+            experts_served: self.experts_served.saturating_sub(before.experts_served),
+            requests: self.requests.saturating_sub(before.requests),
+            rtt_ms: 0.0,
+            rtt_ms_total: (self.rtt_ms_total - before.rtt_ms_total).max(0.0),
+            bytes_sent: self.bytes_sent.saturating_sub(before.bytes_sent),
+            bytes_received: self.bytes_received.saturating_sub(before.bytes_received),
+            expert_hits: self.expert_hits.saturating_sub(before.expert_hits),
+            expert_misses: self.expert_misses.saturating_sub(before.expert_misses),
+            cache_hit_rate: 0.0,
+            failures: self.failures.saturating_sub(before.failures),
+        }
+        .with_means()
+    }
 }
 
 impl ExpertStats {
@@ -66,6 +143,17 @@ impl ExpertStats {
             cache_bytes: self.cache_bytes,
             predicted_correct: self.predicted_correct - before.predicted_correct,
             predicted_total: self.predicted_total - before.predicted_total,
+            network_bytes_sent: self.network_bytes_sent - before.network_bytes_sent,
+            network_bytes_received: self.network_bytes_received - before.network_bytes_received,
+            round_trips: self.round_trips - before.round_trips,
+            workers: self
+                .workers
+                .iter()
+                .map(|w| match before.workers.iter().find(|b| b.address == w.address) {
+                    Some(b) => w.since(b),
+                    None => w.clone().with_means(),
+                })
+                .collect(),
         }
     }
 

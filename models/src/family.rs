@@ -2,7 +2,7 @@
 
 use crate::config::{ModelConfig, RawConfig};
 use crate::error::ModelError;
-use crate::{mixtral, olmoe, qwen2_moe, qwen3_moe};
+use crate::{llama, mixtral, olmoe, qwen2_moe, qwen3_moe};
 
 /// A supported architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -11,6 +11,8 @@ pub enum Family {
     Qwen3Moe,
     Mixtral,
     Qwen2Moe,
+    /// Dense Llama (no routed experts).
+    Llama,
 }
 
 /// Tensor naming of a family's MoE block.
@@ -25,7 +27,13 @@ pub struct MoeNames {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 4] = [Family::Olmoe, Family::Qwen3Moe, Family::Mixtral, Family::Qwen2Moe];
+    pub const ALL: [Family; 5] = [
+        Family::Olmoe,
+        Family::Qwen3Moe,
+        Family::Mixtral,
+        Family::Qwen2Moe,
+        Family::Llama,
+    ];
 
     /// The `architectures` entry of this family.
     pub fn architecture(self) -> &'static str {
@@ -34,6 +42,7 @@ impl Family {
             Family::Qwen3Moe => "Qwen3MoeForCausalLM",
             Family::Mixtral => "MixtralForCausalLM",
             Family::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Family::Llama => "LlamaForCausalLM",
         }
     }
 
@@ -59,6 +68,7 @@ impl Family {
             "qwen3_moe" => Family::Qwen3Moe,
             "mixtral" => Family::Mixtral,
             "qwen2_moe" => Family::Qwen2Moe,
+            "llama" => Family::Llama,
             _ => {
                 return Err(ModelError::UnknownArchitecture {
                     name: format!("(no architectures; model_type {model_type:?})"),
@@ -76,6 +86,7 @@ impl Family {
             Family::Qwen3Moe => qwen3_moe::parse(raw),
             Family::Mixtral => mixtral::parse(raw),
             Family::Qwen2Moe => qwen2_moe::parse(raw),
+            Family::Llama => llama::parse(raw),
         }
     }
 
@@ -83,7 +94,7 @@ impl Family {
     pub fn moe_names(self) -> MoeNames {
         match self {
             Family::Mixtral => mixtral::MOE_NAMES,
-            Family::Olmoe | Family::Qwen3Moe | Family::Qwen2Moe => MoeNames {
+            Family::Olmoe | Family::Qwen3Moe | Family::Qwen2Moe | Family::Llama => MoeNames {
                 block: "mlp",
                 proj: ["gate_proj", "up_proj", "down_proj"],
             },

@@ -5,7 +5,8 @@
 //! - [`config`]: `config.json` / `generation_config.json` normalized into
 //!   [`ModelConfig`], accepting hub and transformers-5 spellings.
 //! - [`family`]: the supported architectures and their tensor names; one
-//!   file per family ([`olmoe`], [`qwen3_moe`], [`mixtral`], [`qwen2_moe`])
+//!   file per family ([`olmoe`], [`qwen3_moe`], [`mixtral`], [`qwen2_moe`],
+//!   dense [`llama`])
 //!   holds only what differs.
 //! - [`decoder`]: the shared decoder, stepped layer by layer
 //!   ([`Model::pre_experts`] → expert service → [`Model::post_experts`]).
@@ -13,6 +14,8 @@
 //!   biases, sliding windows; rotary embeddings; per-layer KV cache.
 //! - [`router`]: softmax top-k routing and the batch-union.
 //! - [`ffn`]: the SwiGLU block, the one place for expert / MLP math.
+//! - [`gguf`]: GGUF files as models: config from metadata, tensors by
+//!   Hugging Face name mapped onto llama.cpp's names.
 //! - [`expert`]: the [`ExpertService`] seam and [`expert::run_group`], the
 //!   function every worker calls to compute an expert's outputs.
 
@@ -23,7 +26,9 @@ pub mod error;
 pub mod expert;
 pub mod family;
 pub mod ffn;
+pub mod gguf;
 pub mod kv_cache;
+pub mod llama;
 pub mod mixtral;
 pub mod olmoe;
 pub mod qwen2_moe;
@@ -34,7 +39,7 @@ pub mod router;
 pub use config::{ModelConfig, QkNorm};
 pub use decoder::{Model, StepState};
 pub use error::{ExpertError, ModelError};
-pub use expert::{ExpertService, ExpertStats};
+pub use expert::{ExpertService, ExpertStats, WorkerReport};
 pub use family::Family;
 pub use ffn::SwiGlu;
 pub use kv_cache::KvCache;

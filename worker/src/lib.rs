@@ -16,6 +16,12 @@
 //! - [`executor`]: [`InProcessWorker`], the [`ExpertService`] that runs a
 //!   batch against a store: the worker `coordinator --local` embeds, with
 //!   no serialization.
+//! - [`net`]: the cluster network layer shared with the coordinator: QUIC
+//!   endpoints, the cluster key and its proofs, the handshake, frame I/O,
+//!   model fingerprints, the served model, mDNS.
+//! - [`server`]: the QUIC server the `worker` binary runs: authenticated
+//!   coordinators send `RunExperts` and get the same per-expert outputs the
+//!   in-process worker computes.
 //!
 //! [`ExpertService`]: charm_models::ExpertService
 
@@ -24,6 +30,8 @@ pub mod disk_store;
 pub mod executor;
 pub mod history;
 pub mod io;
+pub mod net;
+pub mod server;
 pub mod store;
 
 pub use disk_store::{DiskStore, StoreOptions};

@@ -1,0 +1,419 @@
+//! GGML weight types charm reads from GGUF files, and their block layouts.
+//!
+//! A quantized row is a sequence of blocks; each block stores `block_elems`
+//! consecutive elements in `block_bytes` bytes. The layouts below are
+//! ggml's (`ggml-common.h`), every multi-byte field little-endian; the
+//! arithmetic that turns a block into f32 values is in [`super::dequant`].
+//! Block structs hold only byte arrays (alignment 1), so a block can be
+//! viewed in place at any address of a memory-mapped file.
+
+use std::fmt;
+
+/// A GGML tensor type charm computes with. Ids are ggml's (`enum ggml_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+/// Elements per K-quant super-block (`QK_K`).
+pub const QK_K: usize = 256;
+/// Elements per legacy block (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`).
+pub const QK: usize = 32;
+
+impl GgmlType {
+    /// Every supported type, in ggml id order of their families.
+    pub const ALL: [GgmlType; 11] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
+    /// The type with ggml id `id`, or `None` when charm does not read it
+    /// (see [`ggml_type_name`] for the name of a known but unsupported id).
+    pub fn from_id(id: u32) -> Option<Self> {
+        Some(match id {
+            0 => GgmlType::F32,
+            1 => GgmlType::F16,
+            2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
+            8 => GgmlType::Q8_0,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
+            30 => GgmlType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// ggml's id for this type.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// ggml's spelling: `F32`, `Q4_K`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            GgmlType::F32 => "F32",
+            GgmlType::F16 => "F16",
+            GgmlType::BF16 => "BF16",
+            GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
+            GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
+            GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q4_K => "Q4_K",
+            GgmlType::Q5_K => "Q5_K",
+            GgmlType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Elements per block (1 for the float types).
+    pub fn block_elems(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => QK,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => size_of::<BlockQ4_0>(),
+            GgmlType::Q4_1 => size_of::<BlockQ4_1>(),
+            GgmlType::Q5_0 => size_of::<BlockQ5_0>(),
+            GgmlType::Q5_1 => size_of::<BlockQ5_1>(),
+            GgmlType::Q8_0 => size_of::<BlockQ8_0>(),
+            GgmlType::Q4_K => size_of::<BlockQ4K>(),
+            GgmlType::Q5_K => size_of::<BlockQ5K>(),
+            GgmlType::Q6_K => size_of::<BlockQ6K>(),
+        }
+    }
+
+    /// Bytes of a row of `cols` elements, or `None` when `cols` is not a
+    /// whole number of blocks or the size overflows `usize`.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if !cols.is_multiple_of(self.block_elems()) {
+            return None;
+        }
+        (cols / self.block_elems()).checked_mul(self.block_bytes())
+    }
+
+    /// Whether this is a block-quantized type (not F32, F16 or BF16).
+    pub fn is_quantized(self) -> bool {
+        self.block_elems() > 1
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// ggml's name for any type id it defines (supported by charm or not), for
+/// error messages: `Some("IQ2_XXS")` for 16, `None` for an id ggml does not
+/// know.
+pub fn ggml_type_name(id: u32) -> Option<&'static str> {
+    if let Some(t) = GgmlType::from_id(id) {
+        return Some(t.name());
+    }
+    Some(match id {
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        40 => "NVFP4",
+        41 => "Q1_0",
+        // 4, 5 (Q4_2, Q4_3) and 31..=33 (Q4_0_4_4, ...) were removed from ggml.
+        4 => "Q4_2 (removed from ggml)",
+        5 => "Q4_3 (removed from ggml)",
+        31..=33 => "Q4_0_N_M (removed from ggml; repack to Q4_0)",
+        36..=38 => "IQ4_NL_N_M (removed from ggml; repack to IQ4_NL)",
+        _ => return None,
+    })
+}
+
+/// Declares a block struct of byte arrays and its size assertion.
+macro_rules! block {
+    ($(#[$doc:meta])* $name:ident, $size:expr, { $($(#[$fdoc:meta])* $field:ident: [u8; $n:expr]),* $(,)? }) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug)]
+        pub struct $name {
+            $($(#[$fdoc])* pub $field: [u8; $n]),*
+        }
+        const _: () = assert!(size_of::<$name>() == $size);
+        const _: () = assert!(align_of::<$name>() == 1);
+        // SAFETY: `repr(C)` of byte arrays only: alignment 1, no padding
+        // (the size assertion above), every bit pattern valid.
+        unsafe impl bytemuck::Zeroable for $name {}
+        // SAFETY: as above.
+        unsafe impl bytemuck::Pod for $name {}
+    };
+}
+
+block!(
+    /// Q4_0, 32 elements: element `j < 16` is the low nibble of `qs[j]`,
+    /// element `j + 16` its high nibble; value `(nibble - 8) * d`.
+    BlockQ4_0, 18, {
+        /// f16 scale.
+        d: [u8; 2],
+        qs: [u8; 16],
+    }
+);
+
+block!(
+    /// Q4_1, 32 elements, nibbles as Q4_0; value `nibble * d + m`.
+    BlockQ4_1, 20, {
+        /// f16 scale.
+        d: [u8; 2],
+        /// f16 minimum.
+        m: [u8; 2],
+        qs: [u8; 16],
+    }
+);
+
+block!(
+    /// Q5_0, 32 elements: low 4 bits as Q4_0's nibbles, bit 4 of element
+    /// `j` is bit `j` of the little-endian u32 `qh`; value `(q - 16) * d`.
+    BlockQ5_0, 22, {
+        /// f16 scale.
+        d: [u8; 2],
+        qh: [u8; 4],
+        qs: [u8; 16],
+    }
+);
+
+block!(
+    /// Q5_1, 32 elements, 5-bit codes as Q5_0; value `q * d + m`.
+    BlockQ5_1, 24, {
+        /// f16 scale.
+        d: [u8; 2],
+        /// f16 minimum.
+        m: [u8; 2],
+        qh: [u8; 4],
+        qs: [u8; 16],
+    }
+);
+
+block!(
+    /// Q8_0, 32 elements: value `qs[j] as i8 * d`.
+    BlockQ8_0, 34, {
+        /// f16 scale.
+        d: [u8; 2],
+        qs: [u8; 32],
+    }
+);
+
+block!(
+    /// Q4_K, 256 elements in 8 sub-blocks of 32 with 6-bit scales and mins
+    /// ([`scale_min_k4`]). Sub-block `2i` is the low nibbles of
+    /// `qs[32i..32i + 32]`, sub-block `2i + 1` their high nibbles; value
+    /// `(d * sc) * q - (dmin * m)`.
+    BlockQ4K, 144, {
+        /// f16 super-block scale of the scales.
+        d: [u8; 2],
+        /// f16 super-block scale of the mins.
+        dmin: [u8; 2],
+        scales: [u8; 12],
+        qs: [u8; 128],
+    }
+);
+
+block!(
+    /// Q5_K, 256 elements: Q4_K's nibbles and scales, plus bit 4 of element
+    /// `l` of sub-block `j` in bit `j` of `qh[l]`.
+    BlockQ5K, 176, {
+        /// f16 super-block scale of the scales.
+        d: [u8; 2],
+        /// f16 super-block scale of the mins.
+        dmin: [u8; 2],
+        scales: [u8; 12],
+        qh: [u8; 32],
+        qs: [u8; 128],
+    }
+);
+
+block!(
+    /// Q6_K, 256 elements in two halves of 128; in half `h`, element
+    /// `32k + l` (`k < 4`, `l < 32`) has low 4 bits from `ql[64h + l + 32 (k & 1)]`
+    /// (low nibble for `k < 2`, high for `k >= 2`) and high 2 bits
+    /// `(qh[32h + l] >> 2k) & 3`; 16 signed 8-bit scales, one per 16
+    /// elements; value `(d * scales[i / 16]) * (q - 32)`.
+    BlockQ6K, 210, {
+        ql: [u8; 128],
+        qh: [u8; 64],
+        /// i8 scales.
+        scales: [u8; 16],
+        /// f16 super-block scale.
+        d: [u8; 2],
+    }
+);
+
+/// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K / Q5_K block
+/// (`get_scale_min_k4` in ggml): bytes 0..4 hold the low 6 bits of scales
+/// 0..4, bytes 4..8 those of mins 0..4, and bytes 8..12 the low 4 bits of
+/// scale (low nibble) and min (high nibble) 4..8, whose top 2 bits are the
+/// top 2 bits of bytes 0..4 (scales) and 4..8 (mins).
+#[inline(always)]
+pub fn scale_min_k4(scales: &[u8; 12], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 0x3f, scales[j + 4] & 0x3f)
+    } else {
+        let sc = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
+        let m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+        (sc, m)
+    }
+}
+
+/// IEEE half-precision bits to f32, exactly, keeping a NaN's payload and
+/// quiet bit as they are (as numpy's `float16 -> float32` cast does; the
+/// `half` crate sets the quiet bit). Branch-free for finite values: the
+/// exponent and mantissa bits moved into an f32 are the value times 2^-112
+/// (subnormals included), so one exact multiplication by 2^112 rescales.
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let em = (h & 0x7fff) as u32;
+    let finite = (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits(); // * 2^112
+    let special = 0x7f80_0000 | (em << 13); // infinity or NaN, payload kept
+    f32::from_bits(sign | if em >= 0x7c00 { special } else { finite })
+}
+
+/// A little-endian f16 field as f32.
+#[inline(always)]
+pub fn f16_le(b: [u8; 2]) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_sizes_match_ggml() {
+        // (type, id, block elems, block bytes) from ggml's type traits.
+        let table = [
+            (GgmlType::F32, 0, 1, 4),
+            (GgmlType::F16, 1, 1, 2),
+            (GgmlType::Q4_0, 2, 32, 18),
+            (GgmlType::Q4_1, 3, 32, 20),
+            (GgmlType::Q5_0, 6, 32, 22),
+            (GgmlType::Q5_1, 7, 32, 24),
+            (GgmlType::Q8_0, 8, 32, 34),
+            (GgmlType::Q4_K, 12, 256, 144),
+            (GgmlType::Q5_K, 13, 256, 176),
+            (GgmlType::Q6_K, 14, 256, 210),
+            (GgmlType::BF16, 30, 1, 2),
+        ];
+        for (t, id, elems, bytes) in table {
+            assert_eq!(t.id(), id);
+            assert_eq!(GgmlType::from_id(id), Some(t));
+            assert_eq!(t.block_elems(), elems);
+            assert_eq!(t.block_bytes(), bytes);
+            assert_eq!(ggml_type_name(id), Some(t.name()));
+            assert_eq!(t.to_string(), t.name());
+        }
+        assert_eq!(GgmlType::ALL.len(), table.len());
+        for id in [4, 5, 9, 10, 11, 15, 16, 29, 31, 39, 41, 42, 1000, u32::MAX] {
+            assert_eq!(GgmlType::from_id(id), None, "id {id}");
+        }
+        assert_eq!(ggml_type_name(11), Some("Q3_K"));
+        assert_eq!(ggml_type_name(42), None);
+    }
+
+    #[test]
+    fn row_bytes_needs_whole_blocks() {
+        assert_eq!(GgmlType::Q4_K.row_bytes(512), Some(288));
+        assert_eq!(GgmlType::Q4_K.row_bytes(100), None);
+        assert_eq!(GgmlType::Q8_0.row_bytes(64), Some(68));
+        assert_eq!(GgmlType::F32.row_bytes(3), Some(12));
+        assert_eq!(GgmlType::F32.row_bytes(usize::MAX), None);
+        assert_eq!(GgmlType::Q4_0.row_bytes(0), Some(0));
+    }
+
+    #[test]
+    fn f16_conversion_is_exact_and_keeps_nan_payloads() {
+        for h in 0..=u16::MAX {
+            let ours = f16_bits_to_f32(h);
+            let theirs = half::f16::from_bits(h).to_f32();
+            if theirs.is_nan() {
+                assert!(ours.is_nan());
+                // numpy keeps the payload exactly, quiet bit included.
+                let e = ((h & 0x8000) as u32) << 16 | 0x7f80_0000 | ((h & 0x3ff) as u32) << 13;
+                assert_eq!(ours.to_bits(), e, "{h:#x}");
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{h:#x}");
+            }
+        }
+    }
+
+    #[test]
+    fn k4_scales_unpack_as_ggml() {
+        // Scales 0..8 = 1, 2, ..., 8 with top bits set on 4..8 via bytes 0..4;
+        // build it from the definition and read it back.
+        let (sc, m): ([u8; 8], [u8; 8]) = ([1, 2, 3, 63, 17, 40, 0, 63], [5, 0, 62, 9, 33, 1, 63, 48]);
+        let mut s = [0u8; 12];
+        for j in 0..4 {
+            s[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            s[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
+            s[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
+        }
+        for j in 0..8 {
+            assert_eq!(scale_min_k4(&s, j), (sc[j], m[j]), "sub-block {j}");
+        }
+    }
+}

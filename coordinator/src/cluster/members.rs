@@ -1,0 +1,417 @@
+//! The workers a coordinator knows: which are connected, what each holds
+//! and has done, and the background tasks that keep them connected.
+//!
+//! - `known` addresses come from `--workers` and from mDNS sightings whose
+//!   fingerprint hint matches; a maintenance task connects to every known
+//!   address that is not connected (retrying with backoff, 1 s doubling to
+//!   10 s), so a worker that joins, leaves or comes back is picked up
+//!   without a restart.
+//! - Every connection must pass the handshake (cluster key both ways, then
+//!   the model's fingerprint and shape); a refusal is logged once per
+//!   distinct reason and remembered for the "not enough workers" error.
+//! - A watcher per connection notices when it closes; the member stays
+//!   listed (its counters still count) but is no longer offered work, and
+//!   the placement is recomputed before the next step.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use charm_models::{ExpertStats, WorkerReport};
+use charm_proto::{ErrorKind, Hello, WorkerStats};
+use charm_worker::net::handshake::{connect, short};
+use charm_worker::net::mdns::Browser;
+use charm_worker::net::{close, describe_close, ClusterKey};
+use quinn::{Connection, Endpoint};
+
+use super::placement::{Candidate, ModelShape};
+
+/// Time a connection attempt (QUIC, TLS and our handshake) may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the maintenance task looks for addresses to (re)connect.
+const MAINTAIN_EVERY: Duration = Duration::from_millis(200);
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(10);
+
+/// State shared by the service and its background tasks.
+pub(crate) struct Shared {
+    pub key: ClusterKey,
+    pub fingerprint: String,
+    pub shape: ModelShape,
+    pub endpoint: Endpoint,
+    pub closed: AtomicBool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    members: BTreeMap<SocketAddr, Member>,
+    known: BTreeSet<SocketAddr>,
+    connecting: BTreeSet<SocketAddr>,
+    retry: HashMap<SocketAddr, (Instant, Duration)>,
+    refusals: BTreeMap<SocketAddr, String>,
+    /// Membership changed since the placement was last computed.
+    changed: bool,
+}
+
+/// One worker, connected or not.
+pub(crate) struct Member {
+    pub conn: Option<Connection>,
+    pub hello: Hello,
+    /// What the coordinator measured: requests, bytes, round trips, failures.
+    pub report: WorkerReport,
+    /// The worker's counters at this connection's handshake, the latest
+    /// reported, and the deltas of earlier connections.
+    base: WorkerStats,
+    latest: WorkerStats,
+    carried: WorkerStats,
+}
+
+impl Member {
+    /// The worker's store counters attributable to its time with us.
+    fn store_delta(&self) -> WorkerStats {
+        add(&self.carried, &delta(&self.latest, &self.base))
+    }
+}
+
+fn delta(a: &WorkerStats, b: &WorkerStats) -> WorkerStats {
+    WorkerStats {
+        requests: a.requests.saturating_sub(b.requests),
+        experts_served: a.experts_served.saturating_sub(b.experts_served),
+        expert_hits: a.expert_hits.saturating_sub(b.expert_hits),
+        expert_misses: a.expert_misses.saturating_sub(b.expert_misses),
+        expert_bytes_read: a.expert_bytes_read.saturating_sub(b.expert_bytes_read),
+        io_wait_ms: (a.io_wait_ms - b.io_wait_ms).max(0.0),
+        prefetch_hits: a.prefetch_hits.saturating_sub(b.prefetch_hits),
+        prefetch_issued: a.prefetch_issued.saturating_sub(b.prefetch_issued),
+        cache_bytes: a.cache_bytes,
+        predicted_correct: a.predicted_correct.saturating_sub(b.predicted_correct),
+        predicted_total: a.predicted_total.saturating_sub(b.predicted_total),
+    }
+}
+
+fn add(a: &WorkerStats, b: &WorkerStats) -> WorkerStats {
+    WorkerStats {
+        requests: a.requests + b.requests,
+        experts_served: a.experts_served + b.experts_served,
+        expert_hits: a.expert_hits + b.expert_hits,
+        expert_misses: a.expert_misses + b.expert_misses,
+        expert_bytes_read: a.expert_bytes_read + b.expert_bytes_read,
+        io_wait_ms: a.io_wait_ms + b.io_wait_ms,
+        prefetch_hits: a.prefetch_hits + b.prefetch_hits,
+        prefetch_issued: a.prefetch_issued + b.prefetch_issued,
+        cache_bytes: b.cache_bytes,
+        predicted_correct: a.predicted_correct + b.predicted_correct,
+        predicted_total: a.predicted_total + b.predicted_total,
+    }
+}
+
+impl Shared {
+    pub fn new(key: ClusterKey, fingerprint: String, shape: ModelShape, endpoint: Endpoint) -> Shared {
+        Shared {
+            key,
+            fingerprint,
+            shape,
+            endpoint,
+            closed: AtomicBool::new(false),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update leaves the state consistent; recover from a panic elsewhere.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds addresses to keep connected.
+    pub fn know(&self, addrs: impl IntoIterator<Item = SocketAddr>) {
+        self.lock().known.extend(addrs);
+    }
+
+    /// Connected workers.
+    pub fn live(&self) -> Vec<(SocketAddr, Connection)> {
+        self.lock()
+            .members
+            .iter()
+            .filter_map(|(a, m)| m.conn.clone().map(|c| (*a, c)))
+            .collect()
+    }
+
+    /// The connection to `addr`, if connected.
+    pub fn conn(&self, addr: SocketAddr) -> Option<Connection> {
+        self.lock().members.get(&addr).and_then(|m| m.conn.clone())
+    }
+
+    /// Largest frame `addr` accepts.
+    pub fn max_frame(&self, addr: SocketAddr) -> u32 {
+        self.lock()
+            .members
+            .get(&addr)
+            .map_or(charm_proto::MAX_FRAME_LEN, |m| m.hello.max_frame.min(charm_proto::MAX_FRAME_LEN))
+    }
+
+    /// Connected workers as placement candidates.
+    pub fn candidates(&self) -> Vec<Candidate> {
+        self.lock()
+            .members
+            .iter()
+            .filter(|(_, m)| m.conn.is_some())
+            .map(|(a, m)| Candidate {
+                address: *a,
+                holdings: m.hello.holdings.clone(),
+                expert_bytes: m.hello.expert_bytes,
+                cache_bytes: m.hello.cache_bytes,
+                disk_bytes_per_s: m.hello.disk_bytes_per_s,
+                expert_rows_per_s: m.hello.expert_rows_per_s,
+            })
+            .collect()
+    }
+
+    /// Whether membership changed since the last call (and resets it).
+    pub fn take_changed(&self) -> bool {
+        std::mem::take(&mut self.lock().changed)
+    }
+
+    /// Why known addresses are not connected, one line each.
+    pub fn refusals(&self) -> Vec<String> {
+        let st = self.lock();
+        st.refusals
+            .iter()
+            .filter(|(a, _)| st.members.get(a).is_none_or(|m| m.conn.is_none()))
+            .map(|(a, r)| format!("{a}: {r}"))
+            .collect()
+    }
+
+    /// Updates the report of `addr`.
+    pub fn with_report(&self, addr: SocketAddr, f: impl FnOnce(&mut WorkerReport)) {
+        if let Some(m) = self.lock().members.get_mut(&addr) {
+            f(&mut m.report);
+        }
+    }
+
+    /// Records the counters a worker reported.
+    pub fn set_stats(&self, addr: SocketAddr, stats: WorkerStats) {
+        if let Some(m) = self.lock().members.get_mut(&addr) {
+            m.latest = stats;
+        }
+    }
+
+    /// Closes the connection to `addr` (if it is still `conn`) for `kind`,
+    /// counting a failure. The worker stays known and is retried.
+    pub fn fail(&self, addr: SocketAddr, kind: ErrorKind, reason: &str) {
+        let mut st = self.lock();
+        if let Some(m) = st.members.get_mut(&addr) {
+            m.report.failures += 1;
+            if let Some(c) = m.conn.take() {
+                close(&c, kind, reason);
+                m.report.connected = false;
+                st.changed = true;
+                tracing::warn!("worker {addr} dropped: {reason}");
+            }
+        }
+    }
+
+    /// The connection `stable_id` to `addr` closed by itself.
+    fn gone(&self, addr: SocketAddr, stable_id: usize, reason: &str) {
+        let mut st = self.lock();
+        if let Some(m) = st.members.get_mut(&addr) {
+            if m.conn.as_ref().is_some_and(|c| c.stable_id() == stable_id) {
+                m.conn = None;
+                m.report.connected = false;
+                st.changed = true;
+                tracing::warn!("worker {addr} left: {reason}");
+            }
+        }
+    }
+
+    fn join(&self, addr: SocketAddr, conn: Connection, hello: Hello) {
+        let mut st = self.lock();
+        st.refusals.remove(&addr);
+        st.retry.remove(&addr);
+        st.changed = true;
+        tracing::info!(
+            "worker {addr} joined: {} experts held ({}), cache {:.2} GiB",
+            hello.holdings.count(),
+            hello.format,
+            hello.cache_bytes as f64 / (1u64 << 30) as f64
+        );
+        let base = hello.stats.clone();
+        match st.members.get_mut(&addr) {
+            Some(m) => {
+                // A returning worker: keep what it did before.
+                m.carried = m.store_delta();
+                m.base = base.clone();
+                m.latest = base;
+                m.hello = hello;
+                m.conn = Some(conn);
+                m.report.connected = true;
+            }
+            None => {
+                st.members.insert(
+                    addr,
+                    Member {
+                        conn: Some(conn),
+                        hello,
+                        report: WorkerReport {
+                            address: addr.to_string(),
+                            connected: true,
+                            ..Default::default()
+                        },
+                        latest: base.clone(),
+                        base,
+                        carried: WorkerStats::default(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn refuse(&self, addr: SocketAddr, reason: String) {
+        let mut st = self.lock();
+        if st.refusals.get(&addr) != Some(&reason) {
+            tracing::warn!("refused worker {addr}: {reason}");
+        }
+        st.refusals.insert(addr, reason);
+        let next = st.retry.get(&addr).map_or(FIRST_RETRY, |(_, d)| (*d * 2).min(MAX_RETRY));
+        st.retry.insert(addr, (Instant::now() + next, next));
+    }
+
+    /// Store counters of every worker plus one report each.
+    pub fn totals(&self) -> (ExpertStats, Vec<WorkerReport>) {
+        let st = self.lock();
+        let mut s = ExpertStats::default();
+        let mut reports = Vec::new();
+        for m in st.members.values() {
+            let d = m.store_delta();
+            s.expert_hits += d.expert_hits;
+            s.expert_misses += d.expert_misses;
+            s.expert_bytes_read += d.expert_bytes_read;
+            s.io_wait_ms += d.io_wait_ms;
+            s.prefetch_hits += d.prefetch_hits;
+            s.prefetch_issued += d.prefetch_issued;
+            s.predicted_correct += d.predicted_correct;
+            s.predicted_total += d.predicted_total;
+            if m.conn.is_some() {
+                s.cache_bytes += m.latest.cache_bytes;
+            }
+            reports.push(
+                WorkerReport {
+                    expert_hits: d.expert_hits,
+                    expert_misses: d.expert_misses,
+                    ..m.report.clone()
+                }
+                .with_means(),
+            );
+        }
+        (s, reports)
+    }
+
+    /// Checks a worker's `Hello` against our model.
+    fn check(&self, hello: &Hello) -> Result<(), String> {
+        let s = &self.shape;
+        if hello.fingerprint != self.fingerprint {
+            return Err(format!(
+                "it holds a different model (fingerprint {}…; this model is {}…)",
+                short(&hello.fingerprint),
+                short(&self.fingerprint)
+            ));
+        }
+        if hello.num_layers as usize != s.num_layers || hello.num_experts != s.num_experts || hello.hidden != s.hidden {
+            return Err(format!(
+                "it describes the model as {} layers × {} experts of width {}, not {} × {} of width {}",
+                hello.num_layers, hello.num_experts, hello.hidden, s.num_layers, s.num_experts, s.hidden
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Keeps every known address connected, until the service closes.
+pub(crate) async fn maintain(shared: Arc<Shared>) {
+    while !shared.closed.load(Ordering::Relaxed) {
+        let due: Vec<SocketAddr> = {
+            let mut st = shared.lock();
+            let now = Instant::now();
+            let due: Vec<SocketAddr> = st
+                .known
+                .iter()
+                .copied()
+                .filter(|a| st.members.get(a).is_none_or(|m| m.conn.is_none()))
+                .filter(|a| !st.connecting.contains(a))
+                .filter(|a| st.retry.get(a).is_none_or(|(t, _)| *t <= now))
+                .collect();
+            st.connecting.extend(due.iter().copied());
+            due
+        };
+        for addr in due {
+            tokio::spawn(connect_one(shared.clone(), addr));
+        }
+        tokio::time::sleep(MAINTAIN_EVERY).await;
+    }
+}
+
+async fn connect_one(shared: Arc<Shared>, addr: SocketAddr) {
+    let attempt = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        connect(&shared.endpoint, addr, &shared.key, &shared.fingerprint),
+    )
+    .await;
+    match attempt {
+        Err(_) => shared.refuse(
+            addr,
+            format!("no handshake within {} s (is a worker listening there?)", CONNECT_TIMEOUT.as_secs()),
+        ),
+        Ok(Err(e)) => shared.refuse(addr, e.to_string()),
+        Ok(Ok((conn, hello))) => match shared.check(&hello) {
+            Err(reason) => {
+                close(&conn, ErrorKind::WrongModel, &reason);
+                shared.refuse(addr, reason);
+            }
+            Ok(()) if shared.closed.load(Ordering::Relaxed) => close(&conn, ErrorKind::Failed, "coordinator closing"),
+            Ok(()) => {
+                shared.join(addr, conn.clone(), hello);
+                let watcher = shared.clone();
+                tokio::spawn(async move {
+                    let e = conn.closed().await;
+                    watcher.gone(addr, conn.stable_id(), &describe_close(&e));
+                });
+            }
+        },
+    }
+    shared.lock().connecting.remove(&addr);
+}
+
+/// Browses mDNS on a thread of its own (the browser blocks) and adds every
+/// worker whose fingerprint hint matches to the known addresses.
+pub(crate) fn browse(shared: Arc<Shared>, loopback_only: bool) {
+    let browser = match Browser::start(loopback_only) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!("mDNS discovery unavailable ({e}); use --workers HOST:PORT");
+            return;
+        }
+    };
+    let spawned = std::thread::Builder::new()
+        .name("charm-mdns".into())
+        .spawn(move || {
+            while !shared.closed.load(Ordering::Relaxed) {
+                let Some(seen) = browser.next(Duration::from_millis(300)) else {
+                    continue;
+                };
+                if seen.fingerprint.as_deref() != Some(shared.fingerprint.as_str()) {
+                    tracing::debug!("mDNS: {:?} serves another model; ignored", seen.addrs);
+                    continue;
+                }
+                // One address per worker: IPv4 first.
+                let pick = seen.addrs.iter().find(|a| a.is_ipv4()).or(seen.addrs.first()).copied();
+                if let Some(addr) = pick {
+                    shared.know([addr]);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("mDNS discovery unavailable ({e}); use --workers HOST:PORT");
+    }
+}

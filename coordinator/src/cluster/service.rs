@@ -1,0 +1,813 @@
+//! [`ClusterService`]: the [`ExpertService`] that runs a layer step's
+//! experts on remote workers — sharded fan-out with failover.
+//!
+//! The engine is synchronous; the service blocks on its own tokio runtime
+//! for each layer step:
+//!
+//! 1. Each group of the batch goes to the first usable holder of its
+//!    expert in the placement ([`super::placement`]): owner, replica, other
+//!    holders, the coordinator's in-process worker.
+//! 2. One `RunExperts` per involved worker (split only if it would exceed
+//!    the worker's frame limit), all sent before any reply is awaited. Each
+//!    carries the rows its experts need, once each, with per-expert row
+//!    lists and gate weights, and the part of the next-layer prediction
+//!    that worker owns. Owners of predicted experts with no work in this
+//!    layer get a one-way `Prefetch`. The coordinator's own share, if any,
+//!    is computed while the replies travel.
+//! 3. A worker that answers with an error, times out, or breaks the
+//!    protocol has its groups re-sent to the next holder (a timed-out or
+//!    broken worker is also disconnected and re-planned around). Only when
+//!    no holder of an expert is left does the step fail, naming the experts.
+//! 4. Every worker returns one output per expert ([`GroupOutput`]), never a
+//!    partial sum, and the engine combines them in a fixed order: the bits
+//!    cannot depend on which worker ran what.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use charm_models::{ExpertError, ExpertService, ExpertStats, WorkerReport};
+use charm_proto::frame::encode;
+use charm_proto::{
+    ErrorKind, ExpertBatch, ExpertGroup, ExpertOutputs, GroupOutput, Message, Prefetch, PrefetchHint, RunExperts,
+    MAX_FRAME_LEN,
+};
+use charm_worker::net::frames::{read_frame, write_bytes};
+use charm_worker::net::{tls, ClusterKey, NetError};
+use quinn::Connection;
+use thiserror::Error;
+
+use super::members::{browse, maintain, Shared};
+use super::placement::{plan, Holder, ModelShape, Plan};
+
+/// Builds the coordinator's in-process worker (on first use).
+pub type LocalBuilder = Box<dyn Fn() -> Result<Arc<dyn ExpertService>, String> + Send + Sync>;
+
+/// How a cluster service runs.
+pub struct ClusterOptions {
+    pub key: ClusterKey,
+    /// Fingerprint of the coordinator's model; workers must hold the same.
+    pub fingerprint: String,
+    pub shape: ModelShape,
+    /// Workers to keep connected (`--workers`).
+    pub workers: Vec<SocketAddr>,
+    /// Browse mDNS for more workers: `Some(loopback_only)`.
+    pub mdns: Option<bool>,
+    /// Longest wait for one request's answer before its worker is dropped
+    /// and the request re-sent elsewhere.
+    pub request_timeout: Duration,
+    /// The coordinator's own copy of the experts, used when no worker holds
+    /// an expert or every holder failed (`None`: never run experts here).
+    pub local: Option<LocalBuilder>,
+}
+
+/// The cluster could not be started or used.
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    /// The QUIC endpoint could not be set up.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The network runtime could not start.
+    #[error("starting the network runtime: {0}")]
+    Runtime(std::io::Error),
+    /// Fewer workers than required passed the handshake in time.
+    #[error(
+        "{found} of {wanted} workers usable after {waited_s:.0} s{}",
+        if refusals.is_empty() { String::new() } else { format!(": {}", refusals.join("; ")) }
+    )]
+    NotEnoughWorkers {
+        found: usize,
+        wanted: usize,
+        waited_s: f64,
+        refusals: Vec<String>,
+    },
+}
+
+/// The coordinator's in-process worker, built on first use.
+struct Local {
+    build: LocalBuilder,
+    service: OnceLock<Result<Arc<dyn ExpertService>, String>>,
+    report: Mutex<WorkerReport>,
+}
+
+impl Local {
+    fn get(&self) -> Result<&Arc<dyn ExpertService>, &str> {
+        self.service.get_or_init(|| (self.build)()).as_ref().map_err(String::as_str)
+    }
+
+    fn built(&self) -> Option<&Arc<dyn ExpertService>> {
+        self.service.get().and_then(|r| r.as_ref().ok())
+    }
+}
+
+#[derive(Default)]
+struct NetTotals {
+    bytes_sent: u64,
+    bytes_received: u64,
+    round_trips: u64,
+}
+
+/// Remote expert service over QUIC: see the module docs.
+pub struct ClusterService {
+    rt: Option<tokio::runtime::Runtime>,
+    shared: Arc<Shared>,
+    plan: Mutex<Arc<Plan>>,
+    heat: Mutex<Vec<Vec<u64>>>,
+    heat_changed: AtomicBool,
+    local: Option<Local>,
+    totals: Mutex<NetTotals>,
+    step: AtomicU64,
+    timeout: Duration,
+}
+
+/// One request on its way: its worker, the groups it carries, the
+/// sub-batch sent and the frame's size.
+struct Flight {
+    addr: SocketAddr,
+    idxs: Vec<usize>,
+    sub: ExpertBatch,
+    sent: usize,
+}
+
+type JoinAnswer = tokio::task::JoinHandle<Result<(Message, usize, f64), NetError>>;
+
+impl ClusterService {
+    /// Starts the network runtime, connects to the given workers and starts
+    /// mDNS discovery; returns at once (see [`ClusterService::wait_for_workers`]).
+    pub fn start(opts: ClusterOptions) -> Result<ClusterService, ClusterError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("charm-net")
+            .enable_all()
+            .build()
+            .map_err(ClusterError::Runtime)?;
+        let bind: SocketAddr = if opts.workers.iter().any(|a| a.is_ipv6()) {
+            "[::]:0".parse().expect("valid address")
+        } else {
+            "0.0.0.0:0".parse().expect("valid address")
+        };
+        let endpoint = {
+            let _guard = rt.enter();
+            tls::client_endpoint(bind)?
+        };
+        let heat = vec![vec![0u64; opts.shape.num_experts as usize]; opts.shape.num_layers];
+        let shared = Arc::new(Shared::new(opts.key, opts.fingerprint, opts.shape, endpoint));
+        shared.know(opts.workers);
+        rt.spawn(maintain(shared.clone()));
+        if let Some(loopback_only) = opts.mdns {
+            browse(shared.clone(), loopback_only);
+        }
+        Ok(ClusterService {
+            rt: Some(rt),
+            shared,
+            plan: Mutex::new(Arc::new(Plan::default())),
+            heat: Mutex::new(heat),
+            heat_changed: AtomicBool::new(true),
+            local: opts.local.map(|build| Local {
+                build,
+                service: OnceLock::new(),
+                report: Mutex::new(WorkerReport {
+                    address: "local".into(),
+                    connected: true,
+                    ..Default::default()
+                }),
+            }),
+            totals: Mutex::new(NetTotals::default()),
+            step: AtomicU64::new(0),
+            timeout: opts.request_timeout,
+        })
+    }
+
+    /// Waits until at least `min` workers are connected, at most `timeout`.
+    pub fn wait_for_workers(&self, min: usize, timeout: Duration) -> Result<usize, ClusterError> {
+        let t = Instant::now();
+        loop {
+            let n = self.shared.live().len();
+            if n >= min {
+                return Ok(n);
+            }
+            if t.elapsed() >= timeout {
+                return Err(ClusterError::NotEnoughWorkers {
+                    found: n,
+                    wanted: min,
+                    waited_s: t.elapsed().as_secs_f64(),
+                    refusals: self.shared.refusals(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Addresses of the connected workers.
+    pub fn workers(&self) -> Vec<SocketAddr> {
+        self.shared.live().into_iter().map(|(a, _)| a).collect()
+    }
+
+    /// The model as the service sees it.
+    pub fn shape(&self) -> &ModelShape {
+        &self.shared.shape
+    }
+
+    /// The current placement (recomputed when workers joined or left, or
+    /// when routing heat was measured since the last one).
+    pub fn placement(&self) -> Arc<Plan> {
+        let changed = self.shared.take_changed();
+        let heat_changed = self.heat_changed.swap(false, Ordering::Relaxed);
+        let mut current = self.plan.lock().unwrap_or_else(|p| p.into_inner());
+        if changed || heat_changed {
+            let heat = self.heat.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let next = plan(
+                &self.shared.shape,
+                &self.shared.candidates(),
+                &heat,
+                self.local.is_some(),
+                Some(&current),
+            );
+            tracing::info!(
+                "placement: {}",
+                next.workers
+                    .iter()
+                    .map(|w| format!("{} owns {}", w.address, w.owns))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            *current = Arc::new(next);
+        }
+        current.clone()
+    }
+
+    /// Runs `fut` on the network runtime and waits for it from this thread
+    /// (a plain channel, so it also works from a thread of another runtime's
+    /// blocking pool).
+    fn wait<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime().spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().expect("the network runtime stopped")
+    }
+
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("the runtime lives as long as the service")
+    }
+
+    fn record_heat(&self, batch: &ExpertBatch) {
+        let mut heat = self.heat.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(row) = heat.get_mut(batch.layer as usize) {
+            for g in &batch.groups {
+                if let Some(c) = row.get_mut(g.expert as usize) {
+                    *c += g.rows.len() as u64;
+                }
+            }
+        }
+    }
+
+    fn usable(&self, h: Holder, excluded: &[Holder]) -> bool {
+        if excluded.contains(&h) {
+            return false;
+        }
+        match h {
+            Holder::Worker(a) => self.shared.conn(a).is_some(),
+            Holder::Local => self.local.as_ref().is_some_and(|l| l.get().is_ok()),
+        }
+    }
+
+}
+
+/// One request/answer exchange on a fresh stream, with a deadline.
+async fn exchange(conn: Connection, frame: Vec<u8>, limit: Duration) -> Result<(Message, usize, f64), NetError> {
+    let t = Instant::now();
+    let work = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        write_bytes(&mut send, &frame).await?;
+        let _ = send.finish();
+        read_frame(&mut recv, MAX_FRAME_LEN).await
+    };
+    match tokio::time::timeout(limit, work).await {
+        Err(_) => Err(NetError::Timeout(limit.as_millis() as u64)),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok((m, n))) => Ok((m, n, t.elapsed().as_secs_f64() * 1e3)),
+    }
+}
+
+/// One-way send on a unidirectional stream.
+async fn send_one_way(conn: Connection, frame: Vec<u8>) {
+    if let Ok(mut send) = conn.open_uni().await {
+        if write_bytes(&mut send, &frame).await.is_ok() {
+            let _ = send.finish();
+        }
+    }
+}
+
+/// The groups `idxs` of `batch` with only the rows they use (each once,
+/// renumbered); groups stay in batch order, so sorted by expert.
+fn sub_batch(batch: &ExpertBatch, idxs: &[usize]) -> ExpertBatch {
+    let h = batch.hidden as usize;
+    let mut renumber = vec![u32::MAX; batch.n_rows()];
+    let mut rows = Vec::new();
+    let groups = idxs
+        .iter()
+        .map(|&i| {
+            let g = &batch.groups[i];
+            let local_rows = g
+                .rows
+                .iter()
+                .map(|&r| {
+                    let slot = &mut renumber[r as usize];
+                    if *slot == u32::MAX {
+                        *slot = (rows.len() / h) as u32;
+                        rows.extend_from_slice(batch.row(r as usize));
+                    }
+                    *slot
+                })
+                .collect();
+            ExpertGroup {
+                expert: g.expert,
+                rows: local_rows,
+                weights: g.weights.clone(),
+            }
+        })
+        .collect();
+    ExpertBatch {
+        layer: batch.layer,
+        hidden: batch.hidden,
+        rows,
+        groups,
+        next: None,
+    }
+}
+
+/// Splits `idxs` into requests whose frames (activations out, outputs
+/// back) stay under `limit` bytes. A single expert too large for one frame
+/// is an error.
+fn split(batch: &ExpertBatch, idxs: &[usize], limit: u64) -> Result<Vec<Vec<usize>>, ExpertError> {
+    let row_bytes = batch.hidden as u64 * 4;
+    let margin = 64 << 10;
+    let limit = limit.saturating_sub(margin);
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let (mut req, mut resp) = (0u64, 0u64);
+    for &i in idxs {
+        let n = batch.groups[i].rows.len() as u64;
+        // At most: every row new (activation + index + weight), every output.
+        let g_req = n * (row_bytes + 9);
+        let g_resp = n * row_bytes + 16;
+        if g_req > limit || g_resp > limit {
+            return Err(ExpertError::Unavailable {
+                layer: batch.layer,
+                experts: vec![batch.groups[i].expert],
+                reason: format!("its {n} rows do not fit one frame of {limit} bytes; use a smaller prefill chunk"),
+            });
+        }
+        if !cur.is_empty() && (req + g_req > limit || resp + g_resp > limit) {
+            out.push(std::mem::take(&mut cur));
+            req = 0;
+            resp = 0;
+        }
+        cur.push(i);
+        req += g_req;
+        resp += g_resp;
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    Ok(out)
+}
+
+impl ExpertService for ClusterService {
+    fn run(&self, batch: &ExpertBatch) -> Result<ExpertOutputs, ExpertError> {
+        batch.validate()?;
+        self.record_heat(batch);
+        let plan = self.placement();
+        let layer = batch.layer;
+        let mut slots: Vec<Option<GroupOutput>> = vec![None; batch.groups.len()];
+        let mut pending: Vec<usize> = (0..batch.groups.len()).collect();
+        let mut excluded: Vec<Holder> = Vec::new();
+        let mut reasons: Vec<String> = Vec::new();
+        let mut first_wave = true;
+        while !pending.is_empty() {
+            // Assign every pending group to its first usable holder.
+            let mut shares: BTreeMap<Holder, Vec<usize>> = BTreeMap::new();
+            let mut orphans = Vec::new();
+            for &i in &pending {
+                let key = (layer, batch.groups[i].expert);
+                match plan.holders(key).iter().find(|h| self.usable(**h, &excluded)) {
+                    Some(h) => shares.entry(*h).or_default().push(i),
+                    None => orphans.push(key.1),
+                }
+            }
+            if !orphans.is_empty() {
+                let reason = if reasons.is_empty() {
+                    "no connected worker holds them and the coordinator has no copy to run".to_string()
+                } else {
+                    reasons.join("; ")
+                };
+                return Err(ExpertError::Unavailable {
+                    layer,
+                    experts: orphans,
+                    reason,
+                });
+            }
+
+            // The next-layer prediction, split by owner (first wave only).
+            let mut hints: HashMap<Holder, Vec<u32>> = HashMap::new();
+            if let (true, Some(next)) = (first_wave, &batch.next) {
+                for &e in &next.experts {
+                    if let Some(h) = plan.owner((next.layer, e)) {
+                        hints.entry(h).or_default().push(e);
+                    }
+                }
+            }
+            let hint_for = |h: Holder, hints: &mut HashMap<Holder, Vec<u32>>| {
+                let next = batch.next.as_ref()?;
+                hints.remove(&h).map(|experts| PrefetchHint {
+                    layer: next.layer,
+                    experts,
+                })
+            };
+
+            // Send every remote share before waiting for any.
+            let mut flights: Vec<Flight> = Vec::new();
+            let mut handles: Vec<JoinAnswer> = Vec::new();
+            for (&h, idxs) in &shares {
+                let Holder::Worker(addr) = h else { continue };
+                let Some(conn) = self.shared.conn(addr) else {
+                    excluded.push(h);
+                    pending_retry(&mut reasons, addr, "disconnected");
+                    continue;
+                };
+                let mut hint = hint_for(h, &mut hints);
+                for chunk in split(batch, idxs, self.shared.max_frame(addr) as u64)? {
+                    let mut sub = sub_batch(batch, &chunk);
+                    sub.next = hint.take();
+                    let step = self.step.fetch_add(1, Ordering::Relaxed);
+                    let msg = Message::RunExperts(RunExperts { step, batch: sub });
+                    let frame = encode(&msg).map_err(|e| ExpertError::Unavailable {
+                        layer,
+                        experts: chunk.iter().map(|&i| batch.groups[i].expert).collect(),
+                        reason: e.to_string(),
+                    })?;
+                    let Message::RunExperts(RunExperts { batch: sub, .. }) = msg else {
+                        unreachable!("built as RunExperts above")
+                    };
+                    flights.push(Flight {
+                        addr,
+                        idxs: chunk,
+                        sub,
+                        sent: frame.len(),
+                    });
+                    handles.push(self.runtime().spawn(exchange(conn.clone(), frame, self.timeout)));
+                }
+            }
+            // Prefetch hints for owners with no work in this layer.
+            for (h, experts) in hints.drain() {
+                let (Holder::Worker(addr), Some(next)) = (h, &batch.next) else {
+                    continue;
+                };
+                let Some(conn) = self.shared.conn(addr) else { continue };
+                let msg = Message::Prefetch(Prefetch {
+                    layer,
+                    hint: PrefetchHint {
+                        layer: next.layer,
+                        experts,
+                    },
+                });
+                if let Ok(frame) = encode(&msg) {
+                    self.totals_add(frame.len() as u64, 0, 0);
+                    self.shared.with_report(addr, |r| r.bytes_sent += frame.len() as u64);
+                    self.runtime().spawn(send_one_way(conn, frame));
+                }
+            }
+
+            // The coordinator's own share, while the replies travel.
+            let mut failed: Vec<usize> = Vec::new();
+            if let Some(idxs) = shares.get(&Holder::Local) {
+                let local = self.local.as_ref().expect("Local is only a holder when configured");
+                let mut sub = sub_batch(batch, idxs);
+                sub.next = if first_wave {
+                    batch.next.clone().map(|n| PrefetchHint {
+                        layer: n.layer,
+                        experts: n
+                            .experts
+                            .iter()
+                            .copied()
+                            .filter(|&e| plan.owner((n.layer, e)) == Some(Holder::Local))
+                            .collect(),
+                    })
+                } else {
+                    None
+                };
+                let t = Instant::now();
+                let result = local
+                    .get()
+                    .map_err(|e| e.to_string())
+                    .and_then(|svc| svc.run(&sub).map_err(|e| e.to_string()));
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let mut report = local.report.lock().unwrap_or_else(|p| p.into_inner());
+                match result.and_then(|out| take_outputs(out, &sub).map_err(|e| e.to_string())) {
+                    Ok(outs) => {
+                        report.requests += 1;
+                        report.experts_served += idxs.len() as u64;
+                        report.rtt_ms_total += ms;
+                        for (i, o) in idxs.iter().zip(outs) {
+                            slots[*i] = Some(o);
+                        }
+                    }
+                    Err(e) => {
+                        report.failures += 1;
+                        tracing::warn!("the coordinator's own experts failed in layer {layer}: {e}");
+                        reasons.push(format!("local: {e}"));
+                        excluded.push(Holder::Local);
+                        failed.extend(idxs);
+                    }
+                }
+            }
+
+            // Collect the replies; whatever failed goes to the next holder.
+            if !flights.is_empty() {
+                self.totals_add(0, 0, 1);
+            }
+            let answers = self.wait(async move {
+                let mut out = Vec::with_capacity(handles.len());
+                for h in handles {
+                    out.push(h.await);
+                }
+                out
+            });
+            for (f, answer) in flights.into_iter().zip(answers) {
+                let answer = answer.unwrap_or_else(|_| Err(NetError::Read("the request task stopped".into())));
+                self.totals_add(f.sent as u64, 0, 0);
+                self.shared.with_report(f.addr, |r| r.bytes_sent += f.sent as u64);
+                let outcome = match answer {
+                    Ok((Message::ExpertsOut(o), n, rtt)) => {
+                        self.totals_add(0, n as u64, 0);
+                        self.shared.with_report(f.addr, |r| r.bytes_received += n as u64);
+                        match take_outputs(o.outputs, &f.sub) {
+                            Ok(outs) => {
+                                self.shared.with_report(f.addr, |r| {
+                                    r.requests += 1;
+                                    r.experts_served += f.idxs.len() as u64;
+                                    r.rtt_ms_total += rtt;
+                                });
+                                for (i, o) in f.idxs.iter().zip(outs) {
+                                    slots[*i] = Some(o);
+                                }
+                                Ok(())
+                            }
+                            Err(e) => Err((
+                                ErrorKind::Malformed,
+                                format!("answered with outputs that do not fit the request: {e}"),
+                                true,
+                            )),
+                        }
+                    }
+                    Ok((Message::Error(e), n, _)) => {
+                        self.totals_add(0, n as u64, 0);
+                        Err((e.kind, e.message, false))
+                    }
+                    Ok((other, _, _)) => Err((
+                        ErrorKind::Malformed,
+                        format!("answered with an unexpected {} message", other.tag().name()),
+                        true,
+                    )),
+                    Err(NetError::Timeout(ms)) => Err((
+                        ErrorKind::Timeout,
+                        format!("no answer to layer {layer} within {ms} ms"),
+                        true,
+                    )),
+                    Err(e) => Err((e.kind(), e.to_string(), true)),
+                };
+                if let Err((kind, message, drop)) = outcome {
+                    if drop {
+                        self.shared.fail(f.addr, kind, &message);
+                    } else {
+                        self.shared.with_report(f.addr, |r| r.failures += 1);
+                        tracing::warn!("worker {} failed layer {layer}: {message}", f.addr);
+                    }
+                    pending_retry(&mut reasons, f.addr, &message);
+                    excluded.push(Holder::Worker(f.addr));
+                    failed.extend(f.idxs);
+                }
+            }
+            if !failed.is_empty() {
+                tracing::warn!("re-sending {} experts of layer {layer} to other holders", failed.len());
+            }
+            failed.sort_unstable();
+            failed.dedup();
+            pending = failed;
+            first_wave = false;
+        }
+        let groups = slots
+            .into_iter()
+            .map(|o| o.expect("every group was answered or the step failed"))
+            .collect();
+        Ok(ExpertOutputs { layer, groups })
+    }
+
+    fn stats(&self) -> ExpertStats {
+        let (mut s, mut reports) = self.shared.totals();
+        if let Some(local) = &self.local {
+            if let Some(svc) = local.built() {
+                let ls = svc.stats();
+                s.expert_hits += ls.expert_hits;
+                s.expert_misses += ls.expert_misses;
+                s.expert_bytes_read += ls.expert_bytes_read;
+                s.io_wait_ms += ls.io_wait_ms;
+                s.prefetch_hits += ls.prefetch_hits;
+                s.prefetch_issued += ls.prefetch_issued;
+                s.cache_bytes += ls.cache_bytes;
+                s.predicted_correct += ls.predicted_correct;
+                s.predicted_total += ls.predicted_total;
+                let r = local.report.lock().unwrap_or_else(|p| p.into_inner());
+                reports.push(
+                    WorkerReport {
+                        expert_hits: ls.expert_hits,
+                        expert_misses: ls.expert_misses,
+                        ..r.clone()
+                    }
+                    .with_means(),
+                );
+            }
+        }
+        let t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        s.network_bytes_sent = t.bytes_sent;
+        s.network_bytes_received = t.bytes_received;
+        s.round_trips = t.round_trips;
+        s.workers = reports;
+        s
+    }
+
+    fn end_request(&self) {
+        if let Some(svc) = self.local.as_ref().and_then(Local::built) {
+            svc.end_request();
+        }
+        let frame = match encode(&Message::EndRequest) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("encoding EndRequest: {e}");
+                return;
+            }
+        };
+        let live = self.shared.live();
+        let limit = self.timeout;
+        let calls: Vec<(SocketAddr, JoinAnswer)> = live
+            .into_iter()
+            .map(|(a, c)| (a, self.runtime().spawn(exchange(c, frame.clone(), limit))))
+            .collect();
+        let (addrs, handles): (Vec<SocketAddr>, Vec<JoinAnswer>) = calls.into_iter().unzip();
+        let answers = self.wait(async move {
+            let mut out = Vec::with_capacity(handles.len());
+            for h in handles {
+                out.push(h.await);
+            }
+            out
+        });
+        for (addr, answer) in addrs.into_iter().zip(answers) {
+            self.totals_add(frame.len() as u64, 0, 0);
+            self.shared.with_report(addr, |r| r.bytes_sent += frame.len() as u64);
+            match answer {
+                Ok(Ok((Message::Stats(s), n, _))) => {
+                    self.totals_add(0, n as u64, 0);
+                    self.shared.with_report(addr, |r| r.bytes_received += n as u64);
+                    self.shared.set_stats(addr, s);
+                }
+                Ok(Ok((other, _, _))) => tracing::warn!(
+                    "worker {addr} answered EndRequest with {}",
+                    other.tag().name()
+                ),
+                Ok(Err(e)) => tracing::warn!("worker {addr}: ending the request: {e}"),
+                Err(_) => tracing::warn!("worker {addr}: ending the request: the task stopped"),
+            }
+        }
+        // Re-place with this request's routing heat before the next one.
+        self.heat_changed.store(true, Ordering::Relaxed);
+    }
+}
+
+impl ClusterService {
+    fn totals_add(&self, sent: u64, received: u64, round_trips: u64) {
+        let mut t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+        t.bytes_sent += sent;
+        t.bytes_received += received;
+        t.round_trips += round_trips;
+    }
+}
+
+fn pending_retry(reasons: &mut Vec<String>, addr: SocketAddr, why: &str) {
+    reasons.push(format!("{addr}: {why}"));
+}
+
+/// The outputs of `sub`, checked against it, in its group order.
+fn take_outputs(out: ExpertOutputs, sub: &ExpertBatch) -> Result<Vec<GroupOutput>, charm_proto::BatchError> {
+    out.in_batch_order(sub)?;
+    let mut by_expert: HashMap<u32, GroupOutput> = out.groups.into_iter().map(|g| (g.expert, g)).collect();
+    Ok(sub
+        .groups
+        .iter()
+        .map(|g| by_expert.remove(&g.expert).expect("checked by in_batch_order"))
+        .collect())
+}
+
+impl Drop for ClusterService {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::Relaxed);
+        let endpoint = self.shared.endpoint.clone();
+        if let Some(rt) = self.rt.take() {
+            endpoint.close(quinn::VarInt::from_u32(0), b"coordinator done");
+            // Let the close frames go out before the runtime stops.
+            rt.block_on(async {
+                let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
+            });
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch() -> ExpertBatch {
+        ExpertBatch {
+            layer: 1,
+            hidden: 2,
+            rows: vec![0.0, 0.5, 1.0, 1.5, 2.0, 2.5],
+            groups: vec![
+                ExpertGroup {
+                    expert: 1,
+                    rows: vec![0, 2],
+                    weights: vec![0.1, 0.2],
+                },
+                ExpertGroup {
+                    expert: 4,
+                    rows: vec![2],
+                    weights: vec![0.3],
+                },
+                ExpertGroup {
+                    expert: 6,
+                    rows: vec![1, 2],
+                    weights: vec![0.4, 0.5],
+                },
+            ],
+            next: None,
+        }
+    }
+
+    #[test]
+    fn sub_batches_carry_each_needed_row_once() {
+        let b = batch();
+        let s = sub_batch(&b, &[0, 1]);
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.rows, vec![0.0, 0.5, 2.0, 2.5], "rows 0 and 2, once each");
+        assert_eq!(s.groups[0].rows, vec![0, 1]);
+        assert_eq!(s.groups[1].rows, vec![1]);
+        assert_eq!(s.groups[1].weights, vec![0.3]);
+        let s = sub_batch(&b, &[2]);
+        assert_eq!(s.rows, vec![1.0, 1.5, 2.0, 2.5]);
+        assert_eq!(s.groups[0].rows, vec![0, 1]);
+    }
+
+    #[test]
+    fn large_shares_split_by_frame_size() {
+        let b = batch();
+        assert_eq!(split(&b, &[0, 1, 2], 1 << 20).unwrap(), vec![vec![0, 1, 2]]);
+        // Room for about one group per frame (plus the margin).
+        let limit = (64 << 10) + 2 * (8 + 9) + 1;
+        assert_eq!(split(&b, &[0, 1, 2], limit).unwrap(), vec![vec![0], vec![1], vec![2]]);
+        let err = split(&b, &[0], (64 << 10) + 10).unwrap_err();
+        assert!(err.to_string().contains("do not fit one frame"), "{err}");
+    }
+
+    #[test]
+    fn outputs_are_checked_and_put_in_request_order() {
+        let b = batch();
+        let s = sub_batch(&b, &[0, 2]);
+        let out = ExpertOutputs {
+            layer: 1,
+            groups: vec![
+                GroupOutput {
+                    expert: 6,
+                    out: vec![6.0; 4],
+                },
+                GroupOutput {
+                    expert: 1,
+                    out: vec![1.0; 4],
+                },
+            ],
+        };
+        let got = take_outputs(out, &s).unwrap();
+        assert_eq!(got[0].expert, 1);
+        assert_eq!(got[1].expert, 6);
+        let short = ExpertOutputs {
+            layer: 1,
+            groups: vec![GroupOutput {
+                expert: 1,
+                out: vec![1.0; 4],
+            }],
+        };
+        assert!(take_outputs(short, &s).is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! The tokenizer and chat template a GGUF file carries in its metadata
+//! (`tokenizer.ggml.*`, `tokenizer.chat_template`), rebuilt as the
+//! `tokenizer.json` the tokenizers crate reads, so a lone `.gguf` file is a
+//! complete model.
+//!
+//! Supported: byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`)
+//! with the pre-tokenizers llama.cpp names `default`/`gpt-2`/`olmo`,
+//! `smollm`, `qwen2` and `llama-bpe`. SentencePiece vocabularies
+//! (`llama`) and other pre-tokenizers are refused by name.
+
+use charm_common::gguf::{GgufFile, MetaValue};
+use serde_json::{json, Value};
+
+/// GPT-2's pre-tokenizer: byte-level with its own split regex.
+fn byte_level(use_regex: bool, trim_offsets: bool) -> Value {
+    json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": use_regex})
+}
+
+fn split(regex: &str) -> Value {
+    json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
+}
+
+const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `(normalizer, pre_tokenizer)` for a llama.cpp pre-tokenizer name.
+fn pre_tokenizer(pre: &str) -> Option<(Value, Value)> {
+    Some(match pre {
+        "default" | "gpt-2" | "gpt2" | "olmo" => (Value::Null, byte_level(true, true)),
+        "smollm" => (
+            Value::Null,
+            json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
+                byte_level(true, true)
+            ]}),
+        ),
+        "qwen2" => (
+            json!({"type": "NFC"}),
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false, false)]}),
+        ),
+        "llama-bpe" | "llama3" => (
+            Value::Null,
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false, true)]}),
+        ),
+        _ => return None,
+    })
+}
+
+/// llama.cpp token types.
+const TOKEN_CONTROL: i64 = 3;
+const TOKEN_USER_DEFINED: i64 = 4;
+
+/// The `tokenizer.json` equivalent of a GGUF file's tokenizer metadata.
+pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
+    let s = |k: &str| f.meta(k).and_then(MetaValue::as_str);
+    let kind = s("tokenizer.ggml.model").ok_or("no tokenizer.ggml.model")?;
+    if kind != "gpt2" {
+        return Err(format!(
+            "tokenizer.ggml.model {kind:?} is not supported yet (supported: gpt2 byte-level BPE)"
+        ));
+    }
+    let pre = s("tokenizer.ggml.pre").unwrap_or("default");
+    let (normalizer, pre_tok) = pre_tokenizer(pre).ok_or_else(|| {
+        format!("tokenizer.ggml.pre {pre:?} is not supported (supported: default, gpt-2, olmo, smollm, qwen2, llama-bpe)")
+    })?;
+    let tokens = f
+        .meta("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+        .ok_or("no tokenizer.ggml.tokens")?;
+    let types = f.meta("tokenizer.ggml.token_type").and_then(MetaValue::as_array);
+    let merges = f
+        .meta("tokenizer.ggml.merges")
+        .and_then(MetaValue::as_array)
+        .ok_or("no tokenizer.ggml.merges")?;
+
+    let mut vocab = serde_json::Map::with_capacity(tokens.len());
+    let mut added = Vec::new();
+    for (id, t) in tokens.iter().enumerate() {
+        let t = t.as_str().ok_or_else(|| format!("token {id} is not a string"))?;
+        vocab.insert(t.to_string(), json!(id));
+        let ty = types.and_then(|v| v.get(id)).and_then(MetaValue::as_i64).unwrap_or(1);
+        if ty == TOKEN_CONTROL || ty == TOKEN_USER_DEFINED {
+            added.push(json!({
+                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": ty == TOKEN_USER_DEFINED, "special": ty == TOKEN_CONTROL
+            }));
+        }
+    }
+    let merges: Vec<Value> = merges
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m.as_str().map(|m| json!(m)).ok_or_else(|| format!("merge {i} is not a string")))
+        .collect::<Result<_, _>>()?;
+
+    let id = |k: &str| f.meta(k).and_then(MetaValue::as_u64);
+    let add_bos = f.meta("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(false);
+    let post = match (add_bos, id("tokenizer.ggml.bos_token_id")) {
+        (true, Some(bos)) => {
+            let bos_tok = tokens.get(bos as usize).and_then(MetaValue::as_str).unwrap_or("");
+            json!({
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": bos_tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": bos_tok, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {bos_tok: {"id": bos_tok, "ids": [bos], "tokens": [bos_tok]}}
+            })
+        }
+        _ => byte_level(false, false),
+    };
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tok,
+        "post_processor": post,
+        "decoder": byte_level(true, true),
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges
+        }
+    }))
+}
+
+/// `tokenizer.chat_template`, when present.
+pub fn chat_template(f: &GgufFile) -> Option<String> {
+    f.meta("tokenizer.chat_template").and_then(MetaValue::as_str).map(str::to_string)
+}
+
+/// The text of token `key` (`tokenizer.ggml.bos_token_id` → `"<s>"`).
+pub fn token_text(f: &GgufFile, key: &str) -> String {
+    let id = f.meta(key).and_then(MetaValue::as_u64);
+    let tokens = f.meta("tokenizer.ggml.tokens").and_then(MetaValue::as_array);
+    match (id, tokens) {
+        (Some(i), Some(t)) => t.get(i as usize).and_then(MetaValue::as_str).unwrap_or("").to_string(),
+        _ => String::new(),
+    }
+}

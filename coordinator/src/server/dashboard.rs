@@ -1,0 +1,290 @@
+//! The live dashboard: the page (shipped inside the binary), its JSON
+//! snapshot (`GET /api/state`) and its live feed (`GET /api/events`, SSE).
+//!
+//! [`Board`] is the engine's [`StepObserver`]: every MoE layer step adds
+//! the rows routed to each expert to a layers × experts heat grid (atomic
+//! counters, cheap on the engine thread). The feed sends, every
+//! [`TICK`], the cells that changed since the client's last tick, the
+//! request being generated, the queue, the worker's counters and the
+//! requests that finished, so the grid flashes while a request runs.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::json;
+
+use super::sse::SseWriter;
+use super::AppState;
+use crate::engine::{GenStats, StepObserver};
+
+/// How often the live feed sends a frame.
+pub const TICK: Duration = Duration::from_millis(250);
+/// Finished requests kept for the profile panel.
+const HISTORY: usize = 50;
+
+const INDEX_HTML: &str = include_str!("../../assets/index.html");
+const DASHBOARD_JS: &str = include_str!("../../assets/dashboard.js");
+const DASHBOARD_CSS: &str = include_str!("../../assets/dashboard.css");
+
+/// One finished request, as the profile panel shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestRecord {
+    pub id: String,
+    pub api: &'static str,
+    /// Unix time of the end, in milliseconds.
+    pub at_ms: u64,
+    /// `stop`, `length`, `cancelled` or `error`.
+    pub finish: &'static str,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub max_tokens: usize,
+    pub queue_ms: f64,
+    /// From arrival to the first token (queue wait included).
+    pub ttft_ms: Option<f64>,
+    /// From arrival to the end.
+    pub total_ms: f64,
+    /// The engine's numbers (absent when the job never ran).
+    pub stats: Option<GenStats>,
+}
+
+/// The request being generated.
+#[derive(Clone, Debug, Serialize)]
+struct Active {
+    id: String,
+    api: &'static str,
+    prompt_tokens: usize,
+    tokens: usize,
+    #[serde(skip)]
+    started: Option<Instant>,
+    elapsed_ms: f64,
+}
+
+/// Routing heat and request history, shared by the engine thread and the
+/// dashboard handlers.
+pub struct Board {
+    layers: usize,
+    experts: usize,
+    /// Rows routed to `(layer, expert)` since start, at `layer * experts + expert`.
+    heat: Vec<AtomicU64>,
+    /// MoE layer steps observed.
+    steps: AtomicU64,
+    active: Mutex<Option<Active>>,
+    tokens: AtomicUsize,
+    /// Finished requests, oldest first, with a running sequence number.
+    history: Mutex<VecDeque<(u64, RequestRecord)>>,
+    finished: AtomicU64,
+}
+
+impl Board {
+    /// An empty board for `layers` × `experts`.
+    pub fn new(layers: usize, experts: usize) -> Self {
+        Board {
+            layers,
+            experts,
+            heat: (0..layers * experts).map(|_| AtomicU64::new(0)).collect(),
+            steps: AtomicU64::new(0),
+            active: Mutex::new(None),
+            tokens: AtomicUsize::new(0),
+            history: Mutex::new(VecDeque::new()),
+            finished: AtomicU64::new(0),
+        }
+    }
+
+    /// A request started generating.
+    pub fn begin(&self, id: &str, api: &'static str, prompt_tokens: usize) {
+        self.tokens.store(0, Ordering::Relaxed);
+        *lock(&self.active) = Some(Active {
+            id: id.to_string(),
+            api,
+            prompt_tokens,
+            tokens: 0,
+            started: Some(Instant::now()),
+            elapsed_ms: 0.0,
+        });
+    }
+
+    /// The active request produced a token.
+    pub fn token(&self) {
+        self.tokens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request ended (or was dropped from the queue).
+    pub fn end(&self, record: RequestRecord) {
+        let mut active = lock(&self.active);
+        if active.as_ref().is_some_and(|a| a.id == record.id) {
+            *active = None;
+        }
+        drop(active);
+        let seq = self.finished.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut h = lock(&self.history);
+        h.push_back((seq, record));
+        while h.len() > HISTORY {
+            h.pop_front();
+        }
+    }
+
+    /// Mean duration of the finished requests kept, in seconds.
+    pub fn mean_duration_s(&self) -> Option<f64> {
+        let h = lock(&self.history);
+        let ran: Vec<f64> = h
+            .iter()
+            .filter(|(_, r)| r.stats.is_some())
+            .map(|(_, r)| r.total_ms)
+            .collect();
+        (!ran.is_empty()).then(|| ran.iter().sum::<f64>() / ran.len() as f64 / 1e3)
+    }
+
+    fn heat(&self) -> Vec<u64> {
+        self.heat.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    fn active(&self) -> Option<Active> {
+        lock(&self.active).clone().map(|mut a| {
+            a.tokens = self.tokens.load(Ordering::Relaxed);
+            a.elapsed_ms = a.started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3);
+            a
+        })
+    }
+
+    /// Finished requests with a sequence number above `after`.
+    fn history_after(&self, after: u64) -> (u64, Vec<RequestRecord>) {
+        let h = lock(&self.history);
+        let last = h.back().map_or(after, |(s, _)| *s);
+        (
+            last,
+            h.iter().filter(|(s, _)| *s > after).map(|(_, r)| r.clone()).collect(),
+        )
+    }
+}
+
+impl StepObserver for Board {
+    fn on_experts(&self, layer: u16, experts: &[(u32, u32)]) {
+        let layer = layer as usize;
+        if layer >= self.layers {
+            return;
+        }
+        for &(e, rows) in experts {
+            if let Some(c) = self.heat.get(layer * self.experts + e as usize) {
+                c.fetch_add(rows as u64, Ordering::Relaxed);
+            }
+        }
+        self.steps.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /`.
+pub async fn index() -> Response {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+/// `GET /assets/dashboard.js`.
+pub async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", DASHBOARD_JS)
+}
+
+/// `GET /assets/dashboard.css`.
+pub async fn style() -> Response {
+    asset("text/css; charset=utf-8", DASHBOARD_CSS)
+}
+
+/// The counters every frame carries: queue, worker, expert store.
+fn live(st: &AppState) -> serde_json::Value {
+    let e = st.experts.stats();
+    let lookups = e.expert_hits + e.expert_misses;
+    json!({
+        "queue": {"queued": st.queue.queued(), "running": st.queue.running(), "capacity": st.queue.capacity()},
+        "worker": {
+            "address": "in-process",
+            "status": "up",
+            "experts_owned": st.model.routed_experts(),
+            "cache_bytes": e.cache_bytes,
+            "cache_budget_bytes": st.model.cache_budget_bytes,
+            "hit_rate": if lookups == 0 { serde_json::Value::Null } else { json!(e.expert_hits as f64 / lookups as f64) },
+            "rtt_ms": serde_json::Value::Null,
+            "disk_bytes_read": e.expert_bytes_read,
+            "io_wait_ms": e.io_wait_ms,
+        },
+        "experts": e,
+        "steps": st.board.steps.load(Ordering::Relaxed),
+        "uptime_s": st.started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `GET /api/state`: everything the page draws, once.
+pub async fn state(State(st): State<Arc<AppState>>) -> Response {
+    let m = &st.model;
+    let (last, recent) = st.board.history_after(0);
+    let mut body = live(&st);
+    body["model"] = json!({
+        "id": m.id,
+        "path": m.path,
+        "family": m.family,
+        "layers": m.layers,
+        "experts": m.experts,
+        "top_k": m.top_k,
+        "moe_layers": m.moe_layers,
+        "context": m.context,
+        "placement": m.placement,
+    });
+    body["heat"] = json!(st.board.heat());
+    body["active"] = json!(st.board.active());
+    body["recent"] = json!(recent);
+    body["recent_seq"] = json!(last);
+    super::json_response(StatusCode::OK, &body)
+}
+
+/// `GET /api/events`: one `tick` event every [`TICK`] with the heat cells
+/// that changed (`[index, rows added]`), the active request, the counters
+/// and newly finished requests.
+pub async fn events(State(st): State<Arc<AppState>>) -> Response {
+    let (writer, resp) = SseWriter::channel();
+    tokio::spawn(async move {
+        let mut seen = st.board.heat();
+        let (mut seq, _) = st.board.history_after(0);
+        let mut interval = tokio::time::interval(TICK);
+        loop {
+            interval.tick().await;
+            let heat = st.board.heat();
+            let delta: Vec<(usize, u64)> = heat
+                .iter()
+                .zip(&seen)
+                .enumerate()
+                .filter(|(_, (now, before))| now != before)
+                .map(|(i, (now, before))| (i, now - before))
+                .collect();
+            seen = heat;
+            let (last, finished) = st.board.history_after(seq);
+            seq = last;
+            let mut frame = live(&st);
+            frame["heat_delta"] = json!(delta);
+            frame["active"] = json!(st.board.active());
+            frame["finished"] = json!(finished);
+            if !writer.event("tick", &frame).await {
+                break;
+            }
+        }
+    });
+    resp
+}

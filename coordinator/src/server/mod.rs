@@ -1,0 +1,766 @@
+//! `coordinator serve` / `coordinator web`: an OpenAI- and
+//! Anthropic-compatible HTTP API, Prometheus metrics and a live dashboard,
+//! in front of one engine thread.
+//!
+//! # Layout
+//! - this file: options, start-up checks (bind address, API key), the
+//!   router, authentication, `/health`, `/metrics`, `/v1/models`, and what
+//!   both APIs share (tokenizing in the background, queueing a job).
+//! - [`queue`]: the engine thread and its bounded FIFO (429 when full);
+//!   detokenization and stop strings run there, per token.
+//! - [`openai`]: the OpenAI API (`/v1/chat/completions`, `/v1/completions`).
+//! - [`anthropic`]: the Anthropic API (`/v1/messages`).
+//! - [`stop`]: cutting text exactly before a stop string.
+//! - [`logprobs`]: the decode loop for requests that ask for log-probabilities.
+//! - [`metrics`]: counters and histograms in the Prometheus text format.
+//! - [`dashboard`]: the page (from `coordinator/assets/`, inside the
+//!   binary), its snapshot and its live SSE feed.
+//! - [`sse`]: streaming responses.
+//! - [`error`]: errors in each API's JSON shape.
+//!
+//! Only `/`, `/assets/*` and `/health` answer without the API key (they
+//! carry no data); every other route needs `Authorization: Bearer KEY` or
+//! `x-api-key: KEY` when a key is set.
+
+pub mod anthropic;
+pub mod dashboard;
+pub mod error;
+pub mod logprobs;
+pub mod metrics;
+pub mod openai;
+pub mod queue;
+pub mod sse;
+pub mod stop;
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use charm_models::ExpertService;
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use self::dashboard::Board;
+use self::error::{ApiError, ErrorKind, Flavor};
+use self::metrics::{Live, Metrics};
+use self::queue::{Event, Job, Queue};
+use crate::chat_template::Message;
+use crate::engine::{Engine, GenerateParams, LoadInfo};
+use crate::sampler::SamplingParams;
+use crate::text::{TextCodec, TextError};
+
+/// Requests that may wait for the engine by default.
+pub const DEFAULT_QUEUE_SIZE: usize = 16;
+/// Largest request body by default (1 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Flags of `serve` and `web`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to bind. Anything but a loopback address needs --api-key-file.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// File holding the API key clients must send (`Authorization: Bearer KEY`
+    /// or `x-api-key: KEY`).
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    /// Requests that may wait for the engine; more get 429.
+    #[arg(long, default_value_t = DEFAULT_QUEUE_SIZE)]
+    pub queue_size: usize,
+    /// Largest request body in bytes; larger gets 413.
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+}
+
+/// Why the server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Binding elsewhere than loopback without a key would open the model
+    /// to the network.
+    #[error("refusing to bind {host} without --api-key-file: only loopback addresses (127.0.0.1, ::1, localhost) may be served without an API key")]
+    KeyRequired { host: String },
+    /// The key file could not be read or is empty.
+    #[error("{}: {reason}", path.display())]
+    KeyFile { path: PathBuf, reason: String },
+    /// `--host` does not resolve.
+    #[error("--host {host}: {reason}")]
+    BadHost { host: String, reason: String },
+    /// The model has no tokenizer (the APIs speak text).
+    #[error("{}: not found; serving needs the model's tokenizer", path.display())]
+    NoTokenizer { path: PathBuf },
+    /// The tokenizer or chat template is malformed.
+    #[error(transparent)]
+    Text(#[from] TextError),
+    /// `--queue-size` is 0.
+    #[error("--queue-size must be at least 1")]
+    QueueSize,
+    /// Binding, or starting a thread or the runtime, failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Everything the server needs besides the engine.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: String,
+    pub port: u16,
+    /// Clients must send this key (None: no authentication).
+    pub api_key: Option<String>,
+    pub queue_size: usize,
+    pub max_body_bytes: usize,
+    /// The model directory (its name is the model id).
+    pub model_dir: PathBuf,
+}
+
+impl ServerConfig {
+    /// Defaults for `model_dir`: 127.0.0.1, a free port, no key.
+    pub fn new(model_dir: &Path) -> Self {
+        ServerConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            api_key: None,
+            queue_size: DEFAULT_QUEUE_SIZE,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            model_dir: model_dir.to_path_buf(),
+        }
+    }
+
+    /// From the command line (reads the key file).
+    pub fn from_args(model_dir: &Path, args: &ServeArgs) -> Result<Self, ServeError> {
+        let api_key = match &args.api_key_file {
+            None => None,
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ServeError::KeyFile {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                let key = text.trim();
+                if key.is_empty() {
+                    return Err(ServeError::KeyFile {
+                        path: path.clone(),
+                        reason: "the key file is empty".into(),
+                    });
+                }
+                Some(key.to_string())
+            }
+        };
+        Ok(ServerConfig {
+            host: args.host.clone(),
+            port: args.port,
+            api_key,
+            queue_size: args.queue_size,
+            max_body_bytes: args.max_body_bytes,
+            model_dir: model_dir.to_path_buf(),
+        })
+    }
+}
+
+/// What the API and the dashboard say about the model.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelInfo {
+    /// The model directory's name.
+    pub id: String,
+    /// The directory as given, and canonicalized (both accepted as `model`).
+    pub path: String,
+    #[serde(skip)]
+    canonical: Option<PathBuf>,
+    pub family: &'static str,
+    pub layers: usize,
+    /// Routed experts per MoE layer.
+    pub experts: usize,
+    pub top_k: usize,
+    pub vocab: usize,
+    pub moe_layers: Vec<bool>,
+    pub context: usize,
+    /// Where the routed experts live: `ram` (memory-mapped Hugging Face
+    /// files) or `disk` (a container streamed through the RAM cache).
+    pub placement: &'static str,
+    /// RAM budget of the expert cache (containers only).
+    pub cache_budget_bytes: Option<u64>,
+    pub created: u64,
+}
+
+impl ModelInfo {
+    fn new(engine: &Engine, info: &LoadInfo, dir: &Path) -> Self {
+        let cfg = engine.config();
+        let id = dir
+            .canonicalize()
+            .ok()
+            .as_deref()
+            .unwrap_or(dir)
+            .file_name()
+            .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        ModelInfo {
+            id,
+            path: dir.display().to_string(),
+            canonical: dir.canonicalize().ok(),
+            family: cfg.family.architecture(),
+            layers: cfg.num_layers,
+            experts: cfg.num_experts,
+            top_k: cfg.top_k,
+            vocab: cfg.vocab_size,
+            moe_layers: cfg.moe_layers.clone(),
+            context: cfg.max_position_embeddings,
+            placement: if info.container { "disk" } else { "ram" },
+            cache_budget_bytes: info.container.then_some(info.cache_bytes),
+            created: unix_now(),
+        }
+    }
+
+    /// Routed experts over all MoE layers (all owned by the one worker).
+    pub fn routed_experts(&self) -> usize {
+        self.moe_layers.iter().filter(|m| **m).count() * self.experts
+    }
+
+    /// Whether `name` names this model: its id, its path as given, or the
+    /// same directory by another path.
+    pub fn matches(&self, name: &str) -> bool {
+        if name == self.id || name == self.path {
+            return true;
+        }
+        let p = Path::new(name);
+        p.is_absolute()
+            && p.canonicalize()
+                .ok()
+                .is_some_and(|c| Some(&c) == self.canonical.as_ref())
+    }
+}
+
+/// State shared by every handler.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub model: ModelInfo,
+    pub codec: Arc<TextCodec>,
+    pub queue: Queue,
+    pub metrics: Arc<Metrics>,
+    pub board: Arc<Board>,
+    pub experts: Arc<dyn ExpertService>,
+    pub started: Instant,
+}
+
+/// A running server: its address, and a handle that stops it when dropped.
+pub struct Server {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds `config.host:config.port` and serves `engine` on a background
+    /// thread. Refuses a non-loopback address without an API key.
+    pub fn start(mut engine: Engine, info: &LoadInfo, config: ServerConfig) -> Result<Server, ServeError> {
+        if config.queue_size == 0 {
+            return Err(ServeError::QueueSize);
+        }
+        let addrs = resolve(&config.host, config.port)?;
+        if config.api_key.is_none() && addrs.iter().any(|a| !a.ip().is_loopback()) {
+            return Err(ServeError::KeyRequired {
+                host: config.host.clone(),
+            });
+        }
+        let codec = match TextCodec::load(&config.model_dir) {
+            Err(TextError::NoTokenizer { path }) => return Err(ServeError::NoTokenizer { path }),
+            r => Arc::new(r?),
+        };
+        let listener = std::net::TcpListener::bind(&addrs[..]).map_err(|e| ServeError::Io {
+            what: format!("binding {}:{}", config.host, config.port),
+            source: e,
+        })?;
+        let addr = listener.local_addr().map_err(|e| io("reading the bound address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io("configuring the socket", e))?;
+
+        let model = ModelInfo::new(&engine, info, &config.model_dir);
+        let board = Arc::new(Board::new(model.layers, model.experts));
+        engine.set_observer(board.clone());
+        let experts = engine.expert_service().clone();
+        let metrics = Arc::new(Metrics::default());
+        let queue = Queue::start(engine, codec.clone(), config.queue_size, metrics.clone(), board.clone())
+            .map_err(|e| io("starting the engine thread", e))?;
+        let state = Arc::new(AppState {
+            config,
+            model,
+            codec,
+            queue,
+            metrics,
+            board,
+            experts,
+            started: Instant::now(),
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("charm-http")
+            .enable_all()
+            .build()
+            .map_err(|e| io("starting the HTTP runtime", e))?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("charm-serve".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!("serving: {e}");
+                            return;
+                        }
+                    };
+                    let app = router(state);
+                    let serve = axum::serve(listener, app);
+                    tokio::select! {
+                        r = serve => if let Err(e) = r { tracing::error!("serving: {e}") },
+                        _ = rx => {}
+                    }
+                });
+                // Open streams end here; their jobs see closed channels and stop.
+                runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            })
+            .map_err(|e| io("starting the server thread", e))?;
+        Ok(Server {
+            addr,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address (the real port when 0 was asked for).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Blocks until the server stops (it runs until the process ends).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn io(what: &str, source: std::io::Error) -> ServeError {
+    ServeError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, ServeError> {
+    let bad = |reason: String| ServeError::BadHost {
+        host: host.into(),
+        reason,
+    };
+    // A bare IPv6 address needs no brackets on the command line.
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => (host, port)
+            .to_socket_addrs()
+            .map_err(|e| bad(e.to_string()))?
+            .collect(),
+    };
+    if addrs.is_empty() {
+        return Err(bad("resolves to no address".into()));
+    }
+    Ok(addrs)
+}
+
+/// `serve` / `web` from the command line: start, print the address, open
+/// the browser for `web`, serve until the process is stopped.
+pub fn run_cli(engine: Engine, info: &LoadInfo, dir: &Path, args: &ServeArgs, open: bool) -> Result<(), ServeError> {
+    let config = ServerConfig::from_args(dir, args)?;
+    let server = Server::start(engine, info, config)?;
+    let url = server.url();
+    eprintln!("listening on {url} (dashboard {url}/, OpenAI and Anthropic APIs under {url}/v1)");
+    if open {
+        open_browser(&url);
+    }
+    server.wait();
+    Ok(())
+}
+
+/// Opens `url` with the desktop's opener; prints the URL when that fails.
+fn open_browser(url: &str) {
+    let opener = if cfg!(target_os = "macos") { "open" } else { "xdg-open" };
+    let spawned = std::process::Command::new(opener)
+        .arg(url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    match spawned {
+        Ok(mut child) => {
+            let url = url.to_string();
+            std::thread::spawn(move || {
+                if !child.wait().is_ok_and(|s| s.success()) {
+                    eprintln!("could not open a browser ({opener} failed); open {url} yourself");
+                }
+            });
+        }
+        Err(e) => eprintln!("could not open a browser ({opener}: {e}); open {url} yourself"),
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/", get(dashboard::index))
+        .route("/assets/dashboard.js", get(dashboard::script))
+        .route("/assets/dashboard.css", get(dashboard::style))
+        .route("/health", get(health))
+        .route("/metrics", get(prometheus))
+        .route("/api/state", get(dashboard::state))
+        .route("/api/events", get(dashboard::events))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Routes answered without the API key.
+fn is_public(path: &str) -> bool {
+    path == "/" || path == "/health" || path.starts_with("/assets/")
+}
+
+/// The route label of a path for `charm_http_requests_total` (never the raw
+/// path, so the label set stays bounded).
+fn route_label(path: &str) -> &'static str {
+    match path {
+        "/" => "/",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        "/api/state" => "/api/state",
+        "/api/events" => "/api/events",
+        "/v1/models" => "/v1/models",
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/v1/messages" => "/v1/messages",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        p if p.starts_with("/assets/") => "/assets",
+        _ => "other",
+    }
+}
+
+/// Authentication and request counting, around every route.
+async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let resp = match &st.config.api_key {
+        Some(key) if !is_public(&path) && !authorized(req.headers(), key) => {
+            let (kind, msg) = (
+                ErrorKind::Authentication,
+                "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
+            );
+            ApiError::new(kind, msg).flavor(Flavor::for_path(&path)).into_response()
+        }
+        _ => next.run(req).await,
+    };
+    st.metrics.http(route_label(&path), resp.status().as_u16());
+    resp
+}
+
+/// Whether the headers carry `key` (compared in constant time).
+fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim);
+    [bearer, x_api_key]
+        .into_iter()
+        .flatten()
+        .any(|k| same(k.as_bytes(), key.as_bytes()))
+}
+
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> Response {
+    let path = req.uri().path();
+    ApiError::new(ErrorKind::NotFound, format!("no route {} {path}", req.method()))
+        .flavor(Flavor::for_path(path))
+        .into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let path = req.uri().path();
+    ApiError::new(
+        ErrorKind::MethodNotAllowed,
+        format!("{} is not allowed on {path}", req.method()),
+    )
+    .flavor(Flavor::for_path(path))
+    .into_response()
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "status": "ok",
+            "model": st.model.id,
+            "queued": st.queue.queued(),
+            "running": st.queue.running(),
+        }),
+    )
+}
+
+async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
+    let experts = st.experts.stats();
+    let text = st.metrics.render(&Live {
+        queued: st.queue.queued(),
+        running: st.queue.running(),
+        experts: &experts,
+        worker: "in-process",
+        worker_experts: st.model.routed_experts(),
+        worker_wait_s: st.metrics.experts_wait_s(),
+    });
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+fn model_object(m: &ModelInfo) -> serde_json::Value {
+    json!({"id": m.id, "object": "model", "created": m.created, "owned_by": "charm"})
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({"object": "list", "data": [model_object(&st.model)]}),
+    )
+}
+
+async fn model(State(st): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Response {
+    if st.model.matches(&id) {
+        json_response(StatusCode::OK, &model_object(&st.model))
+    } else {
+        unknown_model(&st.model, &id).into_response()
+    }
+}
+
+/// A JSON response.
+pub(crate) fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}").into_bytes());
+    let mut resp = (status, bytes).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn unknown_model(m: &ModelInfo, name: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::NotFound,
+        format!("model {name:?} is not served here; this server serves {:?}", m.id),
+    )
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A random id with `prefix` (`chatcmpl-…`, `msg_…`).
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
+}
+
+/// The body as JSON of type `T`: 413 over the limit, 400 when malformed.
+fn parse_body<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    max: usize,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                ErrorKind::TooLarge,
+                format!("the request body is over the limit of {max} bytes"),
+            )
+        } else {
+            ApiError::invalid(format!("reading the request body: {e}"))
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+}
+
+/// What both APIs ask of the engine, before tokenization.
+pub(crate) struct Ask {
+    pub api: &'static str,
+    pub id: String,
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    pub max_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+}
+
+/// A prompt as the client gave it.
+pub(crate) enum PromptInput {
+    /// Messages through the chat template, assistant prompt appended.
+    Chat(Vec<Message>),
+    /// Raw text, tokenized with the tokenizer's special tokens.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+}
+
+/// A queued job's event stream, with what the handler needs to answer.
+pub(crate) struct Ticket {
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub prompt_tokens: usize,
+    pub created: u64,
+}
+
+/// Checks the model, tokenizes (off the async threads), validates and
+/// queues. 400/404/429 come back as errors.
+pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiError> {
+    if let Some(name) = ask.model.as_deref() {
+        if !st.model.matches(name) {
+            return Err(unknown_model(&st.model, name));
+        }
+    }
+    let codec = st.codec.clone();
+    let prompt = match ask.prompt {
+        PromptInput::Ids(ids) => ids,
+        PromptInput::Text(text) => tokenize(codec, move |c| c.encode(&text)).await?,
+        PromptInput::Chat(messages) => {
+            if !st.codec.has_template() {
+                return Err(ApiError::invalid(
+                    "this model has no chat template; use /v1/completions with a prompt",
+                ));
+            }
+            tokenize(codec, move |c| c.encode_chat(&messages, true, &[])).await?
+        }
+    };
+    let context = st.model.context;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty (no tokens)"));
+    }
+    if prompt.len() >= context {
+        return Err(ApiError::invalid(format!(
+            "the prompt has {} tokens; this model's context is {context} tokens",
+            prompt.len()
+        )));
+    }
+    let max_tokens = match ask.max_tokens {
+        Some(0) => return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1")),
+        Some(n) => n.min((context - prompt.len()) as u64) as usize,
+        None => context - prompt.len(),
+    };
+    let sampling = SamplingParams {
+        temperature: ask.temperature.unwrap_or(1.0),
+        top_p: ask.top_p.unwrap_or(1.0),
+        top_k: ask.top_k.unwrap_or(0),
+        seed: ask.seed.unwrap_or_else(rand::random),
+    };
+    sampling.validate().map_err(ApiError::invalid)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let prompt_tokens = prompt.len();
+    let job = Job {
+        id: ask.id,
+        api: ask.api,
+        prompt,
+        params: GenerateParams {
+            max_tokens,
+            sampling,
+            ignore_eos: false,
+        },
+        stop: ask.stop,
+        logprobs: ask.logprobs,
+        events: tx,
+        arrived: Instant::now(),
+    };
+    if st.queue.submit(job).is_err() {
+        let mut e = ApiError::new(
+            ErrorKind::RateLimit,
+            format!(
+                "the queue is full ({} requests waiting); retry later",
+                st.queue.capacity()
+            ),
+        );
+        e.retry_after = Some(retry_after(st));
+        return Err(e);
+    }
+    Ok(Ticket {
+        events: rx,
+        prompt_tokens,
+        created: unix_now(),
+    })
+}
+
+/// Seconds until a queue slot is likely free: a slot frees when the
+/// running request ends, so the mean duration of recent requests (at least 1).
+fn retry_after(st: &AppState) -> u64 {
+    st.board.mean_duration_s().unwrap_or(1.0).ceil().max(1.0) as u64
+}
+
+async fn tokenize(
+    codec: Arc<TextCodec>,
+    f: impl FnOnce(&TextCodec) -> Result<Vec<u32>, TextError> + Send + 'static,
+) -> Result<Vec<u32>, ApiError> {
+    match tokio::task::spawn_blocking(move || f(&codec)).await {
+        Ok(Ok(ids)) => Ok(ids),
+        Ok(Err(TextError::Template(e))) => Err(ApiError::invalid(e.to_string())),
+        Ok(Err(e)) => Err(ApiError::new(ErrorKind::Server, e.to_string())),
+        Err(e) => Err(ApiError::new(ErrorKind::Server, format!("tokenizing: {e}"))),
+    }
+}
+
+/// A stop field: a string or a list of strings.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+pub(crate) enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The official OpenAI and Anthropic Python SDKs, unmodified, against a charm
+server: only the base URL (and a key) change.
+
+Each SDK completes a chat and a streamed chat; the streamed text must equal
+the whole one, the usage and finish reasons must be there, and an unknown
+model must raise the SDK's own NotFoundError (so the error shapes parse).
+Prints one JSON object with what each SDK got, for the caller to compare.
+
+Usage: python scripts/test_sdks.py --base-url http://127.0.0.1:PORT --model ID
+       [--api-key KEY] [--max-tokens N]
+Needs: pip install openai anthropic (scripts/sdk_venv.sh makes a venv).
+"""
+
+import argparse
+import json
+import sys
+
+import anthropic
+import openai
+
+SYSTEM = "You are terse."
+USER = "Say something about hummingbirds."
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run_openai(base, key, model, max_tokens):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
+    models = [m.id for m in client.models.list()]
+    check(model in models, f"openai: models.list() has {model}: {models}")
+
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0)
+    text = whole.choices[0].message.content
+    check(whole.choices[0].finish_reason in ("stop", "length"), f"openai finish_reason {whole.choices[0].finish_reason}")
+    check(whole.usage.completion_tokens > 0, "openai usage.completion_tokens > 0")
+
+    pieces, finish, usage = [], None, None
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    streamed = "".join(pieces)
+    check(streamed == text, f"openai: streamed {streamed!r} != whole {text!r}")
+    check(finish == whole.choices[0].finish_reason, f"openai stream finish {finish}")
+    check(usage is not None and usage.completion_tokens == whole.usage.completion_tokens, f"openai stream usage {usage}")
+
+    try:
+        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=2)
+        check(False, "openai: an unknown model must fail")
+    except openai.NotFoundError as e:
+        check("no-such-model" in str(e), f"openai NotFoundError names the model: {e}")
+    return {
+        "text": text,
+        "finish_reason": finish,
+        "prompt_tokens": whole.usage.prompt_tokens,
+        "completion_tokens": whole.usage.completion_tokens,
+    }
+
+
+def run_anthropic(base, key, model, max_tokens):
+    client = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": USER}]
+    whole = client.messages.create(
+        model=model, max_tokens=max_tokens, system=SYSTEM, messages=messages, temperature=0
+    )
+    check(whole.type == "message" and whole.role == "assistant", f"anthropic message {whole}")
+    text = "".join(b.text for b in whole.content if b.type == "text")
+    check(whole.stop_reason in ("end_turn", "max_tokens"), f"anthropic stop_reason {whole.stop_reason}")
+    check(whole.usage.output_tokens > 0, "anthropic usage.output_tokens > 0")
+
+    with client.messages.stream(
+        model=model, max_tokens=max_tokens, system=SYSTEM, messages=messages, temperature=0
+    ) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    check(streamed == text, f"anthropic: streamed {streamed!r} != whole {text!r}")
+    check(final.stop_reason == whole.stop_reason, f"anthropic stream stop_reason {final.stop_reason}")
+    check(final.usage.output_tokens == whole.usage.output_tokens, f"anthropic stream usage {final.usage}")
+    check(final.usage.input_tokens == whole.usage.input_tokens, f"anthropic stream input usage {final.usage}")
+
+    try:
+        client.messages.create(model="no-such-model", max_tokens=2, messages=messages)
+        check(False, "anthropic: an unknown model must fail")
+    except anthropic.NotFoundError as e:
+        check("no-such-model" in str(e), f"anthropic NotFoundError names the model: {e}")
+    return {
+        "text": text,
+        "stop_reason": whole.stop_reason,
+        "input_tokens": whole.usage.input_tokens,
+        "output_tokens": whole.usage.output_tokens,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--api-key", default="charm-no-key")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    a = ap.parse_args()
+    base = a.base_url.rstrip("/")
+    out = {
+        "openai_version": openai.__version__,
+        "anthropic_version": anthropic.__version__,
+        "openai": run_openai(base, a.api_key, a.model, a.max_tokens),
+        "anthropic": run_anthropic(base, a.api_key, a.model, a.max_tokens),
+    }
+    print(json.dumps(out, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

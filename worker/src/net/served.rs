@@ -1,0 +1,328 @@
+//! The model a worker serves: its expert service (the same
+//! [`InProcessWorker`] `coordinator --local` embeds, so the same
+//! `run_group` computes every expert everywhere), which experts it holds,
+//! and the speeds it measured at start — everything its `Hello` says.
+//!
+//! - A Hugging Face directory: every routed expert memory-mapped
+//!   ([`ResidentStore`]); the page cache stages them.
+//! - A charm container: the experts its manifest lists, read from
+//!   `experts.bin` into a RAM cache of `--expert-cache-gb`
+//!   ([`DiskStore`]). A manifest may list only some layers' or experts'
+//!   records (a partial copy); the worker holds exactly those.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use charm_common::container::{is_container, record_layout, record_weights, verify_record, Manifest};
+use charm_common::TensorFiles;
+use charm_models::{ExpertError, ExpertService, ExpertStats, ModelConfig, ModelError, SwiGlu};
+use charm_proto::{Hello, Holdings, WorkerStats, MAX_FRAME_LEN};
+use thiserror::Error;
+
+use super::fingerprint::{model_fingerprint, FingerprintError};
+use crate::io::{AlignedBuf, ReaderOptions};
+use crate::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
+
+/// Bytes read to measure read bandwidth at start (at most).
+const PROBE_READ_BYTES: u64 = 64 << 20;
+/// Time spent measuring compute at start (at least one run).
+const PROBE_COMPUTE_MS: f64 = 20.0;
+
+/// How a worker opens its model.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// RAM budget for a container's cached experts (`None`: free memory
+    /// less a tenth, at most every expert).
+    pub cache_bytes: Option<u64>,
+    /// Where the routing history is kept (`None`: `<model>/state` when
+    /// writable, else not persisted).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The model could not be served.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The config or the weights are missing or malformed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The expert store could not be opened.
+    #[error(transparent)]
+    Expert(#[from] ExpertError),
+    /// The model's fingerprint could not be computed.
+    #[error(transparent)]
+    Fingerprint(#[from] FingerprintError),
+    /// Reading an expert file to measure it failed.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The directory holds no routed expert (a dense model, or an empty
+    /// partial container).
+    #[error("{}: holds no routed experts to serve", dir.display())]
+    NoExperts { dir: PathBuf },
+}
+
+/// What a worker serves, and its counters.
+pub struct Served {
+    pub service: Arc<dyn ExpertService>,
+    /// The `Hello` sent to every coordinator (its `stats` are refreshed on
+    /// each handshake).
+    hello: Hello,
+    requests: AtomicU64,
+    experts_served: AtomicU64,
+}
+
+impl Served {
+    /// Opens the model in `dir` and measures it.
+    pub fn open(dir: &Path, opts: &ServeOptions) -> Result<Served, ServeError> {
+        let cfg = ModelConfig::load(dir)?;
+        let fingerprint = model_fingerprint(dir)?;
+        let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ServeError::Io { path, source }
+        };
+        let (service, holdings, format, expert_bytes, cache_bytes, disk, probe): (
+            Arc<dyn ExpertService>,
+            Holdings,
+            String,
+            u64,
+            u64,
+            f64,
+            SwiGlu,
+        ) = if is_container(dir) {
+            let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
+            let Some(first) = manifest.records.first().cloned() else {
+                return Err(ServeError::NoExperts { dir: dir.to_path_buf() });
+            };
+            let all: u64 = manifest.records.iter().map(|r| r.padded_len()).sum();
+            let cache_bytes = opts.cache_bytes.unwrap_or_else(|| default_cache_bytes().min(all));
+            let store = DiskStore::open(
+                dir,
+                &manifest,
+                &StoreOptions {
+                    cache_bytes,
+                    prefetch: true,
+                    reader: ReaderOptions::default(),
+                    history_path: history_path(dir, opts.state_dir.as_deref()),
+                },
+            )?;
+            let path = dir.join(&manifest.experts_file);
+            let ranges: Vec<(u64, u64)> = manifest.records.iter().map(|r| (r.offset, r.padded_len())).collect();
+            let disk = measure_read(&path, &ranges).map_err(io(&path))?;
+            // The first record, decoded the way the store decodes it (read
+            // here, so the store's counters and history stay untouched).
+            let layout = record_layout(manifest.hidden_size, manifest.moe_intermediate_size, manifest.quant)
+                .map_err(ExpertError::from)?;
+            let mut buf = AlignedBuf::new_zeroed(first.padded_len() as usize);
+            let mut f = File::open(&path).map_err(io(&path))?;
+            f.seek(SeekFrom::Start(first.offset)).map_err(io(&path))?;
+            f.read_exact(buf.as_mut_slice()).map_err(io(&path))?;
+            verify_record(&path, &first, buf.as_slice()).map_err(ExpertError::from)?;
+            let [gate, up, down] = record_weights(Arc::new(buf), &layout, manifest.quant).map_err(ExpertError::from)?;
+            let holdings = Holdings::from_experts(manifest.records.iter().map(|r| (r.layer, r.expert)));
+            let bytes = store.expert_bytes();
+            let format = format!("container {}", manifest.quant.name());
+            (
+                Arc::new(InProcessWorker::new(store)),
+                holdings,
+                format,
+                bytes,
+                cache_bytes,
+                disk,
+                SwiGlu { gate, up, down },
+            )
+        } else {
+            let files = TensorFiles::open(dir).map_err(ModelError::from)?;
+            let Some(&l0) = moe_layers.first() else {
+                return Err(ServeError::NoExperts { dir: dir.to_path_buf() });
+            };
+            let store = ResidentStore::open(&files, &cfg)?;
+            let names = cfg.family.moe_names();
+            let probe = SwiGlu::load(&files, &names.expert(l0, 0), cfg.hidden_size, cfg.moe_intermediate_size)
+                .map_err(ModelError::from)?;
+            let bytes: u64 = [&probe.gate, &probe.up, &probe.down]
+                .iter()
+                .map(|w| {
+                    w.format()
+                        .storage(w.rows(), w.cols())
+                        .map_or(0, |b| (b.scale_bytes + b.value_bytes) as u64)
+                })
+                .sum();
+            let holdings = Holdings::from_experts(
+                moe_layers
+                    .iter()
+                    .flat_map(|&l| (0..cfg.num_experts as u32).map(move |e| (l as u16, e))),
+            );
+            let largest = largest_safetensors(dir).map_err(io(dir))?;
+            let len = std::fs::metadata(&largest).map_err(io(&largest))?.len();
+            let disk = measure_read(&largest, &[(0, len)]).map_err(io(&largest))?;
+            let format = format!("safetensors {}", probe.gate.format().name());
+            let resident = holdings.count() * bytes;
+            (
+                Arc::new(InProcessWorker::new(store)),
+                holdings,
+                format,
+                bytes,
+                resident,
+                disk,
+                probe,
+            )
+        };
+        let rows_per_s = measure_compute(&probe, cfg.hidden_size);
+        Ok(Served {
+            service,
+            hello: Hello {
+                software: format!("charm-worker {}", env!("CARGO_PKG_VERSION")),
+                fingerprint,
+                num_layers: cfg.num_layers as u32,
+                num_experts: cfg.num_experts as u32,
+                hidden: cfg.hidden_size as u32,
+                holdings,
+                format,
+                expert_bytes,
+                cache_bytes,
+                disk_bytes_per_s: disk,
+                expert_rows_per_s: rows_per_s,
+                max_frame: MAX_FRAME_LEN,
+                stats: WorkerStats::default(),
+            },
+            requests: AtomicU64::new(0),
+            experts_served: AtomicU64::new(0),
+        })
+    }
+
+    /// The `Hello` to send now (with the current counters).
+    pub fn hello(&self) -> Hello {
+        Hello {
+            stats: self.stats(),
+            ..self.hello.clone()
+        }
+    }
+
+    /// The `Hello` as opened (its `stats` are those of start-up).
+    pub fn hello_ref(&self) -> &Hello {
+        &self.hello
+    }
+
+    /// Counts one answered request of `groups` experts.
+    pub fn count_request(&self, groups: usize) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.experts_served.fetch_add(groups as u64, Ordering::Relaxed);
+    }
+
+    /// Counters since start: requests answered and the store's counters.
+    pub fn stats(&self) -> WorkerStats {
+        to_wire(
+            &self.service.stats(),
+            self.requests.load(Ordering::Relaxed),
+            self.experts_served.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A store's counters as the wire carries them.
+pub fn to_wire(s: &ExpertStats, requests: u64, experts_served: u64) -> WorkerStats {
+    WorkerStats {
+        requests,
+        experts_served,
+        expert_hits: s.expert_hits,
+        expert_misses: s.expert_misses,
+        expert_bytes_read: s.expert_bytes_read,
+        io_wait_ms: s.io_wait_ms,
+        prefetch_hits: s.prefetch_hits,
+        prefetch_issued: s.prefetch_issued,
+        cache_bytes: s.cache_bytes,
+        predicted_correct: s.predicted_correct,
+        predicted_total: s.predicted_total,
+    }
+}
+
+/// Reads `ranges` of `path` front to back, up to [`PROBE_READ_BYTES`], and
+/// returns bytes per second (page-cache hits included: this is what the
+/// worker will see).
+fn measure_read(path: &Path, ranges: &[(u64, u64)]) -> std::io::Result<f64> {
+    let mut f = File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done = 0u64;
+    let t = Instant::now();
+    'outer: for &(offset, len) in ranges {
+        f.seek(SeekFrom::Start(offset))?;
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            f.read_exact(&mut buf[..n])?;
+            left -= n as u64;
+            done += n as u64;
+            if done >= PROBE_READ_BYTES {
+                break 'outer;
+            }
+        }
+    }
+    let secs = t.elapsed().as_secs_f64().max(1e-9);
+    Ok(done as f64 / secs)
+}
+
+/// Expert FFN rows per second, one row at a time (decode's shape).
+fn measure_compute(ffn: &SwiGlu, hidden: usize) -> f64 {
+    let xs: Vec<f32> = (0..hidden).map(|i| ((i % 7) as f32 - 3.0) * 0.1).collect();
+    let mut out = vec![0.0f32; hidden];
+    let t = Instant::now();
+    let mut runs = 0u64;
+    while runs == 0 || (t.elapsed().as_secs_f64() * 1e3 < PROBE_COMPUTE_MS && runs < 10_000) {
+        ffn.forward(&xs, 1, &mut out);
+        runs += 1;
+    }
+    runs as f64 / t.elapsed().as_secs_f64().max(1e-9)
+}
+
+fn largest_safetensors(dir: &Path) -> std::io::Result<PathBuf> {
+    let mut best: Option<(u64, PathBuf)> = None;
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let len = std::fs::metadata(&p)?.len();
+            if best.as_ref().is_none_or(|(l, _)| len > *l) {
+                best = Some((len, p));
+            }
+        }
+    }
+    best.map(|(_, p)| p)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors file"))
+}
+
+/// `STATE/worker-routing-history.json` (the worker learns its own hot set,
+/// apart from a `--local` run's history in the same directory).
+fn history_path(dir: &Path, state_dir: Option<&Path>) -> Option<PathBuf> {
+    let file = "worker-routing-history.json";
+    if let Some(s) = state_dir {
+        return Some(s.join(file));
+    }
+    let local = dir.join("state");
+    let probe = local.join(".write-probe");
+    let writable = std::fs::create_dir_all(&local).is_ok() && std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    writable.then(|| local.join(file))
+}
+
+/// Free memory less a tenth (Linux `MemAvailable`; macOS: half of RAM).
+fn default_cache_bytes() -> u64 {
+    let avail = available_memory().unwrap_or(0);
+    avail - avail / 10
+}
+
+fn available_memory() -> Option<u64> {
+    if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        return Some(kb * 1024);
+    }
+    let out = std::process::Command::new("sysctl")
+        .args(["-n", "hw.memsize"])
+        .output()
+        .ok()?;
+    let total: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some(total / 2)
+}

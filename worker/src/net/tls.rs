@@ -1,0 +1,124 @@
+//! QUIC endpoints with TLS 1.3. A worker presents a fresh self-signed
+//! certificate (rcgen); the coordinator accepts any certificate but checks
+//! the handshake signature made with it, so the session is a real TLS
+//! session with the worker's key. Who the peer *is* is settled afterwards by
+//! the cluster-key proofs (see [`super::key`]), which are bound to this
+//! session's exported secret: a man in the middle would hold two different
+//! sessions and could forward neither proof.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Endpoint, TransportConfig, VarInt};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+use super::NetError;
+
+/// ALPN protocol id: the protocol name and version.
+pub const ALPN: &[u8] = b"charm/1";
+/// Server name the coordinator asks for (certificates are not checked by name).
+pub const SERVER_NAME: &str = "charm-worker";
+/// A connection with no traffic for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Keep-alive interval, well inside [`IDLE_TIMEOUT`].
+pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// Streams a peer may have open at once, each way.
+pub const MAX_STREAMS: u32 = 64;
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn tls_err(e: impl std::fmt::Display) -> NetError {
+    NetError::Tls(e.to_string())
+}
+
+fn transport() -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("30 s is a valid idle timeout")))
+        .keep_alive_interval(Some(KEEP_ALIVE))
+        .max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS))
+        .max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS))
+        // Room for a prefill chunk's activations or outputs in flight.
+        .stream_receive_window(VarInt::from_u32(16 << 20))
+        .receive_window(VarInt::from_u32(64 << 20))
+        .send_window(64 << 20);
+    Arc::new(t)
+}
+
+/// A server endpoint on `addr` with a fresh self-signed certificate.
+pub fn server_endpoint(addr: SocketAddr) -> Result<Endpoint, NetError> {
+    let cert = rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()]).map_err(tls_err)?;
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .map_err(tls_err)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls).map_err(tls_err)?));
+    config.transport_config(transport());
+    Endpoint::server(config, addr).map_err(|source| NetError::Bind { addr, source })
+}
+
+/// A client endpoint bound to `bind` (port 0: any).
+pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, NetError> {
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider())))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).map_err(tls_err)?));
+    config.transport_config(transport());
+    let mut endpoint = Endpoint::client(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
+    endpoint.set_default_client_config(config);
+    Ok(endpoint)
+}
+
+/// Accepts any server certificate, but verifies the handshake signature
+/// made with its key: identity comes from the cluster-key proofs.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -1,0 +1,222 @@
+//! The worker's QUIC server: accepts coordinators, checks that they hold
+//! the cluster key and run the same model, then answers their requests
+//! with the served model ([`Served`]).
+//!
+//! - Many coordinators may connect at once (up to `max_connections`; the
+//!   next is closed with a reason saying the worker is full). They share
+//!   the expert store, which is safe to use from many threads: results
+//!   never depend on who else is being served, only the cache's contents.
+//! - One task per connection, one per request stream: `RunExperts` →
+//!   `ExpertsOut` (or `Error` when the store fails), `EndRequest` →
+//!   `Stats`; one-way `Prefetch` on unidirectional streams. Expert math
+//!   runs on the blocking pool, off the network threads.
+//! - A frame that does not decode, is too large, or does not belong on its
+//!   stream closes that connection with the reason (the peer and the log
+//!   both see it); the process and every other connection carry on.
+//! - A peer that does not finish the handshake within `handshake_timeout`
+//!   is closed.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use charm_proto::{ErrorKind, ExpertBatch, ExpertsOut, Message, RunExperts, WireError, MAX_FRAME_LEN};
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
+use tokio::sync::Semaphore;
+
+use crate::net::frames::{read_frame, write_frame};
+use crate::net::served::Served;
+use crate::net::{close, describe_close, handshake, ClusterKey, NetError};
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    pub key: ClusterKey,
+    /// Coordinators served at once.
+    pub max_connections: usize,
+    /// Time a new connection has to authenticate.
+    pub handshake_timeout: Duration,
+}
+
+impl ServerOptions {
+    /// Defaults: 64 connections, 5 s to authenticate.
+    pub fn new(key: ClusterKey) -> Self {
+        ServerOptions {
+            key,
+            max_connections: 64,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Serves `served` on `endpoint` until `shutdown` completes.
+pub async fn run(endpoint: Endpoint, served: Arc<Served>, opts: ServerOptions, shutdown: impl Future<Output = ()>) {
+    let limit = Arc::new(Semaphore::new(opts.max_connections));
+    let opts = Arc::new(opts);
+    tokio::pin!(shutdown);
+    loop {
+        let incoming = tokio::select! {
+            _ = &mut shutdown => break,
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => break,
+            },
+        };
+        let permit = limit.clone().try_acquire_owned();
+        let (served, opts) = (served.clone(), opts.clone());
+        tokio::spawn(async move {
+            let peer = incoming.remote_address();
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!("{peer}: QUIC handshake failed: {e}");
+                    return;
+                }
+            };
+            let Ok(_permit) = permit else {
+                let msg = format!("worker busy: already serving {} connections", opts.max_connections);
+                tracing::warn!("refused {peer}: {msg}");
+                close(&conn, ErrorKind::Busy, &msg);
+                return;
+            };
+            serve_connection(conn, served, &opts).await;
+        });
+    }
+    endpoint.close(quinn::VarInt::from_u32(0), b"worker shutting down");
+}
+
+async fn serve_connection(conn: Connection, served: Arc<Served>, opts: &ServerOptions) {
+    let peer = conn.remote_address();
+    let hello = served.hello();
+    match tokio::time::timeout(opts.handshake_timeout, handshake::accept(&conn, &opts.key, &hello)).await {
+        Err(_) => {
+            let msg = format!("no authentication within {} ms", opts.handshake_timeout.as_millis());
+            tracing::warn!("refused {peer}: {msg}");
+            close(&conn, ErrorKind::Timeout, &msg);
+            return;
+        }
+        Ok(Err(NetError::Connection(e))) => {
+            tracing::info!("{peer} left during the handshake: {}", describe_close(&e));
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("refused {peer}: {e}");
+            return;
+        }
+        Ok(Ok(())) => tracing::info!("coordinator {peer} connected"),
+    }
+    loop {
+        tokio::select! {
+            bi = conn.accept_bi() => match bi {
+                Ok((send, recv)) => {
+                    tokio::spawn(answer(conn.clone(), send, recv, served.clone()));
+                }
+                Err(e) => {
+                    tracing::info!("coordinator {peer} left: {}", describe_close(&e));
+                    break;
+                }
+            },
+            uni = conn.accept_uni() => match uni {
+                Ok(recv) => {
+                    tokio::spawn(prefetch(conn.clone(), recv, served.clone()));
+                }
+                Err(_) => break,
+            },
+        }
+    }
+}
+
+/// Closes the connection of a peer that broke the protocol.
+fn violation(conn: &Connection, e: &NetError) {
+    tracing::warn!("closing the connection from {}: {e}", conn.remote_address());
+    close(conn, e.kind(), &e.to_string());
+}
+
+/// Answers one request stream.
+async fn answer(conn: Connection, mut send: SendStream, mut recv: RecvStream, served: Arc<Served>) {
+    let msg = match read_frame(&mut recv, MAX_FRAME_LEN).await {
+        Ok((m, _)) => m,
+        Err(NetError::Connection(_)) => return,
+        Err(e) => return violation(&conn, &e),
+    };
+    let reply = match msg {
+        Message::RunExperts(r) => run_experts(&served, r).await,
+        Message::EndRequest => {
+            let svc = served.service.clone();
+            if tokio::task::spawn_blocking(move || svc.end_request()).await.is_err() {
+                tracing::error!("saving routing history panicked");
+            }
+            Message::Stats(served.stats())
+        }
+        other => return violation(&conn, &NetError::unexpected(other.tag(), "RunExperts or EndRequest")),
+    };
+    if write_frame(&mut send, &reply).await.is_ok() {
+        let _ = send.finish();
+    }
+}
+
+async fn run_experts(served: &Arc<Served>, r: RunExperts) -> Message {
+    let failed = |message: String| {
+        Message::Error(WireError {
+            kind: ErrorKind::Failed,
+            message,
+        })
+    };
+    let hello = served.hello_ref();
+    if r.batch.hidden != hello.hidden || r.batch.layer as u32 >= hello.num_layers {
+        return failed(format!(
+            "layer {} with rows of width {} does not fit this worker's model ({} layers, width {})",
+            r.batch.layer, r.batch.hidden, hello.num_layers, hello.hidden
+        ));
+    }
+    let t = Instant::now();
+    let svc = served.service.clone();
+    let step = r.step;
+    let groups = r.batch.groups.len();
+    match tokio::task::spawn_blocking(move || svc.run(&r.batch)).await {
+        Ok(Ok(outputs)) => {
+            served.count_request(groups);
+            Message::ExpertsOut(ExpertsOut {
+                step,
+                outputs,
+                worker_ms: (t.elapsed().as_secs_f64() * 1e3) as f32,
+            })
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("request {step} failed: {e}");
+            failed(e.to_string())
+        }
+        Err(_) => {
+            tracing::error!("request {step}: the expert computation panicked");
+            failed("the worker's expert computation panicked".into())
+        }
+    }
+}
+
+/// Handles one one-way prefetch hint.
+async fn prefetch(conn: Connection, mut recv: RecvStream, served: Arc<Served>) {
+    let msg = match read_frame(&mut recv, MAX_FRAME_LEN).await {
+        Ok((m, _)) => m,
+        Err(NetError::Connection(_)) => return,
+        Err(e) => return violation(&conn, &e),
+    };
+    let Message::Prefetch(p) = msg else {
+        return violation(&conn, &NetError::unexpected(msg.tag(), "Prefetch"));
+    };
+    let hello = served.hello_ref();
+    if p.layer as u32 >= hello.num_layers || p.hint.layer as u32 >= hello.num_layers {
+        return;
+    }
+    // An empty batch with a hint: the store only reads ahead.
+    let batch = ExpertBatch {
+        layer: p.layer,
+        hidden: hello.hidden,
+        rows: Vec::new(),
+        groups: Vec::new(),
+        next: Some(p.hint),
+    };
+    let svc = served.service.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || svc.run(&batch)).await {
+        tracing::debug!("prefetch: {e}");
+    }
+}
