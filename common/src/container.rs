@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::gguf::GgmlType;
 use crate::weight::{Buf, ByteSource, Weight, WeightData};
 
 /// `format` of every charm container manifest.
@@ -62,6 +63,9 @@ pub enum Quant {
     Int8 { group: usize },
     /// Symmetric int4 with one f32 scale per `group` columns (32 or 64).
     Int4 { group: usize },
+    /// The GGUF blocks of the source file, byte for byte; each record names
+    /// its parts' GGUF types ([`Record::ggml_types`]).
+    Gguf,
 }
 
 impl Quant {
@@ -71,6 +75,7 @@ impl Quant {
             Quant::Bf16 => cols,
             Quant::Int8 { group: 0 } => cols,
             Quant::Int8 { group } | Quant::Int4 { group } => group,
+            Quant::Gguf => cols,
         }
     }
 
@@ -80,6 +85,7 @@ impl Quant {
             Quant::Bf16 => "bf16",
             Quant::Int8 { .. } => "int8",
             Quant::Int4 { .. } => "int4",
+            Quant::Gguf => "gguf",
         }
     }
 }
@@ -95,6 +101,9 @@ pub struct Record {
     pub len: u64,
     /// CRC-32 (IEEE) of the `len` meaningful bytes.
     pub crc32: u32,
+    /// GGUF type ids of gate, up and down (only for [`Quant::Gguf`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ggml_types: Option<[u32; 3]>,
 }
 
 impl Record {
@@ -140,6 +149,8 @@ pub struct PartLayout {
     pub scale_bytes: usize,
     /// Value bytes right after the scales.
     pub value_bytes: usize,
+    /// The GGUF block type of the values ([`Quant::Gguf`] only).
+    pub ggml: Option<GgmlType>,
 }
 
 /// Gate, up and down of one expert record.
@@ -185,6 +196,27 @@ pub enum ContainerError {
 
 /// The layout of an expert with `hidden` → `inter` → `hidden`.
 pub fn record_layout(hidden: usize, inter: usize, quant: Quant) -> Result<RecordLayout, ContainerError> {
+    record_layout_typed(hidden, inter, quant, None)
+}
+
+/// [`record_layout`] with the GGUF types of gate, up and down, which a
+/// [`Quant::Gguf`] record needs.
+pub fn record_layout_typed(
+    hidden: usize,
+    inter: usize,
+    quant: Quant,
+    ggml: Option<[u32; 3]>,
+) -> Result<RecordLayout, ContainerError> {
+    let types: Option<[GgmlType; 3]> = match (quant, ggml) {
+        (Quant::Gguf, Some(ids)) => {
+            let t = |id: u32| {
+                GgmlType::from_id(id).ok_or_else(|| ContainerError::Layout(format!("unknown GGUF type id {id}")))
+            };
+            Some([t(ids[0])?, t(ids[1])?, t(ids[2])?])
+        }
+        (Quant::Gguf, None) => return Err(ContainerError::Layout("a gguf record without its part types".into())),
+        (_, _) => None,
+    };
     let mut offset = 0;
     let mut parts = [PartLayout {
         offset: 0,
@@ -193,6 +225,7 @@ pub fn record_layout(hidden: usize, inter: usize, quant: Quant) -> Result<Record
         group: 0,
         scale_bytes: 0,
         value_bytes: 0,
+        ggml: None,
     }; 3];
     for (i, (rows, cols)) in [(inter, hidden), (inter, hidden), (hidden, inter)]
         .into_iter()
@@ -212,6 +245,18 @@ pub fn record_layout(hidden: usize, inter: usize, quant: Quant) -> Result<Record
             }),
             Quant::Int8 { .. } => crate::quant::int8_bytes(rows, cols, group),
             Quant::Int4 { .. } => crate::quant::int4_bytes(rows, cols, group),
+            Quant::Gguf => {
+                let ty = types.map(|t| t[i]).unwrap_or(GgmlType::F32);
+                ty.row_bytes(cols)
+                    .map(|b| crate::quant::QuantBytes {
+                        scale_bytes: 0,
+                        value_bytes: rows * b,
+                    })
+                    .ok_or_else(|| crate::QuantError::GroupNotDividing {
+                        cols,
+                        group: ty.block_elems(),
+                    })
+            }
         }
         .map_err(|e| ContainerError::Layout(format!("{}: {e}", quant.name())))?;
         let (scale_bytes, value_bytes) = (sizes.scale_bytes, sizes.value_bytes);
@@ -222,6 +267,7 @@ pub fn record_layout(hidden: usize, inter: usize, quant: Quant) -> Result<Record
             group,
             scale_bytes,
             value_bytes,
+            ggml: types.map(|t| t[i]),
         };
         offset = (offset + scale_bytes + value_bytes).div_ceil(PART_ALIGN) * PART_ALIGN;
     }
@@ -277,7 +323,6 @@ impl Manifest {
                 return Err(mismatch(format!("file name {name} is not a plain file name")));
             }
         }
-        let layout = record_layout(self.hidden_size, self.moe_intermediate_size, self.quant)?;
         let experts_path = dir.join(&self.experts_file);
         let experts_len = file_len(&experts_path)?;
         if experts_len != self.experts_len {
@@ -290,6 +335,7 @@ impl Manifest {
             });
         }
         for r in &self.records {
+            let layout = self.layout(r)?;
             if r.offset % RECORD_ALIGN != 0 || r.len != layout.len as u64 || r.offset + r.padded_len() > experts_len {
                 return Err(mismatch(format!(
                     "record of layer {} expert {} (offset {}, length {}) does not fit {}",
@@ -305,6 +351,11 @@ impl Manifest {
                 self.dense_file, self.dense_len, self.dense_header_crc32
             )));
         }
+        if self.config.is_null() {
+            // A GGUF container: its config is the dense GGUF's metadata,
+            // already tied to the manifest by the dense identity above.
+            return Ok(());
+        }
         let config_path = dir.join("config.json");
         let config: Value = std::fs::read_to_string(&config_path)
             .ok()
@@ -319,6 +370,11 @@ impl Manifest {
             ));
         }
         Ok(())
+    }
+
+    /// The byte layout of one of this manifest's records.
+    pub fn layout(&self, r: &Record) -> Result<RecordLayout, ContainerError> {
+        record_layout_typed(self.hidden_size, self.moe_intermediate_size, self.quant, r.ggml_types)
     }
 
     /// The record of `(layer, expert)`, if stored.
@@ -349,6 +405,15 @@ pub fn dense_identity(path: &Path) -> Result<(u64, u32), ContainerError> {
     let mut f = std::fs::File::open(path).map_err(io)?;
     let mut n = [0u8; 8];
     f.read_exact(&mut n).map_err(io)?;
+    if &n[..4] == b"GGUF" {
+        // GGUF: the header, metadata and tensor table lie at the start.
+        let mut head = vec![0u8; len.min(1 << 20) as usize - 8];
+        f.read_exact(&mut head).map_err(io)?;
+        let mut h = crc32fast::Hasher::new();
+        h.update(&n);
+        h.update(&head);
+        return Ok((len, h.finalize()));
+    }
     let n = u64::from_le_bytes(n);
     if n > len.saturating_sub(8) || n > 100 << 20 {
         return Err(ContainerError::Mismatch {
@@ -379,6 +444,19 @@ pub fn record_weights(
         let bad = |e: crate::QuantError| ContainerError::Layout(e.to_string());
         let values = p.offset + p.scale_bytes;
         let data = match quant {
+            Quant::Gguf => {
+                let n = p.rows * p.cols;
+                match p.ggml {
+                    Some(GgmlType::F32) => WeightData::F32(Buf::shared(src.clone(), values, n)),
+                    Some(GgmlType::F16) => WeightData::F16(Buf::shared(src.clone(), values, n)),
+                    Some(GgmlType::BF16) => WeightData::BF16(Buf::shared(src.clone(), values, n)),
+                    Some(ty) => WeightData::Gguf {
+                        ty,
+                        data: Buf::shared(src.clone(), values, p.value_bytes),
+                    },
+                    None => return Err(ContainerError::Layout("gguf part without a type".into())),
+                }
+            }
             Quant::Bf16 => WeightData::BF16(Buf::shared(src.clone(), p.offset, p.rows * p.cols)),
             Quant::Int8 { .. } => WeightData::int8(
                 p.rows,

@@ -140,7 +140,10 @@ pub enum WeightData {
     /// GGML blocks of `ty` from a GGUF file: `rows * ty.row_bytes(cols)`
     /// bytes, row `r` at byte `r * ty.row_bytes(cols)` (`cols` a multiple
     /// of `ty.block_elems()`), used as stored.
-    Gguf { ty: GgmlType, data: Buf<u8> },
+    Gguf {
+        ty: GgmlType,
+        data: Buf<u8>,
+    },
 }
 
 impl WeightData {

@@ -9,6 +9,7 @@ const KEY_STORE = "charm-api-key";
 const PLACES = {
   ram: { rgb: [79, 195, 161], label: "in-process worker · RAM (memory-mapped)" },
   disk: { rgb: [224, 160, 64], label: "in-process worker · disk store (RAM cache in front)" },
+  remote: { rgb: [91, 141, 239], label: "cluster workers (per-expert placement not reported yet)" },
   dense: { rgb: [60, 66, 76], label: "dense layer (no routed experts)" },
 };
 // Profile phases: [key, label, colour].
@@ -110,8 +111,10 @@ function drawWorker(w, queue) {
     if (dt > 0) rate = bytes((w.disk_bytes_read - b0) / dt) + "/s";
   }
   state.lastDisk = [w.disk_bytes_read, now];
-  const cache =
-    w.cache_budget_bytes == null
+  const remote = state.model && state.model.placement === "remote";
+  const cache = remote
+    ? "n/a (per worker)"
+    : w.cache_budget_bytes == null
       ? "all experts mapped"
       : bytes(w.cache_bytes) + " / " + bytes(w.cache_budget_bytes);
   const hit = w.hit_rate == null ? "n/a" : (100 * w.hit_rate).toFixed(1) + " %";

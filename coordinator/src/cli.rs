@@ -128,9 +128,10 @@ pub struct ConvertArgs {
     /// Output container directory (must not exist).
     #[arg(long)]
     pub out: PathBuf,
-    /// How routed experts are stored.
+    /// How routed experts are stored (a .gguf source keeps its own blocks:
+    /// leave this out).
     #[arg(long, value_enum)]
-    pub quant: QuantChoice,
+    pub quant: Option<QuantChoice>,
     /// Columns per scale: int8 0 (= per row, default) or a divisor of the
     /// row length; int4 32 (default) or 64.
     #[arg(long)]
@@ -261,8 +262,8 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(args) => generate(&engine, &dir, args),
         Command::Chat(args) => chat(&engine, &dir, args),
-        Command::Serve(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, false)?),
-        Command::Web(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, true)?),
+        Command::Serve(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, false)?),
+        Command::Web(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, true)?),
         Command::Convert(_) | Command::Upcycle(_) | Command::Keygen(_) | Command::Plan(_) => {
             unreachable!("handled above")
         }
@@ -324,13 +325,19 @@ fn start_line(info: &LoadInfo) -> String {
 }
 
 fn convert_cmd(dir: &std::path::Path, args: &ConvertArgs) -> Result<()> {
+    let gguf = crate::engine::is_gguf(dir);
     let quant = match (args.quant, args.group) {
-        (QuantChoice::Bf16, None) => Quant::Bf16,
-        (QuantChoice::Bf16, Some(_)) => bail!("--group applies to int8 and int4 only"),
-        (QuantChoice::Int8, g) => Quant::Int8 { group: g.unwrap_or(0) },
-        (QuantChoice::Int4, None) => Quant::Int4 { group: 32 },
-        (QuantChoice::Int4, Some(g)) if g == 32 || g == 64 => Quant::Int4 { group: g },
-        (QuantChoice::Int4, Some(g)) => bail!("int4 --group must be 32 or 64, got {g}"),
+        (None, None) if gguf => Quant::Gguf,
+        (Some(_), _) | (_, Some(_)) if gguf => {
+            bail!("a .gguf source keeps its quantized blocks as they are; drop --quant and --group")
+        }
+        (None, _) => bail!("--quant bf16|int8|int4 is required for a Hugging Face directory"),
+        (Some(QuantChoice::Bf16), None) => Quant::Bf16,
+        (Some(QuantChoice::Bf16), Some(_)) => bail!("--group applies to int8 and int4 only"),
+        (Some(QuantChoice::Int8), g) => Quant::Int8 { group: g.unwrap_or(0) },
+        (Some(QuantChoice::Int4), None) => Quant::Int4 { group: 32 },
+        (Some(QuantChoice::Int4), Some(g)) if g == 32 || g == 64 => Quant::Int4 { group: g },
+        (Some(QuantChoice::Int4), Some(g)) => bail!("int4 --group must be 32 or 64, got {g}"),
     };
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let s = crate::convert::convert(dir, &args.out, quant, progress)?;

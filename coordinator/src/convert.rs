@@ -59,7 +59,11 @@ pub fn convert(src: &Path, out: &Path, quant: Quant, progress: bool) -> Result<C
         std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
     }
     std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
-    let result = write_container(src, &partial, quant, progress);
+    let result = if crate::engine::is_gguf(src) {
+        crate::convert_gguf::write_container(src, &partial)
+    } else {
+        write_container(src, &partial, quant, progress)
+    };
     match result {
         Ok(mut summary) => {
             std::fs::rename(&partial, out)
@@ -156,6 +160,7 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
                 offset,
                 len: layout.len as u64,
                 crc32,
+                ggml_types: None,
             });
             offset += padded;
             bar.inc(1);
@@ -239,6 +244,7 @@ fn encode_part(t: &TensorRef<'_>, quant: Quant, group: usize, rows: usize, cols:
             s.copy_from_slice(bytemuck_f32(&scales));
             v.copy_from_slice(&q.iter().map(|&x| x as u8).collect::<Vec<u8>>());
         }
+        Quant::Gguf => bail!("gguf records come only from a .gguf source"),
         Quant::Int4 { .. } => {
             let (scales, q) = quantize_int4(&to_f32(t), rows, cols, group)?;
             let (s, v) = dst.split_at_mut(scales.len() * 4);

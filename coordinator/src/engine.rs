@@ -132,17 +132,16 @@ impl Engine {
             let info = LoadInfo::default();
             return Ok((Self::new(model, Arc::new(InProcessWorker::new(store))), info));
         }
-        let cfg = ModelConfig::load(dir)?;
         if !is_container(dir) {
+            let cfg = ModelConfig::load(dir)?;
             let files = TensorFiles::open(dir)?;
             let store = ResidentStore::open(&files, &cfg)?;
             let model = Model::from_files(cfg, &files)?;
             let info = LoadInfo::default();
             return Ok((Self::new(model, Arc::new(InProcessWorker::new(store))), info));
         }
-        let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
-        let files = TensorFiles::open_file(&dir.join(&manifest.dense_file))?;
-        let model = Model::from_files(cfg, &files)?;
+        let (model, manifest) = load_model(dir)?;
+        let manifest = manifest.expect("a container has a manifest");
         let all_experts = manifest.records.iter().map(|r| r.padded_len()).sum::<u64>();
         let (cache_bytes, default_cache) = match opts.expert_cache_bytes {
             Some(b) => (b, false),
@@ -484,12 +483,23 @@ fn rate(n: usize, secs: f64) -> f64 {
 /// directory or a charm container), for an engine whose experts run
 /// elsewhere (cluster mode), and the container's manifest when it is one.
 pub fn load_model(dir: &Path) -> Result<(Model, Option<Manifest>), ModelError> {
-    let cfg = ModelConfig::load(dir)?;
+    if is_gguf(dir) {
+        let gguf = GgufModel::open(dir)?;
+        return Ok((Model::from_files(gguf.cfg.clone(), &gguf)?, None));
+    }
     if !is_container(dir) {
+        let cfg = ModelConfig::load(dir)?;
         let files = TensorFiles::open(dir)?;
         return Ok((Model::from_files(cfg, &files)?, None));
     }
     let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
-    let files = TensorFiles::open_file(&dir.join(&manifest.dense_file))?;
+    let dense = dir.join(&manifest.dense_file);
+    if is_gguf(&dense) {
+        // A container converted from GGUF: config, tokenizer and dense blocks in dense.gguf.
+        let gguf = GgufModel::open(&dense)?;
+        return Ok((Model::from_files(gguf.cfg.clone(), &gguf)?, Some(manifest)));
+    }
+    let cfg = ModelConfig::load(dir)?;
+    let files = TensorFiles::open_file(&dense)?;
     Ok((Model::from_files(cfg, &files)?, Some(manifest)))
 }

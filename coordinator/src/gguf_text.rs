@@ -20,7 +20,8 @@ fn split(regex: &str) -> Value {
     json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
 }
 
-const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// `(normalizer, pre_tokenizer)` for a llama.cpp pre-tokenizer name.
@@ -61,7 +62,9 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
     }
     let pre = s("tokenizer.ggml.pre").unwrap_or("default");
     let (normalizer, pre_tok) = pre_tokenizer(pre).ok_or_else(|| {
-        format!("tokenizer.ggml.pre {pre:?} is not supported (supported: default, gpt-2, olmo, smollm, qwen2, llama-bpe)")
+        format!(
+            "tokenizer.ggml.pre {pre:?} is not supported (supported: default, gpt-2, olmo, smollm, qwen2, llama-bpe)"
+        )
     })?;
     let tokens = f
         .meta("tokenizer.ggml.tokens")
@@ -89,11 +92,18 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
     let merges: Vec<Value> = merges
         .iter()
         .enumerate()
-        .map(|(i, m)| m.as_str().map(|m| json!(m)).ok_or_else(|| format!("merge {i} is not a string")))
+        .map(|(i, m)| {
+            m.as_str()
+                .map(|m| json!(m))
+                .ok_or_else(|| format!("merge {i} is not a string"))
+        })
         .collect::<Result<_, _>>()?;
 
     let id = |k: &str| f.meta(k).and_then(MetaValue::as_u64);
-    let add_bos = f.meta("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(false);
+    let add_bos = f
+        .meta("tokenizer.ggml.add_bos_token")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(false);
     let post = match (add_bos, id("tokenizer.ggml.bos_token_id")) {
         (true, Some(bos)) => {
             let bos_tok = tokens.get(bos as usize).and_then(MetaValue::as_str).unwrap_or("");
@@ -126,7 +136,9 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
 
 /// `tokenizer.chat_template`, when present.
 pub fn chat_template(f: &GgufFile) -> Option<String> {
-    f.meta("tokenizer.chat_template").and_then(MetaValue::as_str).map(str::to_string)
+    f.meta("tokenizer.chat_template")
+        .and_then(MetaValue::as_str)
+        .map(str::to_string)
 }
 
 /// The text of token `key` (`tokenizer.ggml.bos_token_id` → `"<s>"`).

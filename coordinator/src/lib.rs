@@ -15,6 +15,8 @@
 //! - [`server`]: `serve` / `web`: the OpenAI and Anthropic HTTP APIs,
 //!   Prometheus metrics and the live dashboard, in front of one engine thread.
 //! - [`upcycle`]: a dense GGUF model rebuilt as an MoE (the demo model).
+//! - [`convert_gguf`]: a `.gguf` file → a container, expert blocks copied
+//!   verbatim into one record per expert.
 //! - [`cli`]: the `coordinator` command line (`generate`, `chat`, `convert`,
 //!   `serve`, `web`).
 //!
@@ -25,6 +27,7 @@ pub mod chat_template;
 pub mod cli;
 pub mod cluster;
 pub mod convert;
+pub mod convert_gguf;
 pub mod engine;
 pub mod gguf_text;
 pub mod sampler;

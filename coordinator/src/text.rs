@@ -12,8 +12,9 @@ use crate::chat_template::{ChatTemplate, Message, TemplateError};
 /// Tokenizer and chat template problems.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
-    /// The model directory has no `tokenizer.json`.
-    #[error("{}: not found; this model has no tokenizer, pass --prompt-ids", path.display())]
+    /// The model has no tokenizer (no `tokenizer.json`, or a GGUF file
+    /// without `tokenizer.ggml.*` metadata).
+    #[error("{}: no tokenizer found; this model has no tokenizer, pass --prompt-ids", path.display())]
     NoTokenizer { path: PathBuf },
     /// The model ships no chat template.
     #[error("{}: no chat_template (nor chat_template.jinja); this model cannot chat", dir.display())]
@@ -45,6 +46,11 @@ impl TextCodec {
                 path: path.to_path_buf(),
                 reason: e.to_string(),
             })?;
+            if f.meta("tokenizer.ggml.model").is_none() {
+                return Err(TextError::NoTokenizer {
+                    path: path.to_path_buf(),
+                });
+            }
             return Self::from_gguf(&f);
         }
         Self::load(path)

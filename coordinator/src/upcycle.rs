@@ -61,11 +61,27 @@ struct Planned {
 
 enum Source {
     /// bf16 of a dense matrix; `deinterleave` reorders q/k rows per head.
-    Matrix { hf: String, rows: usize, cols: usize, deinterleave: Option<usize> },
+    Matrix {
+        hf: String,
+        rows: usize,
+        cols: usize,
+        deinterleave: Option<usize>,
+    },
     /// An expert copy of a dense MLP matrix, perturbed.
-    Expert { hf: String, rows: usize, cols: usize, layer: usize, expert: usize, proj: usize },
+    Expert {
+        hf: String,
+        rows: usize,
+        cols: usize,
+        layer: usize,
+        expert: usize,
+        proj: usize,
+    },
     /// A random router `[experts, hidden]`.
-    Router { layer: usize, experts: usize, hidden: usize },
+    Router {
+        layer: usize,
+        experts: usize,
+        hidden: usize,
+    },
     /// An f32 vector (norms).
     Vector { hf: String, len: usize },
 }
@@ -78,7 +94,11 @@ pub fn upcycle(src: &Path, out: &Path, opts: &UpcycleOptions) -> Result<()> {
     let gguf = GgufModel::open(src)?;
     let cfg = gguf.cfg.clone();
     if cfg.family != Family::Llama {
-        bail!("{}: upcycling needs a dense llama GGUF, this one is {:?}", src.display(), cfg.family);
+        bail!(
+            "{}: upcycling needs a dense llama GGUF, this one is {:?}",
+            src.display(),
+            cfg.family
+        );
     }
     if opts.experts > 0 && (opts.top_k == 0 || opts.top_k > opts.experts) {
         bail!("--top-k must be between 1 and --experts ({})", opts.experts);
@@ -110,13 +130,21 @@ fn plan(cfg: &ModelConfig, opts: &UpcycleOptions) -> Vec<Planned> {
         name: name.to_string(),
         shape: vec![rows, cols],
         dtype: "BF16",
-        source: Source::Matrix { hf: name.to_string(), rows, cols, deinterleave: deint },
+        source: Source::Matrix {
+            hf: name.to_string(),
+            rows,
+            cols,
+            deinterleave: deint,
+        },
     };
     let vecf = |name: &str, len: usize| Planned {
         name: name.to_string(),
         shape: vec![len],
         dtype: "F32",
-        source: Source::Vector { hf: name.to_string(), len },
+        source: Source::Vector {
+            hf: name.to_string(),
+            len,
+        },
     };
     out.push(mat("model.embed_tokens.weight", v, h, None));
     if !cfg.tie_word_embeddings {
@@ -143,7 +171,11 @@ fn plan(cfg: &ModelConfig, opts: &UpcycleOptions) -> Vec<Planned> {
             name: format!("{p}.block_sparse_moe.gate.weight"),
             shape: vec![opts.experts, h],
             dtype: "F32",
-            source: Source::Router { layer: l, experts: opts.experts, hidden: h },
+            source: Source::Router {
+                layer: l,
+                experts: opts.experts,
+                hidden: h,
+            },
         });
         for e in 0..opts.experts {
             for (proj, ((n, r, c), w)) in dense.into_iter().zip(["w1", "w3", "w2"]).enumerate() {
@@ -195,7 +227,10 @@ fn write_dir(
         h.push(b' ');
     }
     let path = dir.join("model.safetensors");
-    let mut w = BufWriter::with_capacity(1 << 20, File::create(&path).with_context(|| path.display().to_string())?);
+    let mut w = BufWriter::with_capacity(
+        1 << 20,
+        File::create(&path).with_context(|| path.display().to_string())?,
+    );
     w.write_all(&(h.len() as u64).to_le_bytes())?;
     w.write_all(&h)?;
     let mut row = Vec::new();
@@ -214,7 +249,12 @@ fn write_dir(
                     w.write_all(&x.to_le_bytes())?;
                 }
             }
-            Source::Matrix { hf, rows, cols, deinterleave } => {
+            Source::Matrix {
+                hf,
+                rows,
+                cols,
+                deinterleave,
+            } => {
                 let m = gguf.matrix(hf, *rows, *cols)?;
                 for r in 0..*rows {
                     let src_row = match deinterleave {
@@ -226,7 +266,14 @@ fn write_dir(
                     write_bf16(&mut w, &row)?;
                 }
             }
-            Source::Expert { hf, rows, cols, layer, expert, proj } => {
+            Source::Expert {
+                hf,
+                rows,
+                cols,
+                layer,
+                expert,
+                proj,
+            } => {
                 let m: Weight = gguf.matrix(hf, *rows, *cols)?;
                 let rms = matrix_rms(&m, *rows, *cols);
                 let seed = opts.seed ^ ((*layer as u64) << 32) ^ ((*expert as u64) << 16) ^ (*proj as u64);

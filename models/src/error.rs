@@ -49,5 +49,9 @@ pub enum ExpertError {
     /// Cluster mode: no connected worker (nor the coordinator) holds these
     /// experts any more; `reason` says what happened to the last holders.
     #[error("no holder left for layer {layer} experts {experts:?}: {reason}")]
-    Unavailable { layer: u16, experts: Vec<u32>, reason: String },
+    Unavailable {
+        layer: u16,
+        experts: Vec<u32>,
+        reason: String,
+    },
 }

@@ -85,7 +85,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
     let layers = req_u("block_count")?;
     let heads = req_u("attention.head_count")?;
     let kv_heads = opt_u("attention.head_count_kv").unwrap_or(heads);
-    let head_dim = opt_u("attention.key_length").unwrap_or(if heads > 0 { hidden / heads } else { 0 });
+    let head_dim = opt_u("attention.key_length").unwrap_or(hidden.checked_div(heads).unwrap_or(0));
     let vocab = match f.meta("tokenizer.ggml.tokens").and_then(MetaValue::as_array) {
         Some(t) => t.len(),
         None => opt_u("vocab_size").ok_or_else(|| bad(f, "no tokenizer.ggml.tokens and no vocab_size".into()))?,
@@ -94,7 +94,10 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         None | Some("none") => 1.0,
         Some("linear") => opt_f("rope.scaling.factor").unwrap_or(1.0) as f32,
         Some(other) => {
-            return Err(bad(f, format!("rope scaling type {other} is not supported (supported: none, linear)")));
+            return Err(bad(
+                f,
+                format!("rope scaling type {other} is not supported (supported: none, linear)"),
+            ));
         }
     };
     let id = |k: &str| f.meta(k).and_then(MetaValue::as_u64).map(|v| v as u32);
@@ -135,7 +138,9 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         sliding_window: vec![None; layers],
         num_experts: experts,
         top_k: opt_u("expert_used_count").unwrap_or(0),
-        norm_topk_prob: get("expert_weights_norm").and_then(MetaValue::as_bool).unwrap_or(norm_topk_default),
+        norm_topk_prob: get("expert_weights_norm")
+            .and_then(MetaValue::as_bool)
+            .unwrap_or(norm_topk_default),
         moe_intermediate_size: expert_ffn,
         intermediate_size: ffn,
         shared_expert_intermediate_size: opt_u("expert_shared_feed_forward_length").filter(|&n| n > 0),
@@ -265,7 +270,10 @@ mod tests {
 
     #[test]
     fn names_map_to_llama_cpp() {
-        assert_eq!(map_name("model.embed_tokens.weight"), Some(Mapped::Whole("token_embd.weight".into())));
+        assert_eq!(
+            map_name("model.embed_tokens.weight"),
+            Some(Mapped::Whole("token_embd.weight".into()))
+        );
         assert_eq!(
             map_name("model.layers.3.self_attn.k_norm.weight"),
             Some(Mapped::Whole("blk.3.attn_k_norm.weight".into()))

@@ -41,7 +41,10 @@ pub const MAX_FRAME_LEN: u32 = 64 << 20;
 /// (`Auth`, `Hello`, `Error`): strangers cannot make anyone allocate much.
 pub const MAX_HANDSHAKE_FRAME_LEN: u32 = 64 << 10;
 
-const _: () = assert!(PROTOCOL_VERSION <= u16::MAX as u32, "the header carries the version in 16 bits");
+const _: () = assert!(
+    PROTOCOL_VERSION <= u16::MAX as u32,
+    "the header carries the version in 16 bits"
+);
 
 fn config() -> bincode::config::Configuration {
     bincode::config::standard()
@@ -415,7 +418,9 @@ mod tests {
         let err = decode(&b, MAX_FRAME_LEN).unwrap_err();
         assert!(err.to_string().contains("left over"), "{err}");
         // A row index beyond the rows carried decodes but does not validate.
-        let Message::RunExperts(mut r) = run() else { unreachable!() };
+        let Message::RunExperts(mut r) = run() else {
+            unreachable!()
+        };
         r.batch.groups[0].rows[0] = 5;
         let b = encode(&Message::RunExperts(r)).unwrap();
         let err = decode(&b, MAX_FRAME_LEN).unwrap_err();

@@ -285,9 +285,11 @@ impl Holdings {
 
     /// Every held `(layer, expert)`, in order.
     pub fn iter(&self) -> impl Iterator<Item = (u16, u32)> + '_ {
-        self.layers
-            .iter()
-            .flat_map(|h| h.ranges.iter().flat_map(move |r| (r.start..r.end).map(move |e| (h.layer, e))))
+        self.layers.iter().flat_map(|h| {
+            h.ranges
+                .iter()
+                .flat_map(move |r| (r.start..r.end).map(move |e| (h.layer, e)))
+        })
     }
 
     /// Checks order and bounds against a model of `num_layers × num_experts`.

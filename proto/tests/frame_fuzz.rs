@@ -131,7 +131,6 @@ fn samples(rng: &mut ChaCha8Rng) -> Vec<Message> {
     ]
 }
 
-
 fn mutate(rng: &mut ChaCha8Rng, frame: &[u8], other: &[u8]) -> Vec<u8> {
     let mut b = frame.to_vec();
     for _ in 0..rng.gen_range(1..4) {

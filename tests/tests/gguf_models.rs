@@ -47,8 +47,16 @@ fn smollm2_gguf_dense_answers_with_its_own_tokenizer_and_template() {
     assert!(codec.has_template());
     // The template adds SmolLM2's default system turn.
     let text = codec.render_chat(&[Message::new("user", "Hi")], true, &[]).unwrap();
-    assert!(text.starts_with("<|im_start|>system\n") && text.ends_with("<|im_start|>assistant\n"), "{text:?}");
-    for s in ["Hello world", "  spaces\tand\nnewlines", "digits 12345", "émoji 🚀 ünïcode"] {
+    assert!(
+        text.starts_with("<|im_start|>system\n") && text.ends_with("<|im_start|>assistant\n"),
+        "{text:?}"
+    );
+    for s in [
+        "Hello world",
+        "  spaces\tand\nnewlines",
+        "digits 12345",
+        "émoji 🚀 ünïcode",
+    ] {
         let ids = codec.encode(s).unwrap();
         assert_eq!(codec.decode(&ids, false).unwrap(), s, "round trip of {s:?}");
     }
@@ -105,10 +113,26 @@ fn upcycled_demo_moe_answers_and_routes_to_every_expert() {
 #[test]
 fn identical_expert_copies_reproduce_the_dense_model() {
     let tmp = scratch();
-    let dense = upcycled(tmp.path(), "dense", &UpcycleOptions { experts: 0, ..Default::default() });
-    let moe = upcycled(tmp.path(), "same", &UpcycleOptions { noise: 0.0, ..Default::default() });
+    let dense = upcycled(
+        tmp.path(),
+        "dense",
+        &UpcycleOptions {
+            experts: 0,
+            ..Default::default()
+        },
+    );
+    let moe = upcycled(
+        tmp.path(),
+        "same",
+        &UpcycleOptions {
+            noise: 0.0,
+            ..Default::default()
+        },
+    );
     let codec = TextCodec::for_model(&dense).unwrap();
-    let ids = codec.encode("Paris is the capital and largest city of France.").unwrap();
+    let ids = codec
+        .encode("Paris is the capital and largest city of France.")
+        .unwrap();
     let a = Engine::local(&dense).unwrap().logits_all(&ids).unwrap();
     let b = Engine::local(&moe).unwrap().logits_all(&ids).unwrap();
     let max_ref = a.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -117,6 +141,10 @@ fn identical_expert_copies_reproduce_the_dense_model() {
     assert!(diff <= 1e-3 * max_ref.max(1.0), "maxdiff {diff}");
     let vocab = a.len() / ids.len();
     for (p, (ra, rb)) in a.chunks(vocab).zip(b.chunks(vocab)).enumerate() {
-        assert_eq!(charm_tests::argmax(ra), charm_tests::argmax(rb), "argmax differs at position {p}");
+        assert_eq!(
+            charm_tests::argmax(ra),
+            charm_tests::argmax(rb),
+            "argmax differs at position {p}"
+        );
     }
 }

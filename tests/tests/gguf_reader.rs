@@ -111,6 +111,14 @@ impl Fixture {
     }
 }
 
+/// The error of a result that must be one (`Weight` has no `Debug`).
+fn failure<T>(r: Result<T, GgufError>) -> GgufError {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|f| f.to_bits()).collect()
 }
@@ -158,7 +166,10 @@ fn vectors_dequantize_any_type() {
     }
     let e = f.vector("t.norm", 511).unwrap_err();
     assert!(matches!(e, GgufError::ShapeMismatch { .. }), "{e}");
-    assert!(e.to_string().contains("types.gguf") && e.to_string().contains("t.norm"), "{e}");
+    assert!(
+        e.to_string().contains("types.gguf") && e.to_string().contains("t.norm"),
+        "{e}"
+    );
     let e = f.vector("t.f32", 512).unwrap_err();
     assert!(matches!(e, GgufError::ShapeMismatch { .. }), "{e}");
 }
@@ -183,7 +194,10 @@ fn metadata_reads_back_exactly() {
         ("test.i64", I64(-(1 << 62) - 7)),
         ("test.f64", F64(0.1)),
         ("test.array.i32", Array(vec![I32(1), I32(-2), I32(3)])),
-        ("test.array.str", Array(vec![Str("a".into()), Str("".into()), Str("ü".into())])),
+        (
+            "test.array.str",
+            Array(vec![Str("a".into()), Str("".into()), Str("ü".into())]),
+        ),
         ("test.array.f32", Array(vec![F32(0.5), F32(-0.25)])),
         ("test.array.bool", Array(vec![Bool(true), Bool(false)])),
         ("test.array.u8", Array(vec![U8(0), U8(255)])),
@@ -222,7 +236,11 @@ fn weights_and_expert_slices_equal_the_reference() {
         row.resize(w.cols(), 0.0);
         for r in 0..w.rows() {
             w.row_into(r, row);
-            assert_eq!(bits(row), bits(&want[r * w.cols()..(r + 1) * w.cols()]), "{what} row {r}");
+            assert_eq!(
+                bits(row),
+                bits(&want[r * w.cols()..(r + 1) * w.cols()]),
+                "{what} row {r}"
+            );
         }
         assert_eq!(bits(&w.data().to_f32_vec()), bits(want), "{what}");
     };
@@ -240,7 +258,7 @@ fn weights_and_expert_slices_equal_the_reference() {
             let w = f.weight(&r.name, rows, cols).unwrap();
             assert_eq!((w.rows(), w.cols(), w.format()), (rows, cols, format));
             check_rows(&w, want, &r.name, &mut row);
-            let e = f.weight(&r.name, cols, rows).unwrap_err();
+            let e = failure(f.weight(&r.name, cols, rows));
             assert!(matches!(e, GgufError::ShapeMismatch { .. }), "{e}");
         } else {
             let n = r.dims[2] as usize;
@@ -248,12 +266,17 @@ fn weights_and_expert_slices_equal_the_reference() {
             for e in 0..n {
                 let w = f.weight_slice(&r.name, e, rows, cols).unwrap();
                 assert_eq!(w.format(), format);
-                check_rows(&w, &want[e * per..(e + 1) * per], &format!("{} expert {e}", r.name), &mut row);
+                check_rows(
+                    &w,
+                    &want[e * per..(e + 1) * per],
+                    &format!("{} expert {e}", r.name),
+                    &mut row,
+                );
             }
-            let e = f.weight_slice(&r.name, n, rows, cols).unwrap_err();
+            let e = failure(f.weight_slice(&r.name, n, rows, cols));
             assert!(matches!(e, GgufError::SliceOutOfRange { index, count, .. } if index == n && count == n as u64));
             assert!(e.to_string().contains(&r.name), "{e}");
-            let e = f.weight(&r.name, rows, cols).unwrap_err();
+            let e = failure(f.weight(&r.name, rows, cols));
             assert!(matches!(e, GgufError::ShapeMismatch { .. }), "{e}");
         }
     }
@@ -267,7 +290,7 @@ fn weights_and_expert_slices_equal_the_reference() {
         }
         _ => panic!("expected GGUF blocks"),
     }
-    let e = f.weight("no.such.tensor", 1, 1).unwrap_err();
+    let e = failure(f.weight("no.such.tensor", 1, 1));
     assert!(matches!(e, GgufError::MissingTensor { .. }));
     assert!(e.to_string().contains("no.such.tensor") && e.to_string().contains("types.gguf"));
 }
@@ -474,7 +497,9 @@ fn truncated_files_say_where_they_end() {
         let msg = e.to_string();
         assert!(msg.starts_with("bad.gguf: "), "{msg}");
         match e {
-            GgufError::Truncated { .. } | GgufError::TooLarge { .. } => assert!(msg.contains("truncated") || msg.contains("more than")),
+            GgufError::Truncated { .. } | GgufError::TooLarge { .. } => {
+                assert!(msg.contains("truncated") || msg.contains("more than"))
+            }
             GgufError::TensorOutOfBounds { tensor, .. } => assert_eq!(tensor, "blk.0.w"),
             GgufError::BadMagic { .. } => assert!(cut < 4),
             e => panic!("cut at {cut}: {e}"),
@@ -489,12 +514,17 @@ fn truncated_files_say_where_they_end() {
         assert!(e.to_string().contains("cut.gguf"), "{e}");
     }
     let e = GgufFile::open(&dir.path().join("missing.gguf")).unwrap_err();
-    assert!(matches!(e, GgufError::Io { .. }) && e.to_string().contains("missing.gguf"), "{e}");
+    assert!(
+        matches!(e, GgufError::Io { .. }) && e.to_string().contains("missing.gguf"),
+        "{e}"
+    );
 }
 
 #[test]
 fn tensors_past_the_end_are_named() {
-    let b = Build::new().tensor("blk.3.ffn_up.weight", &[32, 4], 8, 1 << 20).data(4 * 34);
+    let b = Build::new()
+        .tensor("blk.3.ffn_up.weight", &[32, 4], 8, 1 << 20)
+        .data(4 * 34);
     let e = fails(&b, &["blk.3.ffn_up.weight", "past the end"]);
     assert!(matches!(e, GgufError::TensorOutOfBounds { .. }));
     // An offset so large that start + size overflows.
@@ -507,7 +537,11 @@ fn tensors_past_the_end_are_named() {
 
 #[test]
 fn unknown_and_unsupported_types_name_the_tensor_and_id() {
-    for (id, says) in [(99, "unknown type id 99"), (11, "Q3_K (id 11)"), (16, "IQ2_XXS (id 16)")] {
+    for (id, says) in [
+        (99, "unknown type id 99"),
+        (11, "Q3_K (id 11)"),
+        (16, "IQ2_XXS (id 16)"),
+    ] {
         let b = Build::new().tensor("blk.0.attn_q.weight", &[256], id, 0).data(1024);
         let e = fails(&b, &["blk.0.attn_q.weight", says, "Q4_K"]);
         assert!(matches!(e, GgufError::UnsupportedType { id: got, .. } if got == id));
@@ -539,7 +573,10 @@ fn oversized_counts_and_lengths_fail_before_allocating() {
         v.extend((1u64 << 60).to_le_bytes());
         v.extend([0; 16]);
         let b = Build::new().kv("tokenizer.ggml.tokens", 9, v);
-        assert!(matches!(fails(&b, &["tokenizer.ggml.tokens"]), GgufError::TooLarge { .. }));
+        assert!(matches!(
+            fails(&b, &["tokenizer.ggml.tokens"]),
+            GgufError::TooLarge { .. }
+        ));
     }
     // A tensor name of 2^40 bytes.
     let mut bytes = Build::new().bytes_aligned(1);
@@ -550,7 +587,10 @@ fn oversized_counts_and_lengths_fail_before_allocating() {
     assert!(matches!(e, GgufError::TooLarge { .. }), "{e}");
     // Dims whose product overflows, or above ggml's i64.
     let b = Build::new().tensor("big", &[1 << 40, 1 << 40], 0, 0);
-    assert!(matches!(fails(&b, &["big", "more elements"]), GgufError::BadTensor { .. }));
+    assert!(matches!(
+        fails(&b, &["big", "more elements"]),
+        GgufError::BadTensor { .. }
+    ));
     let b = Build::new().tensor("neg", &[u64::MAX], 0, 0);
     assert!(matches!(fails(&b, &["neg", "i64"]), GgufError::BadTensor { .. }));
     // Large but representable: the size check against the file refuses it.
@@ -563,7 +603,10 @@ fn malformed_tables_are_named() {
     let b = Build::new().tensor("w", &[32], 8, 16).data(64);
     assert!(matches!(fails(&b, &["w", "alignment 32"]), GgufError::BadTensor { .. }));
     let b = Build::new().tensor("w5", &[1, 1, 1, 1, 1], 0, 0).data(64);
-    assert!(matches!(fails(&b, &["w5", "5 dimensions"]), GgufError::BadTensor { .. }));
+    assert!(matches!(
+        fails(&b, &["w5", "5 dimensions"]),
+        GgufError::BadTensor { .. }
+    ));
     let b = Build::new().tensor("k", &[100], 12, 0).data(1024);
     assert!(matches!(fails(&b, &["k", "Q4_K blocks"]), GgufError::BadTensor { .. }));
     let b = Build::new().tensor("d", &[4], 0, 0).tensor("d", &[4], 0, 32).data(64);
@@ -571,7 +614,10 @@ fn malformed_tables_are_named() {
     let b = Build::new().kv("k", 4, u32v(1)).kv("k", 4, u32v(2));
     assert!(matches!(fails(&b, &["k", "twice"]), GgufError::BadMetadata { .. }));
     let b = Build::new().kv("k", 13, u32v(1));
-    assert!(matches!(fails(&b, &["k", "unknown value type 13"]), GgufError::BadMetadata { .. }));
+    assert!(matches!(
+        fails(&b, &["k", "unknown value type 13"]),
+        GgufError::BadMetadata { .. }
+    ));
     let b = Build::new().kv("k", 7, vec![2]);
     assert!(matches!(fails(&b, &["k", "bool"]), GgufError::BadMetadata { .. }));
     let b = Build::new().kv("s", 8, gstr(&[0xff, 0xfe]));
@@ -599,16 +645,33 @@ fn malformed_tables_are_named() {
 
 #[test]
 fn alignment_must_be_a_power_of_two() {
-    for (ty, v) in [(4u32, u32v(48)), (4, u32v(0)), (8, gstr(b"32")), (5, (-32i32).to_le_bytes().to_vec())] {
-        let b = Build::new().kv("general.alignment", ty, v).tensor("w", &[4], 0, 0).data(16);
-        assert!(matches!(fails(&b, &["general.alignment"]), GgufError::BadMetadata { .. }));
+    for (ty, v) in [
+        (4u32, u32v(48)),
+        (4, u32v(0)),
+        (8, gstr(b"32")),
+        (5, (-32i32).to_le_bytes().to_vec()),
+    ] {
+        let b = Build::new()
+            .kv("general.alignment", ty, v)
+            .tensor("w", &[4], 0, 0)
+            .data(16);
+        assert!(matches!(
+            fails(&b, &["general.alignment"]),
+            GgufError::BadMetadata { .. }
+        ));
     }
     // 16 and 1 are fine; offsets follow them.
-    let b = Build::new().kv("general.alignment", 4, u32v(16)).tensor("a", &[4], 0, 0).tensor("b", &[4], 0, 16);
+    let b = Build::new()
+        .kv("general.alignment", 4, u32v(16))
+        .tensor("a", &[4], 0, 0)
+        .tensor("b", &[4], 0, 16);
     let f = GgufFile::from_bytes("ok.gguf", b.data(32).bytes_aligned(16)).unwrap();
     assert_eq!(f.alignment(), 16);
     assert_eq!(f.data_offset() % 16, 0);
-    let b = Build::new().kv("general.alignment", 0, vec![1]).tensor("a", &[3], 1, 0).tensor("b", &[1], 1, 6);
+    let b = Build::new()
+        .kv("general.alignment", 0, vec![1])
+        .tensor("a", &[3], 1, 0)
+        .tensor("b", &[1], 1, 6);
     let f = GgufFile::from_bytes("ok.gguf", b.data(8).bytes_aligned(1)).unwrap();
     assert_eq!(f.tensor("b").unwrap().offset, f.data_offset() + 6);
 }
@@ -633,13 +696,14 @@ impl Rng {
 /// Uses everything an opened file offers, as a loader would.
 fn exercise(f: &GgufFile) {
     for (k, v) in f.metadata() {
-        assert_eq!(f.meta(k), Some(v));
+        assert!(std::ptr::eq(f.meta(k).unwrap(), v), "{k}");
     }
     for t in f.tensors() {
         let bytes = f.tensor_bytes(t);
         assert_eq!(bytes.len() as u64, t.size);
         let n = t.n_elements() as usize;
-        if n > 1 << 16 {
+        // Keep the test's own buffers small (a zero dim lets another be huge).
+        if n > 1 << 16 || t.dims.iter().any(|&d| d > 1 << 16) {
             continue;
         }
         let v = dequantize(t.ty, bytes, n).unwrap();
@@ -651,7 +715,10 @@ fn exercise(f: &GgufFile) {
             let mut row = vec![0.0; w.cols()];
             if w.rows() > 0 {
                 w.row_into(0, &mut row);
-                assert_eq!(bits(&row), bits(&v[..w.cols()]));
+                // Equal, except that F16 weights (the plain `WeightData::F16`,
+                // converted by the `half` crate) quiet a NaN's payload.
+                let same = |a: &f32, b: &f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                assert!(row.iter().zip(&v[..w.cols()]).all(|(a, b)| same(a, b)), "{}", t.name);
             }
         }
     }
@@ -665,7 +732,7 @@ fn random_mutations_never_panic() {
     let header_end = fx.open().data_offset() as usize;
     let mut rng = Rng(0x5eed_6775_f00d);
     let (mut ok, mut err) = (0, 0);
-    let iterations = 4000;
+    let iterations = 20_000;
     for i in 0..iterations {
         let mut b = original.clone();
         let len = b.len();
@@ -739,6 +806,9 @@ fn random_mutations_never_panic() {
         }
     }
     println!("{iterations} mutations: {ok} opened, {err} refused");
-    assert!(err > iterations / 4, "most mutations of the header should be refused ({err})");
+    assert!(
+        err > iterations / 4,
+        "most mutations of the header should be refused ({err})"
+    );
     assert_no_huge_allocation();
 }

@@ -21,7 +21,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use charm_common::container::{record_layout, record_weights, verify_record, Manifest, Quant, Record, RecordLayout};
+use charm_common::container::{record_weights, verify_record, Manifest, Quant, Record, RecordLayout};
 use charm_models::{ExpertError, ExpertStats, SwiGlu};
 use charm_proto::PrefetchHint;
 
@@ -50,7 +50,8 @@ pub struct StoreOptions {
 pub struct DiskStore {
     path: PathBuf,
     quant: Quant,
-    layout: RecordLayout,
+    /// Each record's byte layout (one shared layout unless GGUF types vary by layer).
+    layouts: HashMap<Key, RecordLayout>,
     records: HashMap<Key, Record>,
     reader: DiskReader,
     prefetch: bool,
@@ -101,7 +102,11 @@ impl DiskStore {
             expert: 0,
             message: e.to_string(),
         })?;
-        let layout = record_layout(manifest.hidden_size, manifest.moe_intermediate_size, manifest.quant)?;
+        let layouts = manifest
+            .records
+            .iter()
+            .map(|r| Ok(((r.layer, r.expert), manifest.layout(r)?)))
+            .collect::<Result<HashMap<Key, RecordLayout>, ExpertError>>()?;
         let records: HashMap<Key, Record> = manifest
             .records
             .iter()
@@ -120,7 +125,7 @@ impl DiskStore {
         let store = DiskStore {
             path,
             quant: manifest.quant,
-            layout,
+            layouts,
             records,
             reader,
             prefetch: opts.prefetch,
@@ -206,7 +211,7 @@ impl DiskStore {
         let record = &self.records[&k];
         verify_record(&self.path, record, buf.as_slice())?;
         let bytes = buf.len() as u64;
-        let [gate, up, down] = record_weights(Arc::new(buf), &self.layout, self.quant)?;
+        let [gate, up, down] = record_weights(Arc::new(buf), &self.layouts[&k], self.quant)?;
         Ok((k, Arc::new(SwiGlu { gate, up, down }), bytes))
     }
 

@@ -120,7 +120,10 @@ async fn serve_connection(conn: Connection, served: Arc<Served>, opts: &ServerOp
                 Ok(recv) => {
                     tokio::spawn(prefetch(conn.clone(), recv, served.clone()));
                 }
-                Err(_) => break,
+                Err(e) => {
+                    tracing::info!("coordinator {peer} left: {}", describe_close(&e));
+                    break;
+                }
             },
         }
     }

@@ -280,9 +280,9 @@ mod tests {
             b[8 + j] = (j as u8) | ((j as u8) << 4);
         }
         let v = dequantize(GgmlType::Q5_1, &b, 32).unwrap();
-        for j in 0..32 {
+        for (j, &v) in v.iter().enumerate() {
             let q = (j % 16) as u32 | ((j as u32 & 1) << 4);
-            assert_eq!(v[j], q as f32 * 0.25 - 1.0, "element {j}");
+            assert_eq!(v, q as f32 * 0.25 - 1.0, "element {j}");
         }
         // Q8_0: -128 is read as -128.
         let mut b = vec![0u8; 34];
@@ -347,9 +347,6 @@ mod tests {
             })
         ));
         assert_eq!(dequantize(GgmlType::F32, &[], 0).unwrap(), Vec::<f32>::new());
-        assert_eq!(
-            dequantize(GgmlType::BF16, &[0x80, 0x3f], 1).unwrap(),
-            vec![1.0f32]
-        );
+        assert_eq!(dequantize(GgmlType::BF16, &[0x80, 0x3f], 1).unwrap(), vec![1.0f32]);
     }
 }

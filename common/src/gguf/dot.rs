@@ -15,7 +15,9 @@
 //! [`dot_tolerance`] of float64 products.
 
 use super::dequant::{dequantize_into, Block};
-use super::types::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK_K};
+use super::types::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK_K,
+};
 
 /// Reference dot product of a row of `ty` (`row`: its bytes, `x.len()`
 /// elements) with `x`: `Σ dequantize(row)[i] * x[i]` in f32, in order.
@@ -23,7 +25,12 @@ use super::types::{BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_
 /// # Panics
 /// If `row` does not hold exactly `x.len()` elements of `ty`.
 pub fn dot_ref(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "{ty} row does not match {} activations", x.len());
+    assert_eq!(
+        ty.row_bytes(x.len()),
+        Some(row.len()),
+        "{ty} row does not match {} activations",
+        x.len()
+    );
     let mut w = [0.0f32; QK_K];
     let mut total = 0.0f32;
     let step = if ty.is_quantized() { ty.block_elems() } else { QK_K };
@@ -63,7 +70,12 @@ pub fn dot_tolerance(ty: GgmlType) -> f32 {
 /// # Panics
 /// If `row` does not hold exactly `x.len()` elements of `ty`.
 pub fn dot_magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
-    assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "{ty} row does not match {} activations", x.len());
+    assert_eq!(
+        ty.row_bytes(x.len()),
+        Some(row.len()),
+        "{ty} row does not match {} activations",
+        x.len()
+    );
     let mut w = vec![0.0f32; x.len()];
     dequantize_into(ty, row, &mut w);
     w.iter().zip(x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum()
@@ -75,7 +87,12 @@ pub fn dot_magnitude(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
 /// If `row` does not hold exactly `x.len()` elements of `ty`.
 #[inline]
 pub fn dot(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "{ty} row does not match {} activations", x.len());
+    assert_eq!(
+        ty.row_bytes(x.len()),
+        Some(row.len()),
+        "{ty} row does not match {} activations",
+        x.len()
+    );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
@@ -147,7 +164,10 @@ unsafe fn add_lanes_avx2(acc: &mut [f32; LANES], w: &[f32], x: &[f32]) {
         for (wc, xc) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
             let (wp, xp) = (wc.as_ptr(), xc.as_ptr());
             a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(wp), _mm256_loadu_ps(xp)));
-            a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(wp.add(8)), _mm256_loadu_ps(xp.add(8))));
+            a1 = _mm256_add_ps(
+                a1,
+                _mm256_mul_ps(_mm256_loadu_ps(wp.add(8)), _mm256_loadu_ps(xp.add(8))),
+            );
         }
         _mm256_storeu_ps(acc.as_mut_ptr(), a0);
         _mm256_storeu_ps(acc.as_mut_ptr().add(8), a1);
@@ -303,7 +323,10 @@ pub(crate) mod tests {
                         "{ty} x{cols}: fast {fast} reference {reference} (magnitude {mag})"
                     );
                     assert!(within(ty, fast, exact, mag), "{ty} x{cols}: fast {fast} exact {exact}");
-                    assert!(within(ty, reference, exact, mag), "{ty} x{cols}: reference {reference} exact {exact}");
+                    assert!(
+                        within(ty, reference, exact, mag),
+                        "{ty} x{cols}: reference {reference} exact {exact}"
+                    );
                     worst = worst.max((fast as f64 - exact).abs() / mag.max(1e-30));
                     // Portable and AVX2 builds: the same bits.
                     let portable = dot_portable(ty, &row, &x);

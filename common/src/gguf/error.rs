@@ -34,7 +34,10 @@ fn version_desc(version: u32) -> String {
 fn length_desc(ty: GgmlType, n: usize, expected: Option<usize>, got: usize) -> String {
     match expected {
         Some(e) => format!("{n} elements of {ty} take {e} bytes, got {got}"),
-        None => format!("{n} elements are not a whole number of {ty} blocks ({} elements each)", ty.block_elems()),
+        None => format!(
+            "{n} elements are not a whole number of {ty} blocks ({} elements each)",
+            ty.block_elems()
+        ),
     }
 }
 
@@ -93,7 +96,11 @@ pub enum GgufError {
     /// number of blocks, or an offset that is not a multiple of the
     /// alignment.
     #[error("{}: tensor {tensor}: {reason}", path.display())]
-    BadTensor { path: PathBuf, tensor: String, reason: String },
+    BadTensor {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
     /// A tensor's type id is not one charm reads (a ggml type it does not
     /// support, such as Q3_K or IQ2_XXS, or an id ggml does not define).
     #[error("{}: tensor {tensor} has {}, which charm does not read (supported: {SUPPORTED})", path.display(), type_desc(*id))]

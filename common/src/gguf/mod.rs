@@ -372,13 +372,14 @@ impl GgufFile {
     /// `[rows, cols]` of `t`'s type whose bytes start at absolute `start`
     /// (the caller has checked that they lie inside `t`).
     fn make_weight(&self, t: &GgufTensor, start: u64, rows: usize, cols: usize) -> Result<Weight, GgufError> {
-        let start = start as usize; // inside the mapped file
-        let n = rows * cols; // at most the tensor's element count
+        // The caller matched `rows` and `cols` to the dims, and the tensor
+        // lies in the mapped file: these products are at most its size.
+        let start = start as usize;
         let src = self.src.clone();
         let data = match t.ty {
-            GgmlType::F32 => WeightData::F32(Buf::shared(src, start, n)),
-            GgmlType::F16 => WeightData::F16(Buf::shared(src, start, n)),
-            GgmlType::BF16 => WeightData::BF16(Buf::shared(src, start, n)),
+            GgmlType::F32 => WeightData::F32(Buf::shared(src, start, rows * cols)),
+            GgmlType::F16 => WeightData::F16(Buf::shared(src, start, rows * cols)),
+            GgmlType::BF16 => WeightData::BF16(Buf::shared(src, start, rows * cols)),
             ty => {
                 // Whole blocks (checked at open), so `row_bytes` is `Some`.
                 let bytes = rows * ty.row_bytes(cols).unwrap_or(0);
@@ -528,16 +529,16 @@ impl<'a> Parser<'a> {
                 1 => MetaValue::Bool(true),
                 b => return Err(self.bad_meta(key, format!("bool byte {b} is neither 0 nor 1"))),
             },
-            8 => MetaValue::Str(self.string(&what, &|reason| format!("string value {reason}")).map_err(|e| {
-                match e {
+            8 => MetaValue::Str(self.string(&what, &|reason| format!("string value {reason}")).map_err(
+                |e| match e {
                     GgufError::BadMetadata { path, reason, .. } => GgufError::BadMetadata {
                         path,
                         key: key.to_string(),
                         reason,
                     },
                     e => e,
-                }
-            })?),
+                },
+            )?),
             9 => {
                 if depth > MAX_ARRAY_DEPTH {
                     return Err(self.bad_meta(key, format!("arrays nested more than {MAX_ARRAY_DEPTH} deep")));
@@ -603,11 +604,7 @@ impl<'a> Parser<'a> {
         }
         let id = self.u32(&|| format!("the type of tensor {name}"))?;
         let Some(ty) = GgmlType::from_id(id) else {
-            return Err(GgufError::UnsupportedType {
-                path,
-                tensor: name,
-                id,
-            });
+            return Err(GgufError::UnsupportedType { path, tensor: name, id });
         };
         let offset = self.u64(&|| format!("the data offset of tensor {name}"))?;
         Ok((name, dims, ty, offset))
@@ -632,7 +629,9 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
         for ty in GgmlType::ALL {
             let (rows, cols) = (37, 2 * 256);
-            let bytes: Vec<u8> = (0..rows).flat_map(|_| dot::tests::random_row(&mut rng, ty, cols)).collect();
+            let bytes: Vec<u8> = (0..rows)
+                .flat_map(|_| dot::tests::random_row(&mut rng, ty, cols))
+                .collect();
             let deq = dequantize(ty, &bytes, rows * cols).unwrap();
             let data = WeightData::Gguf {
                 ty,

@@ -74,7 +74,11 @@ pub fn keygen(args: &KeygenArgs) -> Result<()> {
 }
 
 /// A started cluster service for the model in `dir`, with the model's dense part.
-pub fn start(dir: &Path, args: &ClusterArgs, opts: &EngineOptions) -> Result<(charm_models::Model, Arc<ClusterService>)> {
+pub fn start(
+    dir: &Path,
+    args: &ClusterArgs,
+    opts: &EngineOptions,
+) -> Result<(charm_models::Model, Arc<ClusterService>)> {
     let Some(key_file) = &args.cluster_key_file else {
         bail!(
             "cluster mode needs --cluster-key-file F (create one with `coordinator keygen --out F`); \

@@ -146,10 +146,9 @@ impl Shared {
 
     /// Largest frame `addr` accepts.
     pub fn max_frame(&self, addr: SocketAddr) -> u32 {
-        self.lock()
-            .members
-            .get(&addr)
-            .map_or(charm_proto::MAX_FRAME_LEN, |m| m.hello.max_frame.min(charm_proto::MAX_FRAME_LEN))
+        self.lock().members.get(&addr).map_or(charm_proto::MAX_FRAME_LEN, |m| {
+            m.hello.max_frame.min(charm_proto::MAX_FRAME_LEN)
+        })
     }
 
     /// Connected workers as placement candidates.
@@ -221,7 +220,9 @@ impl Shared {
                 m.conn = None;
                 m.report.connected = false;
                 st.changed = true;
-                tracing::warn!("worker {addr} left: {reason}");
+                if !self.closed.load(Ordering::Relaxed) {
+                    tracing::warn!("worker {addr} left: {reason}");
+                }
             }
         }
     }
@@ -274,7 +275,10 @@ impl Shared {
             tracing::warn!("refused worker {addr}: {reason}");
         }
         st.refusals.insert(addr, reason);
-        let next = st.retry.get(&addr).map_or(FIRST_RETRY, |(_, d)| (*d * 2).min(MAX_RETRY));
+        let next = st
+            .retry
+            .get(&addr)
+            .map_or(FIRST_RETRY, |(_, d)| (*d * 2).min(MAX_RETRY));
         st.retry.insert(addr, (Instant::now() + next, next));
     }
 
@@ -361,7 +365,10 @@ async fn connect_one(shared: Arc<Shared>, addr: SocketAddr) {
     match attempt {
         Err(_) => shared.refuse(
             addr,
-            format!("no handshake within {} s (is a worker listening there?)", CONNECT_TIMEOUT.as_secs()),
+            format!(
+                "no handshake within {} s (is a worker listening there?)",
+                CONNECT_TIMEOUT.as_secs()
+            ),
         ),
         Ok(Err(e)) => shared.refuse(addr, e.to_string()),
         Ok(Ok((conn, hello))) => match shared.check(&hello) {
@@ -393,24 +400,22 @@ pub(crate) fn browse(shared: Arc<Shared>, loopback_only: bool) {
             return;
         }
     };
-    let spawned = std::thread::Builder::new()
-        .name("charm-mdns".into())
-        .spawn(move || {
-            while !shared.closed.load(Ordering::Relaxed) {
-                let Some(seen) = browser.next(Duration::from_millis(300)) else {
-                    continue;
-                };
-                if seen.fingerprint.as_deref() != Some(shared.fingerprint.as_str()) {
-                    tracing::debug!("mDNS: {:?} serves another model; ignored", seen.addrs);
-                    continue;
-                }
-                // One address per worker: IPv4 first.
-                let pick = seen.addrs.iter().find(|a| a.is_ipv4()).or(seen.addrs.first()).copied();
-                if let Some(addr) = pick {
-                    shared.know([addr]);
-                }
+    let spawned = std::thread::Builder::new().name("charm-mdns".into()).spawn(move || {
+        while !shared.closed.load(Ordering::Relaxed) {
+            let Some(seen) = browser.next(Duration::from_millis(300)) else {
+                continue;
+            };
+            if seen.fingerprint.as_deref() != Some(shared.fingerprint.as_str()) {
+                tracing::debug!("mDNS: {:?} serves another model; ignored", seen.addrs);
+                continue;
             }
-        });
+            // One address per worker: IPv4 first.
+            let pick = seen.addrs.iter().find(|a| a.is_ipv4()).or(seen.addrs.first()).copied();
+            if let Some(addr) = pick {
+                shared.know([addr]);
+            }
+        }
+    });
     if let Err(e) = spawned {
         tracing::warn!("mDNS discovery unavailable ({e}); use --workers HOST:PORT");
     }

@@ -31,9 +31,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use charm_proto::frame::encode;
-use charm_proto::{
-    ExpertBatch, ExpertGroup, ExpertOutputs, ExpertsOut, GroupOutput, Holdings, Message, RunExperts,
-};
+use charm_proto::{ExpertBatch, ExpertGroup, ExpertOutputs, ExpertsOut, GroupOutput, Holdings, Message, RunExperts};
 use serde::Serialize;
 
 /// `(layer, expert)`.
@@ -421,7 +419,11 @@ mod tests {
 
     #[test]
     fn equal_workers_split_evenly_and_every_expert_has_an_owner() {
-        let ws = vec![worker(1, all(), 0, 1e4), worker(2, all(), 0, 1e4), worker(3, all(), 0, 1e4)];
+        let ws = vec![
+            worker(1, all(), 0, 1e4),
+            worker(2, all(), 0, 1e4),
+            worker(3, all(), 0, 1e4),
+        ];
         let p = plan(&shape(), &ws, &[], false, None);
         assert_eq!(owners(&p).len(), 16);
         let owns: Vec<u64> = p.workers.iter().map(|w| w.owns).collect();

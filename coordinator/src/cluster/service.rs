@@ -95,7 +95,10 @@ struct Local {
 
 impl Local {
     fn get(&self) -> Result<&Arc<dyn ExpertService>, &str> {
-        self.service.get_or_init(|| (self.build)()).as_ref().map_err(String::as_str)
+        self.service
+            .get_or_init(|| (self.build)())
+            .as_ref()
+            .map_err(String::as_str)
     }
 
     fn built(&self) -> Option<&Arc<dyn ExpertService>> {
@@ -274,7 +277,6 @@ impl ClusterService {
             Holder::Local => self.local.as_ref().is_some_and(|l| l.get().is_ok()),
         }
     }
-
 }
 
 /// One request/answer exchange on a fresh stream, with a deadline.
@@ -674,10 +676,9 @@ impl ExpertService for ClusterService {
                     self.shared.with_report(addr, |r| r.bytes_received += n as u64);
                     self.shared.set_stats(addr, s);
                 }
-                Ok(Ok((other, _, _))) => tracing::warn!(
-                    "worker {addr} answered EndRequest with {}",
-                    other.tag().name()
-                ),
+                Ok(Ok((other, _, _))) => {
+                    tracing::warn!("worker {addr} answered EndRequest with {}", other.tag().name())
+                }
                 Ok(Err(e)) => tracing::warn!("worker {addr}: ending the request: {e}"),
                 Err(_) => tracing::warn!("worker {addr}: ending the request: the task stopped"),
             }

@@ -216,7 +216,7 @@ fn live(st: &AppState) -> serde_json::Value {
     json!({
         "queue": {"queued": st.queue.queued(), "running": st.queue.running(), "capacity": st.queue.capacity()},
         "worker": {
-            "address": "in-process",
+            "address": st.config.worker,
             "status": "up",
             "experts_owned": st.model.routed_experts(),
             "cache_bytes": e.cache_bytes,

@@ -118,7 +118,7 @@ pub struct Live<'a> {
     pub running: usize,
     /// The expert service's counters since start.
     pub experts: &'a ExpertStats,
-    /// The worker's label (`in-process` until cluster mode).
+    /// The worker's label (`in-process`, or `cluster` for the whole fan-out).
     pub worker: &'a str,
     /// Experts the worker owns.
     pub worker_experts: usize,
@@ -354,17 +354,21 @@ impl Metrics {
             "charm_worker_disk_bytes_read_total{{worker=\"{w}\"}} {}",
             e.expert_bytes_read
         );
-        head(
-            &mut out,
-            "charm_worker_network_bytes_total",
-            "counter",
-            "Bytes exchanged with the worker over the network (0 for the in-process worker).",
-        );
-        for dir in ["sent", "received"] {
-            let _ = writeln!(
-                out,
-                "charm_worker_network_bytes_total{{worker=\"{w}\",direction=\"{dir}\"}} 0"
+        if w == super::IN_PROCESS {
+            // Nothing crosses a network in-process; the cluster's workers
+            // report their own traffic.
+            head(
+                &mut out,
+                "charm_worker_network_bytes_total",
+                "counter",
+                "Bytes exchanged with the worker over the network (0 for the in-process worker).",
             );
+            for dir in ["sent", "received"] {
+                let _ = writeln!(
+                    out,
+                    "charm_worker_network_bytes_total{{worker=\"{w}\",direction=\"{dir}\"}} 0"
+                );
+            }
         }
         head(
             &mut out,

@@ -62,6 +62,11 @@ use crate::text::{TextCodec, TextError};
 pub const DEFAULT_QUEUE_SIZE: usize = 16;
 /// Largest request body by default (1 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// The worker label of `--local`: the experts run in this process.
+pub const IN_PROCESS: &str = "in-process";
+/// The worker label of cluster mode: the expert service fans out to remote
+/// workers (their own numbers are the cluster's to report).
+pub const CLUSTER: &str = "cluster";
 
 /// Flags of `serve` and `web`.
 #[derive(Clone, Debug, clap::Args)]
@@ -124,8 +129,10 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     pub queue_size: usize,
     pub max_body_bytes: usize,
-    /// The model directory (its name is the model id).
+    /// The model directory or GGUF file (its name is the model id).
     pub model_dir: PathBuf,
+    /// Who runs the experts: `in-process` (`--local`) or `cluster`.
+    pub worker: String,
 }
 
 impl ServerConfig {
@@ -138,11 +145,13 @@ impl ServerConfig {
             queue_size: DEFAULT_QUEUE_SIZE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             model_dir: model_dir.to_path_buf(),
+            worker: IN_PROCESS.into(),
         }
     }
 
-    /// From the command line (reads the key file).
-    pub fn from_args(model_dir: &Path, args: &ServeArgs) -> Result<Self, ServeError> {
+    /// From the command line (reads the key file); `local`: the experts run
+    /// in this process.
+    pub fn from_args(model_dir: &Path, args: &ServeArgs, local: bool) -> Result<Self, ServeError> {
         let api_key = match &args.api_key_file {
             None => None,
             Some(path) => {
@@ -167,6 +176,7 @@ impl ServerConfig {
             queue_size: args.queue_size,
             max_body_bytes: args.max_body_bytes,
             model_dir: model_dir.to_path_buf(),
+            worker: if local { IN_PROCESS } else { CLUSTER }.into(),
         })
     }
 }
@@ -189,7 +199,8 @@ pub struct ModelInfo {
     pub moe_layers: Vec<bool>,
     pub context: usize,
     /// Where the routed experts live: `ram` (memory-mapped Hugging Face
-    /// files) or `disk` (a container streamed through the RAM cache).
+    /// files), `disk` (a container streamed through the RAM cache) or
+    /// `remote` (cluster workers).
     pub placement: &'static str,
     /// RAM budget of the expert cache (containers only).
     pub cache_budget_bytes: Option<u64>,
@@ -197,15 +208,16 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    fn new(engine: &Engine, info: &LoadInfo, dir: &Path) -> Self {
+    fn new(engine: &Engine, info: &LoadInfo, dir: &Path, worker: &str) -> Self {
         let cfg = engine.config();
-        let id = dir
-            .canonicalize()
-            .ok()
-            .as_deref()
-            .unwrap_or(dir)
-            .file_name()
-            .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let full = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        // A directory's name, or a GGUF file's name without `.gguf`.
+        let name = if full.is_file() {
+            full.file_stem()
+        } else {
+            full.file_name()
+        };
+        let id = name.map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         ModelInfo {
             id,
             path: dir.display().to_string(),
@@ -217,7 +229,11 @@ impl ModelInfo {
             vocab: cfg.vocab_size,
             moe_layers: cfg.moe_layers.clone(),
             context: cfg.max_position_embeddings,
-            placement: if info.container { "disk" } else { "ram" },
+            placement: match (worker, info.container) {
+                (IN_PROCESS, true) => "disk",
+                (IN_PROCESS, false) => "ram",
+                _ => "remote",
+            },
             cache_budget_bytes: info.container.then_some(info.cache_bytes),
             created: unix_now(),
         }
@@ -274,7 +290,7 @@ impl Server {
                 host: config.host.clone(),
             });
         }
-        let codec = match TextCodec::load(&config.model_dir) {
+        let codec = match TextCodec::for_model(&config.model_dir) {
             Err(TextError::NoTokenizer { path }) => return Err(ServeError::NoTokenizer { path }),
             r => Arc::new(r?),
         };
@@ -287,7 +303,7 @@ impl Server {
             .set_nonblocking(true)
             .map_err(|e| io("configuring the socket", e))?;
 
-        let model = ModelInfo::new(&engine, info, &config.model_dir);
+        let model = ModelInfo::new(&engine, info, &config.model_dir, &config.worker);
         let board = Arc::new(Board::new(model.layers, model.experts));
         engine.set_observer(board.clone());
         let experts = engine.expert_service().clone();
@@ -397,8 +413,15 @@ fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, ServeError> {
 
 /// `serve` / `web` from the command line: start, print the address, open
 /// the browser for `web`, serve until the process is stopped.
-pub fn run_cli(engine: Engine, info: &LoadInfo, dir: &Path, args: &ServeArgs, open: bool) -> Result<(), ServeError> {
-    let config = ServerConfig::from_args(dir, args)?;
+pub fn run_cli(
+    engine: Engine,
+    info: &LoadInfo,
+    dir: &Path,
+    args: &ServeArgs,
+    local: bool,
+    open: bool,
+) -> Result<(), ServeError> {
+    let config = ServerConfig::from_args(dir, args, local)?;
     let server = Server::start(engine, info, config)?;
     let url = server.url();
     eprintln!("listening on {url} (dashboard {url}/, OpenAI and Anthropic APIs under {url}/v1)");
@@ -547,7 +570,7 @@ async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
         queued: st.queue.queued(),
         running: st.queue.running(),
         experts: &experts,
-        worker: "in-process",
+        worker: &st.config.worker,
         worker_experts: st.model.routed_experts(),
         worker_wait_s: st.metrics.experts_wait_s(),
     });

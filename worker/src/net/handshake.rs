@@ -138,7 +138,9 @@ pub async fn connect(
     .await
     .map_err(as_refusal)?;
     let _ = send.finish();
-    let (msg, _) = read_frame(&mut recv, MAX_HANDSHAKE_FRAME_LEN).await.map_err(as_refusal)?;
+    let (msg, _) = read_frame(&mut recv, MAX_HANDSHAKE_FRAME_LEN)
+        .await
+        .map_err(as_refusal)?;
     match msg {
         Message::Auth(a) if a.role == Role::Worker && key.verify(Role::Worker, &secret, &a.proof) => {}
         Message::Auth(_) => {
@@ -151,7 +153,9 @@ pub async fn connect(
         Message::Error(e) => return Err(NetError::from_wire(e)),
         other => return Err(NetError::unexpected(other.tag(), "Auth")),
     }
-    let (msg, _) = read_frame(&mut recv, MAX_HANDSHAKE_FRAME_LEN).await.map_err(as_refusal)?;
+    let (msg, _) = read_frame(&mut recv, MAX_HANDSHAKE_FRAME_LEN)
+        .await
+        .map_err(as_refusal)?;
     match msg {
         Message::Hello(h) => Ok((conn, h)),
         Message::Error(e) => Err(NetError::from_wire(e)),

@@ -189,7 +189,10 @@ mod tests {
         assert!(key.verify(Role::Coordinator, &session, &p));
         assert!(!other.verify(Role::Coordinator, &session, &p), "another key");
         assert!(!key.verify(Role::Worker, &session, &p), "reflected to the other role");
-        assert!(!key.verify(Role::Coordinator, &[2u8; EXPORTER_LEN], &p), "replayed on another session");
+        assert!(
+            !key.verify(Role::Coordinator, &[2u8; EXPORTER_LEN], &p),
+            "replayed on another session"
+        );
         assert!(!key.verify(Role::Coordinator, &session, &p[..31]), "truncated");
         assert_eq!(format!("{key:?}"), "ClusterKey(..)");
     }

@@ -57,7 +57,9 @@ impl Advertisement {
         };
         let info = match ip {
             Some(ip) => ServiceInfo::new(SERVICE_TYPE, &instance, &host, ip, port, &props[..]),
-            None => ServiceInfo::new(SERVICE_TYPE, &instance, &host, "", port, &props[..]).map(|i| i.enable_addr_auto()),
+            None => {
+                ServiceInfo::new(SERVICE_TYPE, &instance, &host, "", port, &props[..]).map(|i| i.enable_addr_auto())
+            }
         }
         .map_err(mdns_err)?;
         let fullname = info.get_fullname().to_string();

@@ -1,0 +1,212 @@
+//! The one rule across machines: `--local`, one remote worker and three
+//! remote workers give bit-identical ids and logits, for a Hugging Face
+//! directory and for a container (also when each worker holds only part of
+//! it). Real `worker` processes on 127.0.0.1.
+//!
+//! - `hf_dir_local_one_and_three_workers_are_bit_identical`: teacher-forced
+//!   logits at every position and 16 greedy ids, in-process engines over
+//!   the cluster service (no local experts), equal bit for bit to
+//!   `Engine::local`; with 3 workers every worker served experts and the
+//!   network counters are non-zero; the ids equal transformers' reference.
+//! - `cli_generate_over_three_workers`: `coordinator generate --json` with
+//!   `--workers` gives the reference ids and reports the network fields and
+//!   one entry per worker; `coordinator plan --json` places every expert.
+//! - `partial_containers_cover_the_model_between_them`: two workers each
+//!   holding half of a bf16 container's experts; the placement follows what
+//!   each holds, and logits equal the whole container run locally.
+//! - `a_worker_joining_between_requests_is_used_without_restart`: a worker
+//!   started after the service is found on its next retry and given work.
+
+mod cluster_support;
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use charm_coordinator::Engine;
+use charm_models::ExpertService;
+use charm_tests::{fixture, Reference};
+use cluster_support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn hf_dir_local_one_and_three_workers_are_bit_identical() {
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
+
+    let local = Engine::local(&dir).unwrap();
+    let seq = r.full_sequence();
+    let want_logits = bits(&local.logits_all(&seq).unwrap());
+    let want_ids = greedy(&local, &r.prompt_ids, 16);
+    assert_eq!(want_ids, r.greedy_ids, "local run against transformers");
+
+    for n in [1, 3] {
+        let addrs: Vec<_> = workers[..n].iter().map(|w| w.addr).collect();
+        let svc = service(&dir, &key, &addrs, TIMEOUT, false);
+        svc.wait_for_workers(n, TIMEOUT).unwrap();
+        let e = engine(&dir, svc.clone());
+        assert_eq!(bits(&e.logits_all(&seq).unwrap()), want_logits, "{n} workers: logits");
+        assert_eq!(greedy(&e, &r.prompt_ids, 16), want_ids, "{n} workers: ids");
+        let s = svc.stats();
+        assert_eq!(s.workers.len(), n);
+        for w in &s.workers {
+            assert!(w.experts_served > 0, "{n} workers: {} served nothing", w.address);
+            assert!(w.connected && w.failures == 0, "{w:?}");
+            assert!(w.rtt_ms > 0.0);
+        }
+        assert!(s.network_bytes_sent > 0 && s.network_bytes_received > 0 && s.round_trips > 0);
+        // Every routed expert was computed by exactly one worker.
+        let served: u64 = s.workers.iter().map(|w| w.experts_served).sum();
+        assert_eq!(served, s.expert_hits, "{s:?}");
+    }
+}
+
+#[test]
+fn cli_generate_over_three_workers() {
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
+    let specs = workers.iter().map(Worker::spec).collect::<Vec<_>>().join(",");
+    let (d, k) = (dir.to_str().unwrap(), key.to_str().unwrap());
+    let p = csv(&r.prompt_ids);
+    let v = json_out(&coordinator(&[
+        "--model",
+        d,
+        "--cluster-key-file",
+        k,
+        "--workers",
+        &specs,
+        "--min-workers",
+        "3",
+        "generate",
+        "--prompt-ids",
+        &p,
+        "--max-tokens",
+        "16",
+        "--ignore-eos",
+        "--json",
+    ]));
+    assert_eq!(json_ids(&v), r.greedy_ids);
+    let stats = &v["stats"];
+    assert!(stats["network_bytes_sent"].as_u64().unwrap() > 0);
+    assert!(stats["network_bytes_received"].as_u64().unwrap() > 0);
+    // Two MoE layers, 12 prompt rows in one step and 15 decode steps.
+    assert_eq!(stats["round_trips"].as_u64().unwrap(), 2 * 16);
+    let ws = stats["workers"].as_array().unwrap();
+    assert_eq!(ws.len(), 3);
+    for w in ws {
+        for field in [
+            "address",
+            "experts_served",
+            "rtt_ms",
+            "cache_hit_rate",
+            "failures",
+            "bytes_sent",
+        ] {
+            assert!(!w[field].is_null(), "{field} missing in {w}");
+        }
+        assert_eq!(w["failures"], 0);
+    }
+
+    let out = coordinator(&[
+        "--model",
+        d,
+        "--cluster-key-file",
+        k,
+        "--workers",
+        &specs,
+        "--min-workers",
+        "3",
+        "plan",
+        "--json",
+    ]);
+    let plan = json_out(&out);
+    let owns: u64 = plan["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["owns"].as_u64().unwrap())
+        .sum();
+    assert_eq!(owns, 16, "{plan}");
+    assert!(plan["uncovered"].as_array().unwrap().is_empty());
+    assert!(
+        (plan["per_token"]["round_trips"].as_f64().unwrap() - 2.0).abs() < 1e-9,
+        "{plan}"
+    );
+    let text = coordinator(&["--model", d, "--cluster-key-file", k, "--workers", &specs, "plan"]);
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    for w in &workers {
+        assert!(text.contains(&w.spec()), "{text}");
+    }
+}
+
+#[test]
+fn partial_containers_cover_the_model_between_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let full = convert_bf16(&fixture("olmoe"), tmp.path(), "olmoe-bf16");
+    let low = partial_container(&full, tmp.path(), "low", |_, e| e < 4);
+    let high = partial_container(&full, tmp.path(), "high", |_, e| e >= 4);
+    let a = Worker::start(&low, &key, &["--expert-cache-gb", "0"]);
+    let b = Worker::start(&high, &key, &["--expert-cache-gb", "0"]);
+    let r = Reference::load("olmoe");
+    let seq = r.full_sequence();
+
+    let local = Engine::local(&full).unwrap();
+    let want = bits(&local.logits_all(&seq).unwrap());
+    let want_ids = greedy(&local, &r.prompt_ids, 16);
+
+    let svc = service(&full, &key, &[a.addr, b.addr], TIMEOUT, false);
+    svc.wait_for_workers(2, TIMEOUT).unwrap();
+    let plan = svc.placement();
+    for l in 0..2u16 {
+        for e in 0..8u32 {
+            let expected = if e < 4 { a.addr } else { b.addr };
+            assert_eq!(
+                plan.holders((l, e)),
+                &[charm_coordinator::cluster::Holder::Worker(expected)],
+                "layer {l} expert {e}"
+            );
+        }
+    }
+    let e = engine(&full, svc.clone());
+    assert_eq!(bits(&e.logits_all(&seq).unwrap()), want, "logits");
+    assert_eq!(greedy(&e, &r.prompt_ids, 16), want_ids, "ids");
+    let s = svc.stats();
+    assert!(s.workers.iter().all(|w| w.experts_served > 0), "{:?}", s.workers);
+    // Cache 0: every expert was read from the workers' disks.
+    assert!(s.expert_misses > 0 && s.expert_bytes_read > 0, "{s:?}");
+}
+
+#[test]
+fn a_worker_joining_between_requests_is_used_without_restart() {
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let a = Worker::start(&dir, &key, &[]);
+    // A free port for the second worker, which starts later.
+    let later = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let svc = service(&dir, &key, &[a.addr, later], TIMEOUT, false);
+    svc.wait_for_workers(1, TIMEOUT).unwrap();
+    let e = engine(&dir, svc.clone());
+    assert_eq!(greedy(&e, &r.prompt_ids, 16), r.greedy_ids);
+    assert_eq!(svc.stats().workers.len(), 1);
+
+    let b = Worker::start_on(&dir, &key, &later.to_string(), &[]);
+    svc.wait_for_workers(2, Duration::from_secs(30)).unwrap();
+    let before = svc.stats();
+    assert_eq!(greedy(&e, &r.prompt_ids, 16), r.greedy_ids);
+    let after = svc.stats().since(&before);
+    let served_by_b = after
+        .workers
+        .iter()
+        .find(|w| w.address == b.spec())
+        .map_or(0, |w| w.experts_served);
+    assert!(served_by_b > 0, "{:?}", after.workers);
+}

@@ -1,0 +1,157 @@
+//! GGUF models made from the committed transformers fixtures
+//! (`scripts/make_gguf_models.py`): F32 and BF16 files give the same tokens
+//! and logit bits as the Hugging Face directories (BF16 as llama.cpp's
+//! `llama` architecture, whose q/k rows are permuted per head), Q8_0 is
+//! measured, `convert` re-lays a GGUF into a container without changing a
+//! block, and bad GGUF files are clear errors.
+
+use std::path::PathBuf;
+
+use charm_common::container::{Manifest, Quant};
+use charm_common::gguf::GgufFile;
+use charm_coordinator::convert::convert;
+use charm_coordinator::{Engine, EngineOptions, GenerateParams, SamplingParams};
+use charm_tests::{fixture, repo_root, Reference};
+
+fn gguf(name: &str) -> PathBuf {
+    fixture("gguf-models").join(name)
+}
+
+fn scratch() -> tempfile::TempDir {
+    let base = repo_root().join("target").join("test-scratch");
+    std::fs::create_dir_all(&base).unwrap();
+    tempfile::Builder::new().prefix("ggufp-").tempdir_in(base).unwrap()
+}
+
+fn greedy_ids(engine: &Engine, prompt: &[u32]) -> Vec<u32> {
+    let params = GenerateParams {
+        max_tokens: 16,
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+    };
+    let mut s = engine.session();
+    engine.generate(&mut s, prompt, &params, |_| true).unwrap().ids
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn f32_and_bf16_gguf_match_the_hf_directory_bit_for_bit() {
+    for (file, name) in [("olmoe-f32.gguf", "olmoe"), ("mixtral-bf16.gguf", "mixtral")] {
+        let r = Reference::load(name);
+        let g = Engine::local(&gguf(file)).unwrap();
+        assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "{file}");
+        let seq = r.full_sequence();
+        let hf = Engine::local(&fixture(name)).unwrap().logits_all(&seq).unwrap();
+        assert_eq!(
+            bits(&g.logits_all(&seq).unwrap()),
+            bits(&hf),
+            "{file}: logits differ from {name}"
+        );
+    }
+}
+
+#[test]
+fn q8_0_gguf_is_measured_against_the_reference() {
+    println!("| file | top-1 agreement (teacher-forced) |");
+    for (file, name) in [("olmoe-q8_0.gguf", "olmoe"), ("qwen3moe-q8_0.gguf", "qwen3moe")] {
+        let r = Reference::load(name);
+        let seq = r.full_sequence();
+        let e = Engine::local(&gguf(file)).unwrap();
+        let logits = e.logits_all(&seq).unwrap();
+        let vocab = logits.len() / seq.len();
+        let agree = logits
+            .chunks(vocab)
+            .zip(&r.teacher_forced_argmax)
+            .filter(|(row, &want)| charm_tests::argmax(row) == want)
+            .count();
+        let top1 = agree as f64 / seq.len() as f64;
+        println!("| {file} | {top1:.3} |");
+        assert!(top1 >= 0.5, "{file}: top-1 agreement {top1}");
+    }
+}
+
+#[test]
+fn gguf_converts_to_a_container_without_changing_a_block() {
+    let tmp = scratch();
+    for file in ["olmoe-q8_0.gguf", "qwen3moe-q8_0.gguf"] {
+        let src = gguf(file);
+        let out = tmp.path().join(file.replace(".gguf", ""));
+        convert(&src, &out, Quant::Gguf, false).unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        let m = Manifest::open(&out).unwrap();
+        assert_eq!(m.quant, Quant::Gguf);
+
+        // Record bytes are the GGUF expert slices, byte for byte.
+        let f = GgufFile::open(&src).unwrap();
+        let experts = std::fs::read(out.join("experts.bin")).unwrap();
+        let rec = m.records.iter().find(|r| r.expert == 3).unwrap();
+        let t = f.tensor(&format!("blk.{}.ffn_up_exps.weight", rec.layer)).unwrap();
+        let all = f.tensor_bytes(t);
+        let per = all.len() / t.dims[2] as usize;
+        let layout = m.layout(rec).unwrap();
+        let up = &layout.parts[1];
+        let start = rec.offset as usize + up.offset;
+        assert_eq!(&experts[start..start + up.value_bytes], &all[3 * per..4 * per]);
+
+        let seq = Reference::load(if file.starts_with("olmoe") { "olmoe" } else { "qwen3moe" }).full_sequence();
+        let direct = Engine::local(&src).unwrap().logits_all(&seq).unwrap();
+        for cache in [Some(0), None] {
+            let opts = EngineOptions {
+                expert_cache_bytes: cache,
+                state_dir: Some(tmp.path().join("state")),
+                ..EngineOptions::default()
+            };
+            let (e, info) = Engine::load(&out, &opts).unwrap();
+            assert!(info.container);
+            assert_eq!(
+                bits(&e.logits_all(&seq).unwrap()),
+                bits(&direct),
+                "{file} cache {cache:?}"
+            );
+        }
+    }
+}
+
+fn load_err(path: &std::path::Path) -> String {
+    match Engine::local(path) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_gguf_files_are_clear_errors() {
+    let tmp = scratch();
+    let bytes = std::fs::read(gguf("olmoe-q8_0.gguf")).unwrap();
+
+    let p = tmp.path().join("truncated.gguf");
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_err(&p);
+    assert!(e.contains("truncated.gguf"), "{e}");
+
+    // Every occurrence of the architecture name changed: a consistent file
+    // of an architecture charm does not implement.
+    let text = bytes.clone();
+    let mut other = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        if text[i..].starts_with(b"olmoe") {
+            other.extend_from_slice(b"olmox");
+            i += 5;
+        } else {
+            other.push(text[i]);
+            i += 1;
+        }
+    }
+    let p = tmp.path().join("other-arch.gguf");
+    std::fs::write(&p, &other).unwrap();
+    let e = load_err(&p);
+    assert!(e.contains("olmox") && e.contains("qwen3moe"), "{e}");
+
+    let p = tmp.path().join("not-gguf.gguf");
+    std::fs::write(&p, b"GGUF\x01\x00\x00\x00").unwrap();
+    let e = load_err(&p);
+    assert!(e.contains("not-gguf.gguf") && e.contains("version 1"), "{e}");
+}
