@@ -294,6 +294,18 @@ impl Engine {
         params: &GenerateParams,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Generation, ModelError> {
+        self.generate_observed(session, prompt, params, |id, _| on_token(id))
+    }
+
+    /// [`Engine::generate`], also handing `on_token` the logits each id was
+    /// sampled from (for log-probabilities).
+    pub fn generate_observed(
+        &self,
+        session: &mut Session,
+        prompt: &[u32],
+        params: &GenerateParams,
+        mut on_token: impl FnMut(u32, &[f32]) -> bool,
+    ) -> Result<Generation, ModelError> {
         if prompt.is_empty() {
             return Err(ModelError::BadInput("the prompt is empty".into()));
         }
@@ -334,7 +346,7 @@ impl Engine {
                 ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
             }
             ids.push(next);
-            let keep_going = on_token(next);
+            let keep_going = on_token(next, &logits);
             if (!params.ignore_eos && cfg.eos_token_ids.contains(&next)) || !keep_going {
                 finish = FinishReason::Stop;
                 break;

@@ -13,7 +13,8 @@
 //!   one entry per worker; `coordinator plan --json` places every expert.
 //! - `partial_containers_cover_the_model_between_them`: two workers each
 //!   holding half of a bf16 container's experts; the placement follows what
-//!   each holds, and logits equal the whole container run locally.
+//!   each holds, logits and ids equal the whole container run locally, and
+//!   the workers' stores report reads and read-aheads.
 //! - `a_worker_joining_between_requests_is_used_without_restart`: a worker
 //!   started after the service is found on its next retry and given work.
 
@@ -152,8 +153,8 @@ fn partial_containers_cover_the_model_between_them() {
     let full = convert_bf16(&fixture("olmoe"), tmp.path(), "olmoe-bf16");
     let low = partial_container(&full, tmp.path(), "low", |_, e| e < 4);
     let high = partial_container(&full, tmp.path(), "high", |_, e| e >= 4);
-    let a = Worker::start(&low, &key, &["--expert-cache-gb", "0"]);
-    let b = Worker::start(&high, &key, &["--expert-cache-gb", "0"]);
+    let a = Worker::start(&low, &key, &["--expert-cache-gb", "1"]);
+    let b = Worker::start(&high, &key, &["--expert-cache-gb", "1"]);
     let r = Reference::load("olmoe");
     let seq = r.full_sequence();
 
@@ -179,8 +180,10 @@ fn partial_containers_cover_the_model_between_them() {
     assert_eq!(greedy(&e, &r.prompt_ids, 16), want_ids, "ids");
     let s = svc.stats();
     assert!(s.workers.iter().all(|w| w.experts_served > 0), "{:?}", s.workers);
-    // Cache 0: every expert was read from the workers' disks.
+    // Cold caches: experts were read from the workers' disks, and the
+    // next-layer predictions reached the workers as read-aheads.
     assert!(s.expert_misses > 0 && s.expert_bytes_read > 0, "{s:?}");
+    assert!(s.prefetch_issued > 0, "{s:?}");
 }
 
 #[test]

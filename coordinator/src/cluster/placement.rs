@@ -453,7 +453,7 @@ mod tests {
             assert_eq!(p.holders(k), &[Holder::Worker(expected), Holder::Local]);
         }
         // Without b, its experts are uncovered: local only, or nobody.
-        let p = plan(&shape(), &[a.clone()], &[], true, None);
+        let p = plan(&shape(), std::slice::from_ref(&a), &[], true, None);
         assert_eq!(p.uncovered.len(), 8);
         assert_eq!(p.holders((1, 6)), &[Holder::Local]);
         let p = plan(&shape(), &[a], &[], false, None);

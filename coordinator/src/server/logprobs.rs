@@ -1,21 +1,13 @@
 //! Generation with per-token log-probabilities (`logprobs` /
-//! `top_logprobs` of the OpenAI API).
-//!
-//! [`Engine::generate`] hands its callback only the sampled id, not the
-//! logits it sampled from, so a request that asks for log-probabilities
-//! runs this loop instead: the same steps as `Engine::generate` (chunked
-//! prefill with [`Engine::forward_timed`], the same [`Sampler`] fed the
-//! same logits, the same stopping rules), which therefore yields the same
-//! ids — `tests/api.rs` checks that a request gives the same text with and
-//! without `logprobs`. Each session starts empty (the server keeps no
-//! prefix cache between requests), so there is no prefix reuse to mirror.
-
-use std::time::Instant;
+//! `top_logprobs` of the OpenAI API): [`Engine::generate_observed`] hands
+//! each sampled id with the logits it was sampled from, and
+//! [`logprobs`] turns those into the API's numbers. The ids are exactly
+//! those of [`Engine::generate`] (same loop) — `tests/api.rs` checks that a
+//! request gives the same text with and without `logprobs`.
 
 use charm_models::ModelError;
 
-use crate::engine::{Engine, FinishReason, GenStats, GenerateParams, Generation, PhaseTimes};
-use crate::sampler::Sampler;
+use crate::engine::{Engine, GenerateParams, Generation};
 
 /// The log-probability of the chosen token and of the most likely ones.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,72 +63,10 @@ pub fn generate_with_logprobs(
     top: usize,
     mut on_token: impl FnMut(u32, TokenLogprobs) -> bool,
 ) -> Result<Generation, ModelError> {
-    if prompt.is_empty() {
-        return Err(ModelError::BadInput("the prompt is empty".into()));
-    }
-    params.sampling.validate().map_err(ModelError::BadInput)?;
-    let cfg = engine.config();
-    let service = engine.expert_service();
-    let t0 = Instant::now();
-    let before = service.stats();
-    let mut cache = engine.model.new_cache();
-    let mut prof = PhaseTimes::default();
-    let mut logits = Vec::new();
-    for chunk in prompt.chunks(engine.prefill_chunk.max(1)) {
-        logits = engine.forward_timed(chunk, &mut cache, false, &mut prof)?;
-    }
-    let prefill_s = t0.elapsed().as_secs_f64();
-
-    let mut sampler = Sampler::new(params.sampling.clone());
-    let mut ids = Vec::new();
-    let mut finish = FinishReason::Length;
-    let mut ttft_ms = 0.0;
-    let t_decode = Instant::now();
-    while ids.len() < params.max_tokens {
-        let t = Instant::now();
-        let next = sampler.sample(&logits);
-        prof.sample_ms += t.elapsed().as_secs_f64() * 1e3;
-        if ids.is_empty() {
-            ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
-        }
-        ids.push(next);
-        let keep_going = on_token(next, logprobs(&logits, next, top));
-        if (!params.ignore_eos && cfg.eos_token_ids.contains(&next)) || !keep_going {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if ids.len() == params.max_tokens || cache.len() >= cfg.max_position_embeddings {
-            break;
-        }
-        logits = engine.forward_timed(&[next], &mut cache, false, &mut prof)?;
-    }
-    let decode_s = t_decode.elapsed().as_secs_f64();
-    service.end_request();
-    let experts = service.stats().since(&before);
-    let stats = GenStats {
-        prompt_tokens: prompt.len(),
-        generated_tokens: ids.len(),
-        ttft_ms,
-        prefill_tok_s: rate(prompt.len(), prefill_s),
-        decode_tok_s: rate(ids.len().saturating_sub(1), decode_s),
-        cached_prompt_tokens: 0,
-        prefetch_accuracy: experts.prefetch_accuracy(),
-        experts,
-        profile: prof,
-    };
-    Ok(Generation {
-        ids,
-        finish_reason: finish,
-        stats,
+    let mut session = engine.session();
+    engine.generate_observed(&mut session, prompt, params, |id, logits| {
+        on_token(id, logprobs(logits, id, top))
     })
-}
-
-fn rate(n: usize, secs: f64) -> f64 {
-    if n == 0 || secs <= 0.0 {
-        0.0
-    } else {
-        n as f64 / secs
-    }
 }
 
 #[cfg(test)]

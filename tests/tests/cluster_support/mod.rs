@@ -246,10 +246,13 @@ pub fn service(dir: &Path, key: &Path, workers: &[SocketAddr], timeout: Duration
     )
 }
 
-/// An engine for `dir` whose experts run on `svc`.
+/// An engine for `dir` whose experts run on `svc`, sending one-layer-ahead
+/// predictions (as the CLI does by default).
 pub fn engine(dir: &Path, svc: Arc<ClusterService>) -> Engine {
     let (model, _) = load_model(dir).expect("load the model");
-    Engine::new(model, svc)
+    let mut e = Engine::new(model, svc);
+    e.prefetch = true;
+    e
 }
 
 /// Greedy generation of `n` tokens, eos ignored.

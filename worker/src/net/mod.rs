@@ -143,5 +143,5 @@ pub fn close(conn: &quinn::Connection, kind: ErrorKind, message: &str) {
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    conn.close(quinn::VarInt::from_u32(kind.code()), message[..end].as_bytes());
+    conn.close(quinn::VarInt::from_u32(kind.code()), &message.as_bytes()[..end]);
 }

@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# Cluster benchmark: decode tok/s of `--local` against two workers on
+# loopback and two workers in network namespaces linked by veth pairs with
+# emulated LAN latency and bandwidth (tc netem). Results: docs/benchmarks.md
+# (## Cluster).
+#
+#   bash scripts/bench_cluster.sh
+#
+# 1. Builds `worker` and `coordinator` (release).
+# 2. Once: writes the random-weight real-width OLMoE of
+#    scripts/make_bench_model.py ($LAYERS layers, hidden 2048, 64 experts of
+#    1024, top-8, bf16) into $BENCH/olmoe-w (shared with
+#    scripts/bench_expert_store.sh) and a cluster key.
+# 3. Network namespaces (needs root and iproute2; NETNS=0 skips them):
+#    cb-c (coordinator), cb-w1 and cb-w2 (one worker each), linked by veth
+#    pairs 10.231.1.0/30 and 10.231.2.0/30. Every veth end gets
+#    `tc qdisc netem delay ${DELAY_MS}ms rate ${RATE}`, so a round trip
+#    crosses two delays (2 × 0.1 ms = 0.2 ms by default) and each direction
+#    is capped at $RATE. Nothing is routed out of these namespaces; they are
+#    deleted on exit. The round trip is measured with ping (median of 50).
+# 4. Starts two workers on 127.0.0.1 and two in the namespaces (each
+#    --threads 1; HF directory, experts memory-mapped, page cache warm), and
+#    keeps them up for every run.
+# 5. Rounds: each round runs `generate` on a fixed 64-token prompt for
+#    $MAX_TOKENS tokens (eos ignored, greedy) once per configuration —
+#    local (--threads $THREADS), loopback, lan (coordinator --threads
+#    $THREADS) — interleaved so slow spells of the machine hit all alike.
+#    Before and after each round `corecheck` compares 2 threads with 1 (the
+#    second core of this VM sometimes vanishes); medians use the rounds whose
+#    compute ratio was at least $MIN_RATIO before and after, when at least
+#    two did. $RUNS rounds (at least 3).
+# 6. Per decode token: frame bytes and round trips from the coordinator's
+#    --json stats, and (lan) bytes on the coordinator's veth ends (IP, UDP
+#    and QUIC included), each from (run of $MAX_TOKENS) − (run of 1 token),
+#    divided by ($MAX_TOKENS − 1). The bound of the lan run is
+#    local ms/token + MoE layers × ping RTT + (bytes out + bytes in) / rate.
+# 7. Prints a markdown table; raw JSON lines go to $BENCH/cluster-<time>/.
+#
+# Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
+# RUNS (3), MAX_TOKENS (32), THREADS (2), DELAY_MS (0.1), RATE (1gbit),
+# RATE_BYTES_PER_S (125000000, must match RATE), MIN_RATIO (1.6), NETNS (1),
+# BENCH_PY (/work/bench-venv/bin/python: a Python with numpy).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BENCH="${CHARM_BENCH_DIR:-/work/charm-bench}"
+LAYERS="${LAYERS:-4}"
+RUNS="${RUNS:-3}"
+MAX_TOKENS="${MAX_TOKENS:-32}"
+THREADS="${THREADS:-2}"
+DELAY_MS="${DELAY_MS:-0.1}"
+RATE="${RATE:-1gbit}"
+RATE_BYTES_PER_S="${RATE_BYTES_PER_S:-125000000}"
+MIN_RATIO="${MIN_RATIO:-1.6}"
+NETNS="${NETNS:-1}"
+BENCH_PY="${BENCH_PY:-/work/bench-venv/bin/python}"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+BIN="$TARGET/release"
+MODEL="$BENCH/olmoe-w"
+KEY="$BENCH/cluster.key"
+OUT="$BENCH/cluster-$(date +%Y%m%d-%H%M%S)"
+[ "$RUNS" -ge 3 ] || { echo "error: RUNS must be at least 3 (medians of 3 or more)" >&2; exit 1; }
+[ "$MAX_TOKENS" -ge 2 ] || { echo "error: MAX_TOKENS must be at least 2" >&2; exit 1; }
+mkdir -p "$BENCH" "$OUT"
+
+echo "== building (release)" >&2
+(cd "$ROOT" && cargo build --release -p charm-worker -p charm-coordinator --bins >&2)
+
+if [ ! -d "$MODEL" ]; then
+    echo "== writing the bench model ($LAYERS layers) to $MODEL" >&2
+    "$BENCH_PY" "$ROOT/scripts/make_bench_model.py" "$MODEL" --layers "$LAYERS" >&2
+fi
+if [ ! -f "$KEY" ]; then
+    "$BIN/coordinator" keygen --out "$KEY"
+fi
+
+CHECK="$BENCH/corecheck"
+if [ ! -x "$CHECK" ]; then
+    # Prints: mem_GBs_1T mem_GBs_2T mem_ratio compute_ratio
+    cat >"$BENCH/corecheck.c" <<'EOF'
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#define N (64u << 20)
+#define SPIN 150000000L
+static uint64_t *buf;
+typedef struct { size_t lo, hi; uint64_t sum; } job;
+static void *rd(void *p) {
+  job *j = p; uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = j->lo; i < j->hi; i += 4) { s0 += buf[i]; s1 += buf[i+1]; s2 += buf[i+2]; s3 += buf[i+3]; }
+  j->sum = s0 + s1 + s2 + s3; return NULL;
+}
+static void *spin(void *p) {
+  job *j = p; uint64_t x = j->lo;
+  for (long i = 0; i < SPIN; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+  j->sum = x; return NULL;
+}
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double timed(void *(*f)(void *), int threads) {
+  double best = 1e30; pthread_t th[2]; job jb[2];
+  for (int pass = 0; pass < 3; pass++) {
+    double t = now();
+    for (int k = 0; k < threads; k++) { jb[k].lo = N / threads * k; jb[k].hi = N / threads * (k + 1); pthread_create(&th[k], NULL, f, &jb[k]); }
+    uint64_t s = 0;
+    for (int k = 0; k < threads; k++) { pthread_join(th[k], NULL); s += jb[k].sum; }
+    if (s == 42) puts("");
+    t = now() - t;
+    if (t < best) best = t;
+  }
+  return best;
+}
+int main(void) {
+  buf = malloc((size_t)N * 8);
+  for (size_t i = 0; i < N; i++) buf[i] = i;
+  double m1 = (double)N * 8 / timed(rd, 1) / 1e9, m2 = (double)N * 8 / timed(rd, 2) / 1e9;
+  double c1 = timed(spin, 1), c2 = timed(spin, 2);
+  printf("%.2f %.2f %.3f %.3f\n", m1, m2, m2 / m1, 2 * c1 / c2);
+  return 0;
+}
+EOF
+    cc -O2 -pthread -o "$CHECK" "$BENCH/corecheck.c"
+fi
+
+PIDS=()
+NS=(cb-c cb-w1 cb-w2)
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [ "$NETNS" = 1 ]; then
+        for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+    fi
+}
+trap cleanup EXIT
+
+# start_worker VAR LOG CMD...: starts a worker (CMD is the command prefix),
+# waits for its address and stores it in VAR.
+start_worker() {
+    local var="$1" log="$2"; shift 2
+    "$@" --model "$MODEL" --cluster-key-file "$KEY" --no-mdns --threads 1 >"$log.out" 2>"$log" &
+    PIDS+=($!)
+    for _ in $(seq 1 600); do
+        if grep -q '^listening on ' "$log.out" 2>/dev/null; then
+            printf -v "$var" '%s' "$(sed -n 's/^listening on //p' "$log.out" | head -1)"
+            return
+        fi
+        sleep 0.1
+    done
+    echo "error: the worker did not start: $(cat "$log")" >&2
+    exit 1
+}
+
+echo "== starting workers" >&2
+start_worker W1 "$OUT/w1.log" "$BIN/worker" --listen 127.0.0.1:0
+start_worker W2 "$OUT/w2.log" "$BIN/worker" --listen 127.0.0.1:0
+LOOP_WORKERS="$W1,$W2"
+
+RTT_MS=""
+if [ "$NETNS" = 1 ]; then
+    echo "== network namespaces: netem delay ${DELAY_MS} ms per direction, rate $RATE" >&2
+    for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null || true; ip netns add "$n"; ip -n "$n" link set lo up; done
+    for i in 1 2; do
+        ip link add "cb-c$i" netns cb-c type veth peer name "cb-w$i" netns "cb-w$i"
+        ip -n cb-c addr add "10.231.$i.1/30" dev "cb-c$i"
+        ip -n "cb-w$i" addr add "10.231.$i.2/30" dev "cb-w$i"
+        ip -n cb-c link set "cb-c$i" up
+        ip -n "cb-w$i" link set "cb-w$i" up
+        tc -n cb-c qdisc add dev "cb-c$i" root netem delay "${DELAY_MS}ms" rate "$RATE"
+        tc -n "cb-w$i" qdisc add dev "cb-w$i" root netem delay "${DELAY_MS}ms" rate "$RATE"
+    done
+    RTT_MS=$(ip netns exec cb-c ping -c 50 -i 0.02 10.231.1.2 | awk -F'time=' '/time=/{split($2,a," "); print a[1]}' | sort -n | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}')
+    echo "   ping RTT median ${RTT_MS} ms" >&2
+    start_worker L1 "$OUT/l1.log" ip netns exec cb-w1 "$BIN/worker" --listen 10.231.1.2:7411
+    start_worker L2 "$OUT/l2.log" ip netns exec cb-w2 "$BIN/worker" --listen 10.231.2.2:7411
+    LAN_WORKERS="$L1,$L2"
+fi
+
+PROMPT=$(seq -s, 1000 1063)
+veth_bytes() {
+    local t=0
+    for i in 1 2; do
+        for d in tx rx; do
+            t=$((t + $(ip netns exec cb-c cat "/sys/class/net/cb-c$i/statistics/${d}_bytes")))
+        done
+    done
+    echo "$t"
+}
+
+# run CONFIG TOKENS ROUND: appends one JSON line to $OUT/runs.jsonl
+run() {
+    local cfg="$1" n="$2" round="$3" before=0 after=0 json
+    local gen=(generate --prompt-ids "$PROMPT" --max-tokens "$n" --ignore-eos --json)
+    case "$cfg" in
+        local) json=$("$BIN/coordinator" --local --model "$MODEL" --threads "$THREADS" "${gen[@]}" 2>>"$OUT/coordinator.log") ;;
+        loopback) json=$("$BIN/coordinator" --model "$MODEL" --cluster-key-file "$KEY" --workers "$LOOP_WORKERS" \
+                         --min-workers 2 --threads "$THREADS" "${gen[@]}" 2>>"$OUT/coordinator.log") ;;
+        lan)
+            before=$(veth_bytes)
+            json=$(ip netns exec cb-c "$BIN/coordinator" --model "$MODEL" --cluster-key-file "$KEY" --workers "$LAN_WORKERS" \
+                   --min-workers 2 --threads "$THREADS" "${gen[@]}" 2>>"$OUT/coordinator.log")
+            after=$(veth_bytes) ;;
+    esac
+    python3 - "$cfg" "$n" "$round" "$((after - before))" "$json" >>"$OUT/runs.jsonl" <<'EOF'
+import json, sys
+cfg, n, rnd, wire, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+s = out["stats"]
+print(json.dumps({"config": cfg, "tokens": n, "round": rnd, "decode_tok_s": s["decode_tok_s"],
+                  "prefill_tok_s": s["prefill_tok_s"], "sent": s["network_bytes_sent"],
+                  "received": s["network_bytes_received"], "round_trips": s["round_trips"],
+                  "wire_bytes": wire, "ids": out["ids"], "workers": len(s["workers"])}))
+EOF
+}
+
+CONFIGS=(local loopback)
+[ "$NETNS" = 1 ] && CONFIGS+=(lan)
+echo "== warm-up and 1-token runs" >&2
+for cfg in "${CONFIGS[@]}"; do run "$cfg" "$MAX_TOKENS" 0; run "$cfg" 1 0; done
+: >"$OUT/checks.txt"
+for r in $(seq 1 "$RUNS"); do
+    pre=$("$CHECK")
+    for cfg in "${CONFIGS[@]}"; do
+        echo "== round $r: $cfg" >&2
+        run "$cfg" "$MAX_TOKENS" "$r"
+    done
+    post=$("$CHECK")
+    echo "$r $pre $post" >>"$OUT/checks.txt"
+done
+uname -a >"$OUT/machine.txt"; lscpu | grep -E 'Model name|^CPU\(s\)' >>"$OUT/machine.txt"
+
+python3 - "$OUT" "$MAX_TOKENS" "$MIN_RATIO" "$LAYERS" "${RTT_MS:-}" "$RATE_BYTES_PER_S" "$DELAY_MS" "$RATE" <<'EOF' | tee "$OUT/table.md"
+import json, statistics, sys
+out, n, min_ratio, layers = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+rtt = float(sys.argv[5]) if sys.argv[5] else None
+rate, delay, rate_name = float(sys.argv[6]), sys.argv[7], sys.argv[8]
+runs = [json.loads(l) for l in open(f"{out}/runs.jsonl")]
+checks = {}
+for line in open(f"{out}/checks.txt"):
+    f = line.split()
+    checks[int(f[0])] = (float(f[4]), float(f[8]))  # compute ratio before, after
+passing = [r for r, (a, b) in checks.items() if a >= min_ratio and b >= min_ratio]
+use = passing if len(passing) >= 2 else list(checks)
+def med(cfg, key, rounds):
+    return statistics.median(x[key] for x in runs if x["config"] == cfg and x["tokens"] == n and x["round"] in rounds)
+def one(cfg, key, tokens):
+    return next(x[key] for x in runs if x["config"] == cfg and x["tokens"] == tokens and x["round"] == 0)
+ids = {x["config"]: x["ids"] for x in runs if x["tokens"] == n}
+cfgs = [c for c in ("local", "loopback", "lan") if any(x["config"] == c for x in runs)]
+local = med("local", "decode_tok_s", use)
+print(f"rounds used: {sorted(use)} of {sorted(checks)} (compute ratio >= {min_ratio} before and after: {sorted(passing)})")
+print(f"ids identical across configurations: {len({tuple(v) for v in ids.values()}) == 1}")
+print()
+print("| configuration | decode tok/s (median) | ms/token | vs local | frame bytes out/in per decode token | round trips per decode token | wire bytes per decode token |")
+print("|---|---|---|---|---|---|---|")
+per = {}
+for c in cfgs:
+    tok_s = med(c, "decode_tok_s", use)
+    row = [c, f"{tok_s:.2f}", f"{1e3 / tok_s:.1f}", f"{tok_s / local:.3f}"]
+    if c == "local":
+        row += ["–", "–", "–"]
+    else:
+        d = lambda k: (one(c, k, n) - one(c, k, 1)) / (n - 1)
+        per[c] = (d("sent"), d("received"), d("round_trips"), d("wire_bytes"))
+        row += [f"{per[c][0]:.0f} / {per[c][1]:.0f}", f"{per[c][2]:.2f}", f"{per[c][3]:.0f}" if c == "lan" else "–"]
+    print("| " + " | ".join(row) + " |")
+print()
+for c in cfgs:
+    vals = [f"{x['decode_tok_s']:.2f}" for x in sorted(runs, key=lambda x: x["round"]) if x["config"] == c and x["tokens"] == n and x["round"] > 0]
+    print(f"- {c}: decode tok/s per round {', '.join(vals)}")
+for r in sorted(checks):
+    print(f"- round {r}: compute ratio 2T/1T before {checks[r][0]:.2f}, after {checks[r][1]:.2f}")
+if "lan" in per and rtt is not None:
+    sent, recv, trips, wire = per["lan"]
+    bound = 1e3 / local + trips * rtt + (sent + recv) / rate * 1e3
+    wire_bound = 1e3 / local + trips * rtt + wire / rate * 1e3
+    lan = 1e3 / med("lan", "decode_tok_s", use)
+    print()
+    print(f"lan (netem {delay} ms each way, {rate_name}; ping RTT median {rtt} ms): {lan:.1f} ms/token")
+    print(f"bound = local {1e3 / local:.1f} ms + {trips:.2f} round trips × {rtt} ms + {sent + recv:.0f} frame bytes / rate = {bound:.1f} ms/token "
+          f"(with wire bytes: {wire_bound:.1f}); measured / bound = {lan / bound:.3f}")
+EOF
+echo "raw runs: $OUT/runs.jsonl" >&2
