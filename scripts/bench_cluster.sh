@@ -18,9 +18,10 @@
 #    crosses two delays (2 × 0.1 ms = 0.2 ms by default) and each direction
 #    is capped at $RATE. Nothing is routed out of these namespaces; they are
 #    deleted on exit. The round trip is measured with ping (median of 50).
-# 4. Starts two workers on 127.0.0.1 and two in the namespaces (each
-#    --threads 1; HF directory, experts memory-mapped, page cache warm), and
-#    keeps them up for every run.
+# 4. Starts two workers on 127.0.0.1 and two in the namespaces (HF
+#    directory, experts memory-mapped, page cache warm; every core, as a
+#    worker runs by default: on one box a worker that finishes its share
+#    early leaves the cores to the other), and keeps them up for every run.
 # 5. Rounds: each round runs `generate` on a fixed 64-token prompt for
 #    $MAX_TOKENS tokens (eos ignored, greedy) once per configuration —
 #    local (--threads $THREADS), loopback, lan (coordinator --threads
@@ -138,7 +139,7 @@ trap cleanup EXIT
 # waits for its address and stores it in VAR.
 start_worker() {
     local var="$1" log="$2"; shift 2
-    "$@" --model "$MODEL" --cluster-key-file "$KEY" --no-mdns --threads 1 >"$log.out" 2>"$log" &
+    "$@" --model "$MODEL" --cluster-key-file "$KEY" --no-mdns >"$log.out" 2>"$log" &
     PIDS+=($!)
     for _ in $(seq 1 600); do
         if grep -q '^listening on ' "$log.out" 2>/dev/null; then

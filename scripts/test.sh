@@ -16,6 +16,13 @@ need python3 "install Python 3 with pip (Debian: apt-get install python3-pip)"
 
 bash scripts/fetch_test_material.sh
 
+# The cluster discovery test runs its processes in a network namespace of
+# its own (`ip netns`, as root), so no mDNS packet can leave the machine.
+if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+fi
+
 # The HTTP API tests drive the dashboard in headless Chromium and run the
 # official openai / anthropic Python SDKs (in target/sdk-venv). On CI a
 # missing one fails those tests instead of skipping them.

@@ -11,6 +11,22 @@ use std::ptr::NonNull;
 /// logical block size `O_DIRECT` asks for on common devices.
 pub const ALIGN: usize = 4096;
 
+/// Buffers at least this large are recycled instead of freed.
+const RECYCLE_MIN: usize = 1 << 20;
+/// Most bytes kept for recycling; beyond this, dropped buffers are freed.
+const POOL_MAX_BYTES: usize = 256 << 20;
+
+/// Free allocations kept for [`AlignedBuf::for_read`]: `(address, capacity)`.
+struct Pool {
+    free: Vec<(usize, usize)>,
+    bytes: usize,
+}
+
+static POOL: std::sync::Mutex<Pool> = std::sync::Mutex::new(Pool {
+    free: Vec::new(),
+    bytes: 0,
+});
+
 /// A 4096-byte-aligned, zero-initialised heap buffer (`O_DIRECT` needs
 /// aligned memory).
 ///
@@ -58,6 +74,30 @@ impl AlignedBuf {
         AlignedBuf { ptr, len, cap }
     }
 
+    /// A buffer of `len` bytes for a read to fill: a recycled allocation
+    /// of the same capacity when one is free (its bytes are whatever the
+    /// previous read left, all initialised), else a fresh zeroed one.
+    /// Recycling spares the page faults, zeroing and unmapping that a fresh
+    /// multi-megabyte allocation per expert read costs.
+    pub fn for_read(len: usize) -> AlignedBuf {
+        let cap = len
+            .checked_next_multiple_of(ALIGN)
+            .expect("AlignedBuf capacity overflow");
+        if cap >= RECYCLE_MIN {
+            let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = pool.free.iter().position(|&(_, c)| c == cap) {
+                let (addr, _) = pool.free.swap_remove(i);
+                pool.bytes -= cap;
+                // SAFETY: `addr` came from a dropped `AlignedBuf` of capacity
+                // `cap` (non-null, allocated with `layout(cap)`, every byte
+                // initialised), whose ownership the pool took over.
+                let ptr = unsafe { NonNull::new_unchecked(addr as *mut u8) };
+                return AlignedBuf { ptr, len, cap };
+            }
+        }
+        Self::new_zeroed(len)
+    }
+
     fn layout(cap: usize) -> Layout {
         Layout::from_size_align(cap, ALIGN).expect("AlignedBuf capacity overflow")
     }
@@ -100,8 +140,17 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if self.cap >= RECYCLE_MIN {
+            let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+            if pool.bytes + self.cap <= POOL_MAX_BYTES {
+                pool.bytes += self.cap;
+                pool.free.push((self.ptr.as_ptr() as usize, self.cap));
+                return;
+            }
+        }
         if self.cap != 0 {
-            // SAFETY: allocated in `new_zeroed` with exactly this layout.
+            // SAFETY: allocated in `new_zeroed` with exactly this layout
+            // (recycled buffers keep their original capacity and layout).
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.cap)) }
         }
     }
@@ -137,6 +186,23 @@ impl fmt::Debug for AlignedBuf {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn large_read_buffers_are_recycled_not_refaulted() {
+        // An unusual capacity so other tests cannot take it from the pool.
+        let len = (3 << 20) + 7 * 4096 + 5;
+        let mut a = AlignedBuf::for_read(len);
+        a.as_mut_slice()[len - 1] = 42;
+        let addr = a.as_mut_ptr() as usize;
+        drop(a);
+        let mut b = AlignedBuf::for_read(len);
+        assert_eq!(b.as_mut_ptr() as usize, addr, "the freed allocation is reused");
+        assert_eq!(b.len(), len);
+        assert_eq!(b.as_slice()[len - 1], 42, "recycled bytes are the previous read's");
+        // Small buffers are simply freed.
+        let small = AlignedBuf::for_read(4096);
+        assert_eq!(small.len(), 4096);
+    }
     use super::*;
 
     #[test]

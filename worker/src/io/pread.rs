@@ -87,7 +87,7 @@ fn worker(ctx: &FileCtx, rx: &Mutex<Receiver<Job>>, shutting_down: &AtomicBool) 
 /// Read all of `req` with blocking positional reads.
 pub(super) fn read_request(ctx: &FileCtx, req: &ReadRequest) -> Result<AlignedBuf, IoError> {
     ctx.check_bounds(req)?;
-    let mut buf = AlignedBuf::new_zeroed(req.len);
+    let mut buf = AlignedBuf::for_read(req.len);
     let mut filled = 0;
     while filled < req.len {
         let end = req.len.min(filled + MAX_CHUNK);

@@ -209,7 +209,7 @@ impl Ring {
         self.slots.slots[slot] = Some(InFlight {
             req,
             done,
-            buf: AlignedBuf::new_zeroed(req.len),
+            buf: AlignedBuf::for_read(req.len),
             filled: 0,
         });
         self.in_flight += 1;
