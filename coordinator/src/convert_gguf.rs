@@ -198,7 +198,7 @@ fn write_gguf(f: &GgufFile, tensors: &[&GgufTensor], path: &Path) -> Result<()> 
         offsets.push(data_off);
         data_off = (data_off + t.size).div_ceil(align) * align;
     }
-    while head.len() as u64 % align != 0 {
+    while !(head.len() as u64).is_multiple_of(align) {
         head.push(0);
     }
     w.write_all(&head)?;

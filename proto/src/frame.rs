@@ -19,10 +19,11 @@
 //!
 //! Memory: the decoder borrows from the payload slice, so a string's
 //! claimed length is checked against the bytes really there before it is
-//! copied, and serde pre-allocates at most 1 MiB per list whatever length
-//! a list claims. Decoding a payload of `len` bytes therefore allocates at
-//! most 1 MiB plus a small multiple of `len` (checked with a counting
-//! allocator by the randomized test in `proto/tests/frame_fuzz.rs`).
+//! copied, and serde pre-allocates at most 1 MiB for a list whatever length
+//! it claims (lists nest at most two deep). Decoding a payload of `len`
+//! bytes therefore allocates at most 2 MiB plus a small multiple of `len`
+//! (checked with a counting allocator by the randomized test in
+//! `proto/tests/frame_fuzz.rs`).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

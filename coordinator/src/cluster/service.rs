@@ -434,11 +434,14 @@ impl ExpertService for ClusterService {
             // Send every remote share before waiting for any.
             let mut flights: Vec<Flight> = Vec::new();
             let mut handles: Vec<JoinAnswer> = Vec::new();
+            let mut failed: Vec<usize> = Vec::new();
             for (&h, idxs) in &shares {
                 let Holder::Worker(addr) = h else { continue };
                 let Some(conn) = self.shared.conn(addr) else {
+                    // It left since the shares were made: next holder.
                     excluded.push(h);
-                    pending_retry(&mut reasons, addr, "disconnected");
+                    note_failure(&mut reasons, addr, "disconnected");
+                    failed.extend(idxs);
                     continue;
                 };
                 let mut hint = hint_for(h, &mut hints);
@@ -485,7 +488,6 @@ impl ExpertService for ClusterService {
             }
 
             // The coordinator's own share, while the replies travel.
-            let mut failed: Vec<usize> = Vec::new();
             if let Some(idxs) = shares.get(&Holder::Local) {
                 let local = self.local.as_ref().expect("Local is only a holder when configured");
                 let mut sub = sub_batch(batch, idxs);
@@ -589,7 +591,7 @@ impl ExpertService for ClusterService {
                         self.shared.with_report(f.addr, |r| r.failures += 1);
                         tracing::warn!("worker {} failed layer {layer}: {message}", f.addr);
                     }
-                    pending_retry(&mut reasons, f.addr, &message);
+                    note_failure(&mut reasons, f.addr, &message);
                     excluded.push(Holder::Worker(f.addr));
                     failed.extend(f.idxs);
                 }
@@ -697,7 +699,8 @@ impl ClusterService {
     }
 }
 
-fn pending_retry(reasons: &mut Vec<String>, addr: SocketAddr, why: &str) {
+/// Remembers why a holder failed, for the error if no holder is left.
+fn note_failure(reasons: &mut Vec<String>, addr: SocketAddr, why: &str) {
     reasons.push(format!("{addr}: {why}"));
 }
 
@@ -717,11 +720,16 @@ impl Drop for ClusterService {
         self.shared.closed.store(true, Ordering::Relaxed);
         let endpoint = self.shared.endpoint.clone();
         if let Some(rt) = self.rt.take() {
-            endpoint.close(quinn::VarInt::from_u32(0), b"coordinator done");
-            // Let the close frames go out before the runtime stops.
-            rt.block_on(async {
+            // Let the close frames go out before the runtime stops (waiting
+            // on a channel, not `block_on`, so dropping the service inside
+            // another runtime is fine too).
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            rt.spawn(async move {
+                endpoint.close(quinn::VarInt::from_u32(0), b"coordinator done");
                 let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
+                let _ = tx.send(());
             });
+            let _ = rx.recv_timeout(Duration::from_millis(500));
             rt.shutdown_background();
         }
     }
