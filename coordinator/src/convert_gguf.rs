@@ -20,11 +20,9 @@ use charm_common::container::{
 };
 use charm_common::gguf::{GgufFile, GgufTensor, MetaValue};
 use charm_models::gguf::GgufModel;
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::convert::ConvertSummary;
-use crate::text::TextCodec;
 
 /// The dense part of a GGUF container.
 pub const DENSE_GGUF: &str = "dense.gguf";
@@ -107,17 +105,7 @@ pub fn write_container(src: &Path, dir: &Path) -> Result<ConvertSummary> {
     File::open(&dense_path)?.sync_all()?;
     let (dense_len, dense_header_crc32) = dense_identity(&dense_path)?;
 
-    if let Ok(codec) = TextCodec::from_gguf(f) {
-        std::fs::write(dir.join("tokenizer.json"), codec.tokenizer_json()?)?;
-        let mut tc = json!({
-            "bos_token": crate::gguf_text::token_text(f, "tokenizer.ggml.bos_token_id"),
-            "eos_token": crate::gguf_text::token_text(f, "tokenizer.ggml.eos_token_id"),
-        });
-        if let Some(t) = crate::gguf_text::chat_template(f) {
-            tc["chat_template"] = json!(t);
-        }
-        std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&tc)?)?;
-    }
+    crate::gguf_text::write_tokenizer_files(f, dir)?;
 
     let architecture = model.arch().to_string();
     let mut h = Sha256::new();

@@ -150,3 +150,23 @@ pub fn token_text(f: &GgufFile, key: &str) -> String {
         _ => String::new(),
     }
 }
+
+/// Writes `tokenizer.json` and `tokenizer_config.json` (special tokens and
+/// chat template) for the GGUF file's tokenizer into `dir`, so a directory
+/// made from a GGUF file is complete. A GGUF file without a tokenizer, or
+/// with one charm cannot rebuild, writes nothing.
+pub fn write_tokenizer_files(f: &GgufFile, dir: &std::path::Path) -> std::io::Result<()> {
+    let Ok(codec) = crate::text::TextCodec::from_gguf(f) else {
+        return Ok(());
+    };
+    let json = codec.tokenizer_json().map_err(std::io::Error::other)?;
+    std::fs::write(dir.join("tokenizer.json"), json)?;
+    let mut tc = json!({
+        "bos_token": token_text(f, "tokenizer.ggml.bos_token_id"),
+        "eos_token": token_text(f, "tokenizer.ggml.eos_token_id"),
+    });
+    if let Some(t) = chat_template(f) {
+        tc["chat_template"] = json!(t);
+    }
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&tc)?)
+}

@@ -23,8 +23,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 
-use crate::text::TextCodec;
-
 /// How to upcycle.
 #[derive(Clone, Debug)]
 pub struct UpcycleOptions {
@@ -103,13 +101,12 @@ pub fn upcycle(src: &Path, out: &Path, opts: &UpcycleOptions) -> Result<()> {
     if opts.experts > 0 && (opts.top_k == 0 || opts.top_k > opts.experts) {
         bail!("--top-k must be between 1 and --experts ({})", opts.experts);
     }
-    let codec = TextCodec::from_gguf(&gguf.file).ok();
     let partial = crate::convert::partial_dir(out);
     if partial.exists() {
         std::fs::remove_dir_all(&partial)?;
     }
     std::fs::create_dir_all(&partial)?;
-    let result = write_dir(&gguf, &cfg, codec.as_ref(), &partial, opts);
+    let result = write_dir(&gguf, &cfg, &partial, opts);
     match result {
         Ok(()) => {
             std::fs::rename(&partial, out)?;
@@ -202,13 +199,7 @@ fn bytes_of(p: &Planned) -> usize {
     p.shape.iter().product::<usize>() * if p.dtype == "F32" { 4 } else { 2 }
 }
 
-fn write_dir(
-    gguf: &GgufModel,
-    cfg: &ModelConfig,
-    codec: Option<&TextCodec>,
-    dir: &Path,
-    opts: &UpcycleOptions,
-) -> Result<()> {
+fn write_dir(gguf: &GgufModel, cfg: &ModelConfig, dir: &Path, opts: &UpcycleOptions) -> Result<()> {
     use charm_common::WeightSource;
     let tensors = plan(cfg, opts);
     // safetensors: 8-byte header length, JSON header, then the data in order.
@@ -327,18 +318,7 @@ fn write_dir(
         dir.join("generation_config.json"),
         serde_json::to_vec_pretty(&json!({"eos_token_id": cfg.eos_token_ids, "bos_token_id": cfg.bos_token_id}))?,
     )?;
-    if let Some(codec) = codec {
-        std::fs::write(dir.join("tokenizer.json"), codec.tokenizer_json()?)?;
-        let f = &gguf.file;
-        let mut tc = json!({
-            "bos_token": crate::gguf_text::token_text(f, "tokenizer.ggml.bos_token_id"),
-            "eos_token": crate::gguf_text::token_text(f, "tokenizer.ggml.eos_token_id"),
-        });
-        if let Some(t) = crate::gguf_text::chat_template(f) {
-            tc["chat_template"] = json!(t);
-        }
-        std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&tc)?)?;
-    }
+    crate::gguf_text::write_tokenizer_files(&gguf.file, dir)?;
     Ok(())
 }
 
