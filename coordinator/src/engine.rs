@@ -10,6 +10,7 @@ use charm_common::TensorFiles;
 use charm_models::gguf::GgufModel;
 use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, Model, ModelConfig, ModelError};
 use charm_worker::io::{Backend, ReaderOptions};
+use charm_worker::sysmem;
 use charm_worker::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
 use serde::Serialize;
 
@@ -145,9 +146,14 @@ impl Engine {
         let all_experts = manifest.records.iter().map(|r| r.padded_len()).sum::<u64>();
         let (cache_bytes, default_cache) = match opts.expert_cache_bytes {
             Some(b) => (b, false),
-            None => (default_cache_bytes(manifest.dense_len).min(all_experts), true),
+            None => (sysmem::default_cache_bytes(manifest.dense_len).min(all_experts), true),
         };
-        let history_path = history_path(dir, opts.state_dir.as_deref(), &manifest.fingerprint);
+        let history_path = sysmem::state_file(
+            dir,
+            opts.state_dir.as_deref(),
+            "routing-history.json",
+            Some(&manifest.fingerprint),
+        );
         let store = DiskStore::open(
             dir,
             &manifest,
@@ -436,51 +442,6 @@ pub struct LoadInfo {
     /// Something the user should know (e.g. a routing history from another
     /// model was ignored).
     pub warning: Option<String>,
-}
-
-/// Free memory after the dense part, keeping a tenth of it for everything
-/// else (KV cache, activations, the OS).
-fn default_cache_bytes(dense_bytes: u64) -> u64 {
-    let avail = available_memory().unwrap_or(0);
-    (avail - avail / 10).saturating_sub(dense_bytes)
-}
-
-/// `MemAvailable` on Linux; total memory from `sysctl` on macOS.
-fn available_memory() -> Option<u64> {
-    if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
-        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        return Some(kb * 1024);
-    }
-    let out = std::process::Command::new("sysctl")
-        .args(["-n", "hw.memsize"])
-        .output()
-        .ok()?;
-    let total: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some(total / 2)
-}
-
-/// `STATE/routing-history.json`: `--state-dir`, else `<model>/state` when
-/// writable, else `~/.local/state/charm/<fingerprint>`.
-fn history_path(dir: &Path, state_dir: Option<&Path>, fingerprint: &str) -> Option<PathBuf> {
-    let file = "routing-history.json";
-    if let Some(s) = state_dir {
-        return Some(s.join(file));
-    }
-    let local = dir.join("state");
-    if std::fs::create_dir_all(&local).is_ok() && writable(&local) {
-        return Some(local.join(file));
-    }
-    let home = std::env::var_os("HOME")?;
-    let fp = &fingerprint[..fingerprint.len().min(16)];
-    Some(PathBuf::from(home).join(".local/state/charm").join(fp).join(file))
-}
-
-fn writable(dir: &Path) -> bool {
-    let probe = dir.join(".write-probe");
-    let ok = std::fs::write(&probe, b"").is_ok();
-    let _ = std::fs::remove_file(&probe);
-    ok
 }
 
 fn rate(n: usize, secs: f64) -> f64 {

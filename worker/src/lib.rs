@@ -13,6 +13,8 @@
 //!   fingerprint.
 //! - [`io`]: the disk reader: io_uring on Linux, a pread thread pool
 //!   elsewhere, optional O_DIRECT.
+//! - [`sysmem`]: available memory, the default cache budget, where learned
+//!   state lives.
 //! - [`executor`]: [`InProcessWorker`], the [`ExpertService`] that runs a
 //!   batch against a store: the worker `coordinator --local` embeds, with
 //!   no serialization.
@@ -33,6 +35,7 @@ pub mod io;
 pub mod net;
 pub mod server;
 pub mod store;
+pub mod sysmem;
 
 pub use disk_store::{DiskStore, StoreOptions};
 pub use executor::InProcessWorker;

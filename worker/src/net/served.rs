@@ -98,7 +98,9 @@ impl Served {
                 return Err(ServeError::NoExperts { dir: dir.to_path_buf() });
             };
             let all: u64 = manifest.records.iter().map(|r| r.padded_len()).sum();
-            let cache_bytes = opts.cache_bytes.unwrap_or_else(|| default_cache_bytes().min(all));
+            let cache_bytes = opts
+                .cache_bytes
+                .unwrap_or_else(|| crate::sysmem::default_cache_bytes(0).min(all));
             let store = DiskStore::open(
                 dir,
                 &manifest,
@@ -106,7 +108,12 @@ impl Served {
                     cache_bytes,
                     prefetch: true,
                     reader: ReaderOptions::default(),
-                    history_path: history_path(dir, opts.state_dir.as_deref()),
+                    history_path: crate::sysmem::state_file(
+                        dir,
+                        opts.state_dir.as_deref(),
+                        "worker-routing-history.json",
+                        None,
+                    ),
                 },
             )?;
             let path = dir.join(&manifest.experts_file);
@@ -291,38 +298,4 @@ fn largest_safetensors(dir: &Path) -> std::io::Result<PathBuf> {
     }
     best.map(|(_, p)| p)
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors file"))
-}
-
-/// `STATE/worker-routing-history.json` (the worker learns its own hot set,
-/// apart from a `--local` run's history in the same directory).
-fn history_path(dir: &Path, state_dir: Option<&Path>) -> Option<PathBuf> {
-    let file = "worker-routing-history.json";
-    if let Some(s) = state_dir {
-        return Some(s.join(file));
-    }
-    let local = dir.join("state");
-    let probe = local.join(".write-probe");
-    let writable = std::fs::create_dir_all(&local).is_ok() && std::fs::write(&probe, b"").is_ok();
-    let _ = std::fs::remove_file(&probe);
-    writable.then(|| local.join(file))
-}
-
-/// Free memory less a tenth (Linux `MemAvailable`; macOS: half of RAM).
-fn default_cache_bytes() -> u64 {
-    let avail = available_memory().unwrap_or(0);
-    avail - avail / 10
-}
-
-fn available_memory() -> Option<u64> {
-    if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
-        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        return Some(kb * 1024);
-    }
-    let out = std::process::Command::new("sysctl")
-        .args(["-n", "hw.memsize"])
-        .output()
-        .ok()?;
-    let total: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some(total / 2)
 }
