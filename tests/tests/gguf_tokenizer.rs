@@ -29,7 +29,7 @@ fn gguf_bytes(kvs: &[(&str, u32, Vec<u8>)]) -> Vec<u8> {
         b.extend_from_slice(&ty.to_le_bytes());
         b.extend_from_slice(v);
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b
