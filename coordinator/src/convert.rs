@@ -186,12 +186,7 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     h.update(config.to_string().as_bytes());
     h.update(serde_json::to_string(&quant)?.as_bytes());
     hash_file(&mut h, &dense_path)?;
-    for r in &records {
-        h.update(r.layer.to_le_bytes());
-        h.update(r.expert.to_le_bytes());
-        h.update(r.crc32.to_le_bytes());
-    }
-    let fingerprint = format!("{:x}", h.finalize());
+    let fingerprint = finish_fingerprint(h, &records);
 
     let manifest = Manifest {
         format: FORMAT_NAME.into(),
@@ -329,7 +324,19 @@ impl View for &DenseView<'_> {
     }
 }
 
-fn hash_file(h: &mut Sha256, path: &Path) -> Result<()> {
+/// Ends a container fingerprint: every record's identity and checksum, then
+/// the hex digest.
+pub(crate) fn finish_fingerprint(mut h: Sha256, records: &[Record]) -> String {
+    for r in records {
+        h.update(r.layer.to_le_bytes());
+        h.update(r.expert.to_le_bytes());
+        h.update(r.crc32.to_le_bytes());
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// Adds a whole file's bytes to a fingerprint.
+pub(crate) fn hash_file(h: &mut Sha256, path: &Path) -> Result<()> {
     let mut f = File::open(path).with_context(|| format!("reading {}", path.display()))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -111,14 +111,8 @@ pub fn write_container(src: &Path, dir: &Path) -> Result<ConvertSummary> {
     let mut h = Sha256::new();
     h.update(architecture.as_bytes());
     h.update(b"gguf");
-    h.update(dense_len.to_le_bytes());
-    h.update(dense_header_crc32.to_le_bytes());
-    for r in &records {
-        h.update(r.layer.to_le_bytes());
-        h.update(r.expert.to_le_bytes());
-        h.update(r.crc32.to_le_bytes());
-    }
-    let fingerprint = format!("{:x}", h.finalize());
+    crate::convert::hash_file(&mut h, &dense_path)?;
+    let fingerprint = crate::convert::finish_fingerprint(h, &records);
     let manifest = Manifest {
         format: FORMAT_NAME.into(),
         format_version: FORMAT_VERSION,
