@@ -1,17 +1,23 @@
 //! Scalar f32 math on activations: the one place for each formula.
 //!
-//! Dot products use eight independent accumulators combined in a fixed
-//! order, so the compiler vectorizes them and the result is the same on
-//! every call for the same inputs (placement never changes bits).
+//! Dot products use eight (float rows) or sixteen (quantized rows)
+//! independent accumulators combined in a fixed order, so the compiler
+//! vectorizes them and the result is the same on every call for the same
+//! inputs (placement never changes bits).
 //!
 //! Quantized rows ([`crate::quant`]) have a scalar reference
 //! (`dot_int8_ref`, `dot_int4_ref`) that defines the product and a fast
-//! path (`dot_int8`, `dot_int4`) that sums in another fixed order. Both are
-//! plain Rust without fused multiply-add (the fast path is also compiled for
-//! AVX2 and picked at run time; vector width never changes the order), so
-//! they give the same bits on every CPU, not only on every call.
+//! path (`dot_int8`, `dot_int4`) that sums in another fixed order.
+//!
+//! Every fast dot is one portable source compiled three times: for the
+//! baseline target, for AVX2 and for AVX-512 (picked at run time from
+//! [`Isa::active`]; on AArch64 the baseline build is already NEON). The
+//! order of every operation is fixed by the source and Rust never fuses a
+//! multiply and an add, so all builds give the same bits on every CPU
+//! (`*_on` runs a chosen build; tests compare them).
 
 use crate::dtype::{bf16_to_f32, f16_to_f32};
+use crate::isa::Isa;
 use crate::quant::unpack_int4;
 
 const LANES: usize = 8;
@@ -41,21 +47,71 @@ fn dot_with<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
     reduce(acc) + tail
 }
 
-/// `Σ w[i] x[i]` for an f32 weight row.
-#[inline]
-pub fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+/// Defines `$name(args)` (on [`Isa::active`]) and `$name_on(isa, args)`,
+/// both running the `#[inline(always)]` portable body `$body` compiled for
+/// the chosen instruction set.
+macro_rules! multiversion {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $body:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name($($arg: $ty),*) -> $ret {
+            $name_on(Isa::active(), $($arg),*)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] compiled for `isa` (the portable build when this CPU lacks it).")]
+        #[inline]
+        pub fn $name_on(isa: Isa, $($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,f16c")]
+                fn avx2($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+                fn avx512($($arg: $ty),*) -> $ret {
+                    $body($($arg),*)
+                }
+                if isa != Isa::Scalar && Isa::available().contains(&isa) {
+                    match isa {
+                        // SAFETY: the CPU runs AVX-512 (checked above).
+                        Isa::Avx512Vnni => return unsafe { avx512($($arg),*) },
+                        // SAFETY: the CPU runs AVX2 (checked above).
+                        Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                        _ => {}
+                    }
+                }
+            }
+            let _ = isa;
+            $body($($arg),*)
+        }
+    };
+}
+
+multiversion!(
+    /// `Σ w[i] x[i]` for an f32 weight row.
+    dot_f32, dot_f32_on, dot_f32_body, (w: &[f32], x: &[f32]) -> f32
+);
+multiversion!(
+    /// `Σ w[i] x[i]` for a bf16 weight row, accumulated in f32.
+    dot_bf16, dot_bf16_on, dot_bf16_body, (w: &[u16], x: &[f32]) -> f32
+);
+multiversion!(
+    /// `Σ w[i] x[i]` for an f16 weight row, accumulated in f32.
+    dot_f16, dot_f16_on, dot_f16_body, (w: &[u16], x: &[f32]) -> f32
+);
+
+#[inline(always)]
+fn dot_f32_body(w: &[f32], x: &[f32]) -> f32 {
     dot_with(w, x, |v| v)
 }
 
-/// `Σ w[i] x[i]` for a bf16 weight row, accumulated in f32.
-#[inline]
-pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+#[inline(always)]
+fn dot_bf16_body(w: &[u16], x: &[f32]) -> f32 {
     dot_with(w, x, bf16_to_f32)
 }
 
-/// `Σ w[i] x[i]` for an f16 weight row, accumulated in f32.
-#[inline]
-pub fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
+#[inline(always)]
+fn dot_f16_body(w: &[u16], x: &[f32]) -> f32 {
     dot_with(w, x, f16_to_f32)
 }
 
@@ -105,49 +161,19 @@ fn reduce_q(acc: [f32; QLANES]) -> f32 {
     acc.iter().sum()
 }
 
-/// Fast INT8 dot product, the same value as [`dot_int8_ref`] up to
-/// rounding: per group, `QLANES` lane sums of `q x` (columns past the last
-/// full `QLANES` chunk of the group go to a scalar tail), each lane sum
-/// scaled into its own running total (no per-group horizontal sum), then
-/// one fixed-order reduction.
-///
-/// On x86-64 CPUs with AVX2 the same source is run compiled for AVX2
-/// (detected at run time). The order of every operation is fixed by the
-/// source and nothing is fused, so both paths, and every CPU, give the same
-/// bits.
-#[inline]
-pub fn dot_int8(q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { dot_int8_avx2(q, scales, group, x) };
-    }
-    dot_int8_portable(q, scales, group, x)
-}
-
-/// Fast INT4 dot product: as [`dot_int8`], unpacking `QLANES` nibbles
-/// (`QLANES / 2` bytes) at a time; the same bits on every CPU.
-#[inline]
-pub fn dot_int4(packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { dot_int4_avx2(packed, scales, group, x) };
-    }
-    dot_int4_portable(packed, scales, group, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) fn dot_int8_avx2(q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    dot_int8_portable(q, scales, group, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-pub(crate) fn dot_int4_avx2(packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
-    dot_int4_portable(packed, scales, group, x)
-}
+multiversion!(
+    /// Fast INT8 dot product, the same value as [`dot_int8_ref`] up to
+    /// rounding: per group, `QLANES` lane sums of `q x` (columns past the
+    /// last full `QLANES` chunk of the group go to a scalar tail), each lane
+    /// sum scaled into its own running total (no per-group horizontal sum),
+    /// then one fixed-order reduction.
+    dot_int8, dot_int8_on, dot_int8_portable, (q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32
+);
+multiversion!(
+    /// Fast INT4 dot product: as [`dot_int8`], unpacking `QLANES` nibbles
+    /// (`QLANES / 2` bytes) at a time.
+    dot_int4, dot_int4_on, dot_int4_portable, (packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32
+);
 
 /// The body of [`dot_int8`], for whatever target features the caller has.
 #[inline(always)]
@@ -290,6 +316,40 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn float_dots_give_the_same_bits_on_every_instruction_set() {
+        for n in [1usize, 7, 8, 31, 64, 1000, 2048, 2053] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
+                .collect();
+            let w: Vec<f32> = (0..n)
+                .map(|i| ((i * 104729 % 997) as f32 / 997.0 - 0.5) * 0.1)
+                .collect();
+            let w16: Vec<u16> = w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let wb: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+            let want = (
+                dot_f32_on(Isa::Scalar, &w, &x),
+                dot_f16_on(Isa::Scalar, &w16, &x),
+                dot_bf16_on(Isa::Scalar, &wb, &x),
+            );
+            for isa in Isa::available() {
+                assert_eq!(dot_f32_on(isa, &w, &x).to_bits(), want.0.to_bits(), "f32 {isa:?} n={n}");
+                assert_eq!(
+                    dot_f16_on(isa, &w16, &x).to_bits(),
+                    want.1.to_bits(),
+                    "f16 {isa:?} n={n}"
+                );
+                assert_eq!(
+                    dot_bf16_on(isa, &wb, &x).to_bits(),
+                    want.2.to_bits(),
+                    "bf16 {isa:?} n={n}"
+                );
+            }
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            assert!((want.0 as f64 - exact).abs() < 1e-4, "{} vs {exact}", want.0);
+        }
+    }
 
     #[test]
     fn dots_match_naive_sums() {

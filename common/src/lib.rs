@@ -25,6 +25,7 @@ pub mod container;
 pub mod dtype;
 pub mod error;
 pub mod gguf;
+pub mod isa;
 pub mod kernels;
 pub mod quant;
 pub mod safetensors;
@@ -33,6 +34,7 @@ pub mod weight;
 
 pub use dtype::DType;
 pub use error::LoadError;
+pub use isa::Isa;
 pub use quant::{QuantError, WeightFormat};
 pub use safetensors::TensorFiles;
 pub use source::WeightSource;

@@ -694,27 +694,23 @@ mod tests {
         (fast - reference).abs() <= 1e-5 * abs_terms + 1e-6
     }
 
-    /// The portable build of the fast path and the AVX2 build (where this
-    /// CPU has it) give the same bits: vector width never changes a sum.
+    /// Every build of the fast path this CPU runs (portable, AVX2,
+    /// AVX-512) gives the same bits: vector width never changes a sum.
     fn assert_same_on_every_path8(q: &[i8], s: &[f32], group: usize, x: &[f32]) {
-        let portable = crate::kernels::dot_int8_portable(q, s, group, x);
+        let portable = crate::kernels::dot_int8_on(crate::Isa::Scalar, q, s, group, x);
         assert_eq!(portable.to_bits(), dot_int8(q, s, group, x).to_bits());
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present, checked just above.
-            let avx2 = unsafe { crate::kernels::dot_int8_avx2(q, s, group, x) };
-            assert_eq!(portable.to_bits(), avx2.to_bits());
+        for isa in crate::Isa::available() {
+            let got = crate::kernels::dot_int8_on(isa, q, s, group, x);
+            assert_eq!(portable.to_bits(), got.to_bits(), "{isa:?}");
         }
     }
 
     fn assert_same_on_every_path4(p: &[u8], s: &[f32], group: usize, x: &[f32]) {
-        let portable = crate::kernels::dot_int4_portable(p, s, group, x);
+        let portable = crate::kernels::dot_int4_on(crate::Isa::Scalar, p, s, group, x);
         assert_eq!(portable.to_bits(), dot_int4(p, s, group, x).to_bits());
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present, checked just above.
-            let avx2 = unsafe { crate::kernels::dot_int4_avx2(p, s, group, x) };
-            assert_eq!(portable.to_bits(), avx2.to_bits());
+        for isa in crate::Isa::available() {
+            let got = crate::kernels::dot_int4_on(isa, p, s, group, x);
+            assert_eq!(portable.to_bits(), got.to_bits(), "{isa:?}");
         }
     }
 

@@ -4,16 +4,25 @@
 //! blocks from a GGUF file ([`crate::gguf`]), and its products with f32
 //! activations.
 //!
+//! Products go through activations prepared once per product for the
+//! matrix's format: the f32 row as it is, or, for GGML quantized blocks,
+//! the row quantized to 8 bits per block ([`gguf::qdot::Q8Acts`]) so the
+//! dot products run in integers, as those formats are meant to. Every
+//! output element is the same [`Weight::row_dot`] whether it comes from a
+//! single row, a matrix-vector or a (tiled) matrix-matrix product.
+//!
 //! Storage borrows the memory-mapped file when the bytes are aligned for
 //! their type, and copies otherwise (safetensors does not promise
 //! alignment; i8/u8 values never need copying).
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use memmap2::Mmap;
 use rayon::prelude::*;
 
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
+use crate::gguf::qdot::{self, Q8Acts};
 use crate::gguf::{self, GgmlType};
 use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
 use crate::quant::{
@@ -262,6 +271,25 @@ pub struct Weight {
 /// large enough that task overhead stays negligible.
 const ROWS_PER_TASK: usize = 32;
 
+/// Weight rows per tile of a matrix-matrix product: the tile stays in
+/// cache while every activation row passes over it.
+const TILE_ROWS: usize = 16;
+
+/// One activation row prepared for a matrix's format.
+enum Prepared<'a> {
+    /// Formats multiplied with f32 activations.
+    F32(&'a [f32]),
+    /// GGML quantized blocks: the row quantized per 32-element block.
+    Q8(Q8Acts),
+}
+
+thread_local! {
+    /// The quantized-activation buffer a matrix-vector product reuses, so
+    /// the decode loop allocates nothing (taken while in use: a nested
+    /// product on the same thread simply allocates its own).
+    static Q8_SCRATCH: Cell<Q8Acts> = Cell::new(Q8Acts::default());
+}
+
 impl Weight {
     /// Wraps `data` as a `[rows, cols]` matrix.
     ///
@@ -392,11 +420,53 @@ impl Weight {
         }
     }
 
-    /// `dot(row r, x)` with f32 accumulation.
+    /// Whether products quantize the activations (GGML quantized blocks).
+    fn int8_activations(&self) -> bool {
+        matches!(&self.data, WeightData::Gguf { ty, .. } if qdot::supports(*ty))
+    }
+
+    /// `x` prepared for this matrix, reusing the thread's buffer.
+    fn prepare<'a>(&self, x: &'a [f32]) -> Prepared<'a> {
+        if self.int8_activations() {
+            let mut a = Q8_SCRATCH.take();
+            a.quantize(x);
+            Prepared::Q8(a)
+        } else {
+            Prepared::F32(x)
+        }
+    }
+
+    /// Hands a prepared row's buffer back to the thread.
+    fn release(p: Prepared<'_>) {
+        if let Prepared::Q8(a) = p {
+            Q8_SCRATCH.set(a);
+        }
+    }
+
+    /// `dot(row r, x)`, accumulated in f32 (for GGML quantized blocks, with
+    /// `x` quantized per block as every product of this matrix does).
     #[inline]
     pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        let p = self.prepare(x);
+        let v = self.dot_prepared(r, &p);
+        Self::release(p);
+        v
+    }
+
+    #[inline]
+    fn dot_prepared(&self, r: usize, x: &Prepared<'_>) -> f32 {
         let c = self.cols;
         let range = r * c..(r + 1) * c;
+        let x = match x {
+            Prepared::F32(x) => x,
+            Prepared::Q8(a) => {
+                let WeightData::Gguf { ty, data } = &self.data else {
+                    unreachable!("only GGML blocks quantize activations")
+                };
+                let rb = data.len() / self.rows.max(1);
+                return qdot::dot(*ty, &data.as_slice()[r * rb..(r + 1) * rb], a);
+            }
+        };
         match &self.data {
             WeightData::F32(b) => dot_f32(&b.as_slice()[range], x),
             WeightData::BF16(b) => dot_bf16(&b.as_slice()[range], x),
@@ -423,35 +493,65 @@ impl Weight {
     pub fn matvec_seq(&self, x: &[f32], out: &mut [f32]) {
         debug_assert_eq!(x.len(), self.cols);
         debug_assert_eq!(out.len(), self.rows);
+        let p = self.prepare(x);
         for (r, o) in out.iter_mut().enumerate() {
-            *o = self.row_dot(r, x);
+            *o = self.dot_prepared(r, &p);
         }
+        Self::release(p);
     }
 
     /// `out = W x` for one activation row, output rows split across rayon.
     pub fn matvec(&self, x: &[f32], out: &mut [f32]) {
         debug_assert_eq!(x.len(), self.cols);
         debug_assert_eq!(out.len(), self.rows);
+        let p = self.prepare(x);
         out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(chunk, o)| {
             let base = chunk * ROWS_PER_TASK;
             for (i, v) in o.iter_mut().enumerate() {
-                *v = self.row_dot(base + i, x);
+                *v = self.dot_prepared(base + i, &p);
             }
         });
+        Self::release(p);
     }
 
     /// `out[t] = W xs[t]` for `n` activation rows (`xs: n × cols`,
     /// `out: n × rows`). Every output element is the same [`Weight::row_dot`]
-    /// as in [`Weight::matvec`], so batching never changes a bit.
+    /// as in [`Weight::matvec`], so batching never changes a bit. The
+    /// activations are prepared once; tiles of [`TILE_ROWS`] weight rows are
+    /// split across rayon and each tile meets every activation row while it
+    /// is in cache, so the weights are read from memory once per product.
     pub fn matmul(&self, xs: &[f32], n: usize, out: &mut [f32]) {
         debug_assert_eq!(xs.len(), n * self.cols);
         debug_assert_eq!(out.len(), n * self.rows);
         if n == 1 {
             return self.matvec(xs, out);
         }
-        out.par_chunks_mut(self.rows)
-            .zip(xs.par_chunks(self.cols))
-            .for_each(|(o, x)| self.matvec_seq(x, o));
+        let acts: Vec<Prepared<'_>> = xs
+            .chunks_exact(self.cols)
+            .map(|x| {
+                if self.int8_activations() {
+                    Prepared::Q8(Q8Acts::new(x))
+                } else {
+                    Prepared::F32(x)
+                }
+            })
+            .collect();
+        // Tile-major output (`rows × n`), transposed at the end.
+        let mut by_row = vec![0.0f32; self.rows * n];
+        by_row.par_chunks_mut(TILE_ROWS * n).enumerate().for_each(|(tile, o)| {
+            let r0 = tile * TILE_ROWS;
+            let tile_rows = o.len() / n;
+            for (t, a) in acts.iter().enumerate() {
+                for i in 0..tile_rows {
+                    o[i * n + t] = self.dot_prepared(r0 + i, a);
+                }
+            }
+        });
+        for (t, o) in out.chunks_exact_mut(self.rows).enumerate() {
+            for (r, v) in o.iter_mut().enumerate() {
+                *v = by_row[r * n + t];
+            }
+        }
     }
 }
 

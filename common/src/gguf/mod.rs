@@ -26,13 +26,16 @@
 //! # Layout
 //! - [`types`]: [`GgmlType`] and the block structs.
 //! - [`dequant`]: the scalar reference dequantization ([`dequantize`]).
-//! - [`dot`]: row · activation dot products, reference and fast path.
+//! - [`dot`]: row · f32 activation dot products, reference and fast path.
+//! - [`qdot`]: integer dot products of quantized rows with 8-bit
+//!   activations, what [`Weight`] products of quantized blocks use.
 //! - `meta`, `error`: [`MetaValue`], [`GgufError`].
 
 mod dequant;
 pub mod dot;
 mod error;
 mod meta;
+pub mod qdot;
 pub mod types;
 
 use std::collections::HashMap;
@@ -660,9 +663,20 @@ mod tests {
                 w.matvec_seq(x, &mut seq);
                 assert_eq!(bits(&one), bits(&seq));
                 assert_eq!(bits(&one), bits(&batched[t * rows..(t + 1) * rows]));
+                // Quantized blocks run in integers on 8-bit activations.
                 let rb = ty.row_bytes(cols).unwrap();
+                let q8 = qdot::Q8Acts::new(x);
                 for (r, &v) in one.iter().enumerate() {
-                    assert_eq!(v.to_bits(), dot::dot(ty, &bytes[r * rb..(r + 1) * rb], x).to_bits());
+                    let row = &bytes[r * rb..(r + 1) * rb];
+                    let want = if ty.is_quantized() {
+                        qdot::dot(ty, row, &q8)
+                    } else {
+                        dot::dot(ty, row, x)
+                    };
+                    assert_eq!(v.to_bits(), want.to_bits());
+                    if r < 3 {
+                        assert_eq!(w.row_dot(r, x).to_bits(), want.to_bits());
+                    }
                 }
             }
             // Converting out of GGUF dequantizes; converting into it is refused.

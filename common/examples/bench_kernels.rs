@@ -1,0 +1,109 @@
+//! Single-thread throughput of every dot-product kernel on every instruction
+//! set this CPU runs, on a cache-resident matrix (compute, not memory):
+//!
+//!     cargo run --release -p charm-common --example bench_kernels [-- ROWS COLS REPS]
+//!
+//! Prints one line per (format, instruction set): millions of weight
+//! elements multiplied per second (median of 5 timed passes), and the
+//! speed-up over the scalar build. `scripts/bench_vs_llamacpp.sh` runs it
+//! and docs/benchmarks.md quotes it.
+
+use std::time::Instant;
+
+use charm_common::gguf::qdot::{self, Q8Acts};
+use charm_common::gguf::GgmlType;
+use charm_common::kernels::{dot_bf16_on, dot_f32_on, dot_int4_on, dot_int8_on};
+use charm_common::Isa;
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let rows = args.first().copied().unwrap_or(256);
+    let cols = args.get(1).copied().unwrap_or(2048);
+    let reps = args.get(2).copied().unwrap_or(20);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let x: Vec<f32> = (0..cols).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
+    let acts = Q8Acts::new(&x);
+    println!("rows {rows} cols {cols} reps {reps}; M elements/s, median of 5, one thread");
+
+    let time = |f: &dyn Fn() -> f32| -> f64 {
+        let mut runs = Vec::new();
+        let mut sink = 0.0f32;
+        for _ in 0..5 {
+            let t = Instant::now();
+            for _ in 0..reps {
+                sink += f();
+            }
+            runs.push(t.elapsed().as_secs_f64());
+        }
+        std::hint::black_box(sink);
+        runs.sort_by(f64::total_cmp);
+        (rows * cols * reps) as f64 / runs[2] / 1e6
+    };
+    let report = |name: &str, f: &dyn Fn(Isa) -> f32| {
+        let mut scalar = 0.0;
+        for isa in Isa::available() {
+            let rate = time(&|| f(isa));
+            if isa == Isa::Scalar {
+                scalar = rate;
+            }
+            println!("{name:>6} {:<11} {rate:>9.0}  x{:.1}", isa.name(), rate / scalar);
+        }
+    };
+
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
+        let rb = ty.row_bytes(cols).expect("cols a multiple of 256");
+        let mut data: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        // Small finite f16 scales where each type keeps them.
+        let f16_at: &[usize] = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+            GgmlType::Q6_K => &[208],
+            _ => &[0, 2],
+        };
+        for b in data.chunks_exact_mut(ty.block_bytes()) {
+            for &at in f16_at {
+                b[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+            }
+        }
+        report(ty.name(), &|isa| {
+            data.chunks_exact(rb).map(|row| qdot::dot_on(isa, ty, row, &acts)).sum()
+        });
+    }
+
+    let w: Vec<f32> = (0..rows * cols).map(|_| (next() % 2000) as f32 / 1e5).collect();
+    report("f32", &|isa| w.chunks_exact(cols).map(|r| dot_f32_on(isa, r, &x)).sum());
+    let wb: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    report("bf16", &|isa| {
+        wb.chunks_exact(cols).map(|r| dot_bf16_on(isa, r, &x)).sum()
+    });
+    let q8: Vec<i8> = (0..rows * cols).map(|_| next() as i8).collect();
+    let scales = vec![0.01f32; rows * cols / 32];
+    let gpr = cols / 32;
+    report("int8", &|isa| {
+        q8.chunks_exact(cols)
+            .zip(scales.chunks_exact(gpr))
+            .map(|(r, s)| dot_int8_on(isa, r, s, 32, &x))
+            .sum()
+    });
+    let q4: Vec<u8> = (0..rows * cols / 2).map(|_| next() as u8).collect();
+    report("int4", &|isa| {
+        q4.chunks_exact(cols / 2)
+            .zip(scales.chunks_exact(gpr))
+            .map(|(r, s)| dot_int4_on(isa, r, s, 32, &x))
+            .sum()
+    });
+}

@@ -1,0 +1,210 @@
+//! Integer dot products of GGML quantized rows with 8-bit activations, the
+//! way those formats are meant to run: the activation row is quantized once
+//! per product ([`Q8Acts`], blocks of 32 with an f32 scale), each 32-element
+//! block multiplies weight codes by activation codes in integers, and only
+//! the per-block scales are applied in f32.
+//!
+//! # The definition
+//!
+//! For a row of type `ty` and activations `a` ([`Q8Acts`]), every 32-element
+//! block `b` of the row (a K-quant super-block is 8 such blocks) yields two
+//! exact integer sums over its halves, `lo = Σ_{i<16} c_i q_i` and
+//! `hi = Σ_{16≤i<32} c_i q_i` (`c` the stored weight code: the nibble, the
+//! 5- or 6-bit code, or Q8_0's signed byte; `q` the activation codes), and
+//! with `S = a.s16[2b] + a.s16[2b + 1]`, `dx = a.d[b]`, one f32 term:
+//!
+//! | type | term |
+//! |---|---|
+//! | Q8_0 | `(d * dx) * f32(lo + hi)` |
+//! | Q4_0 / Q5_0 | `(d * dx) * f32(lo + hi - 8 S)` / `- 16 S` |
+//! | Q4_1 / Q5_1 | `(d * dx) * f32(lo + hi) + (m * dx) * f32(S)` |
+//! | Q4_K / Q5_K | `(d * dx) * f32(sc (lo + hi)) - (dmin * dx) * f32(mn S)` |
+//! | Q6_K | `(d * dx) * f32(sc₀ (lo - 32 s16[2b]) + sc₁ (hi - 32 s16[2b + 1]))` |
+//!
+//! (`d`, `m`, `dmin` the f16 fields widened; `sc`, `mn` the sub-block's
+//! 6-bit scale and min; `sc₀`, `sc₁` Q6_K's i8 scales of the two halves).
+//! Term `b` is added to lane `b % 8` of eight f32 sums, which are reduced as
+//! `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`.
+//!
+//! # One result on every CPU
+//!
+//! The integer sums are exact whatever the instruction set (no product or
+//! partial sum can saturate: codes are at most 63 or are Q8_0's bytes, and
+//! activation codes at most 127 in magnitude), and the float part is this
+//! module's one [`combine`] routine, inlined into every path, with no fused
+//! multiply-add. So the scalar reference, AVX2, AVX-512 VNNI and NEON give
+//! the same bits, which is what lets an expert run on any machine of a
+//! cluster (DESIGN.md's one rule). Tests hold every path available here to
+//! the scalar reference bit for bit, and the reference to the f64 product of
+//! the dequantized row with the dequantized activations.
+//!
+//! # Layout
+//! - [`acts`]: [`Q8Acts`], the activation quantization.
+//! - `reference`: the scalar codes and sums (the definition, and the path on
+//!   CPUs without a vector unit charm knows).
+//! - `x86`: AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) sums.
+//! - `neon`: AArch64 sums (widening multiplies).
+
+mod acts;
+#[cfg(target_arch = "aarch64")]
+mod neon;
+mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use acts::Q8Acts;
+
+pub use crate::isa::Isa;
+
+use super::types::{f16_le, scale_min_k4, GgmlType, QK, QK_K};
+
+/// Whether `ty` has an integer dot product here (every quantized type).
+pub fn supports(ty: GgmlType) -> bool {
+    ty.is_quantized()
+}
+
+/// Integer sums of up to eight 32-element blocks: `lo[b]`, `hi[b]` over the
+/// halves of block `b` (blocks past the chunk's end are zero).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Raw {
+    pub lo: [i32; 8],
+    pub hi: [i32; 8],
+}
+
+/// One instruction set's integer sums for a chunk of a row: up to eight
+/// 32-element blocks of the 32-element types (`nblocks` of them), or one
+/// K-quant super-block (`nblocks == 8`). `q` holds the chunk's activation
+/// codes, `s16` its half sums.
+pub(crate) trait Sums {
+    /// # Safety
+    /// The CPU must run the instruction set; `chunk` must hold `nblocks`
+    /// blocks of `ty` (or one super-block) and `q` `32 * nblocks` codes.
+    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], s16: &[i32], nblocks: usize) -> Raw;
+}
+
+/// Dot product of a row of `ty` (`row`: its bytes) with quantized
+/// activations, on the active instruction set ([`Isa::active`]).
+///
+/// # Panics
+/// If `ty` is not quantized or `row` does not hold `acts.len()` elements.
+#[inline]
+pub fn dot(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
+    dot_on(Isa::active(), ty, row, acts)
+}
+
+/// [`dot`] on a chosen instruction set (tests and benchmarks); an
+/// instruction set this CPU does not run falls back to the scalar path.
+pub fn dot_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
+    assert!(supports(ty), "{ty} has no integer dot product");
+    assert_eq!(
+        ty.row_bytes(acts.len()),
+        Some(row.len()),
+        "{ty} row does not match {} activations",
+        acts.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if Isa::available().contains(&isa) {
+        match isa {
+            // SAFETY: the CPU runs the instruction set (checked above).
+            Isa::Avx512Vnni => return unsafe { x86::dot_avx512vnni(ty, row, acts) },
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { x86::dot_avx2(ty, row, acts) },
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // SAFETY: Advanced SIMD is part of every AArch64 CPU.
+        return unsafe { row_dot::<neon::Neon>(ty, row, acts) };
+    }
+    let _ = isa;
+    // SAFETY: the scalar path runs everywhere.
+    unsafe { row_dot::<reference::Scalar>(ty, row, acts) }
+}
+
+/// The row loop shared by every instruction set: chunks of 8 blocks (or one
+/// super-block), integer sums from `S`, terms from [`combine`].
+///
+/// # Safety
+/// The CPU must run `S`'s instruction set; `row` must hold `acts.len()`
+/// elements of `ty`.
+#[inline(always)]
+pub(crate) unsafe fn row_dot<S: Sums>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let super_blocks = ty.block_elems() == QK_K;
+    let chunk_bytes = if super_blocks {
+        ty.block_bytes()
+    } else {
+        8 * ty.block_bytes()
+    };
+    let mut b0 = 0;
+    for chunk in row.chunks(chunk_bytes) {
+        let k = if super_blocks {
+            8
+        } else {
+            chunk.len() / ty.block_bytes()
+        };
+        let q = &acts.qs[b0 * QK..(b0 + k) * QK];
+        let s16 = &acts.s16[2 * b0..2 * (b0 + k)];
+        // SAFETY: forwarded from the caller; `chunk` holds `k` blocks.
+        let raw = unsafe { S::raw(ty, chunk, q, s16, k) };
+        combine(ty, chunk, k, &raw, &acts.d[b0..b0 + k], s16, &mut acc);
+        b0 += k;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// Adds the f32 terms of one chunk's `k` blocks to the lanes (the table in
+/// the module docs). The one place for the float part of every path.
+#[inline(always)]
+pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32], s16: &[i32], acc: &mut [f32; 8]) {
+    let half = |b: usize| (s16[2 * b], s16[2 * b + 1]);
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let (bs, off) = match ty {
+                GgmlType::Q8_0 => (34, 0),
+                GgmlType::Q4_0 => (18, 8),
+                _ => (22, 16),
+            };
+            for b in 0..k {
+                let d = f16_le([chunk[b * bs], chunk[b * bs + 1]]);
+                let (s0, s1) = half(b);
+                let i = raw.lo[b] + raw.hi[b] - off * (s0 + s1);
+                acc[b] += (d * dx[b]) * i as f32;
+            }
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            let bs = if ty == GgmlType::Q4_1 { 20 } else { 24 };
+            for b in 0..k {
+                let p = &chunk[b * bs..];
+                let (d, m) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]]));
+                let (s0, s1) = half(b);
+                acc[b] += (d * dx[b]) * (raw.lo[b] + raw.hi[b]) as f32 + (m * dx[b]) * (s0 + s1) as f32;
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (d, dmin) = (f16_le([chunk[0], chunk[1]]), f16_le([chunk[2], chunk[3]]));
+            let scales: &[u8; 12] = chunk[4..16].try_into().expect("12 scale bytes");
+            for b in 0..8 {
+                let (sc, mn) = scale_min_k4(scales, b);
+                let (s0, s1) = half(b);
+                let i = sc as i32 * (raw.lo[b] + raw.hi[b]);
+                let m = mn as i32 * (s0 + s1);
+                acc[b] += (d * dx[b]) * i as f32 - (dmin * dx[b]) * m as f32;
+            }
+        }
+        GgmlType::Q6_K => {
+            let d = f16_le([chunk[208], chunk[209]]);
+            for b in 0..8 {
+                let (sc0, sc1) = (chunk[192 + 2 * b] as i8 as i32, chunk[193 + 2 * b] as i8 as i32);
+                let (s0, s1) = half(b);
+                let i = sc0 * (raw.lo[b] - 32 * s0) + sc1 * (raw.hi[b] - 32 * s1);
+                acc[b] += (d * dx[b]) * i as f32;
+            }
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer dot"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+//! AArch64 integer sums: each 16-element half of a block decoded into one
+//! 128-bit register of codes (all below 128, so they are valid `i8`),
+//! multiplied by the activation codes with widening `smull` (i8 × i8 →
+//! i16, never overflowing), pairwise-added into i32 lanes and summed
+//! across the register.
+
+use std::arch::aarch64::*;
+
+use super::super::types::{GgmlType, QK};
+use super::{Raw, Sums};
+
+/// Advanced SIMD sums.
+pub(crate) struct Neon;
+
+#[inline(always)]
+unsafe fn dot16(c: uint8x16_t, q: *const i8) -> i32 {
+    // SAFETY: the caller's pointer covers 16 codes.
+    unsafe {
+        let c = vreinterpretq_s8_u8(c);
+        let q = vld1q_s8(q);
+        let p0 = vmull_s8(vget_low_s8(c), vget_low_s8(q));
+        let p1 = vmull_high_s8(c, q);
+        vaddvq_s32(vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)))
+    }
+}
+
+/// `0x10` in byte `i` where bit `i` of `bits` is set.
+#[inline(always)]
+unsafe fn high_bits16(bits: u16) -> uint8x16_t {
+    const MASK: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    // SAFETY: MASK holds 16 bytes.
+    unsafe {
+        let v = vcombine_u8(vdup_n_u8(bits as u8), vdup_n_u8((bits >> 8) as u8));
+        vandq_u8(vtstq_u8(v, vld1q_u8(MASK.as_ptr())), vdupq_n_u8(0x10))
+    }
+}
+
+/// `((x >> s) & mask) << 4` in every byte.
+#[inline(always)]
+unsafe fn shifted_high(x: uint8x16_t, s: i8, mask: u8) -> uint8x16_t {
+    vshlq_n_u8::<4>(vandq_u8(vshlq_u8(x, vdupq_n_s8(-s)), vdupq_n_u8(mask)))
+}
+
+impl Sums for Neon {
+    #[inline(always)]
+    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], _s16: &[i32], nblocks: usize) -> Raw {
+        let mut raw = Raw::default();
+        let c = chunk.as_ptr();
+        let qp = |b: usize, half: usize| q[b * QK + 16 * half..].as_ptr();
+        // SAFETY (every load below): `chunk` holds `nblocks` blocks of `ty`
+        // (or one super-block) and `q` their 32 codes each.
+        unsafe {
+            let low4 = vdupq_n_u8(0x0f);
+            let mut put = |b: usize, lo: uint8x16_t, hi: uint8x16_t| {
+                raw.lo[b] = dot16(lo, qp(b, 0));
+                raw.hi[b] = dot16(hi, qp(b, 1));
+            };
+            match ty {
+                GgmlType::Q8_0 => {
+                    for b in 0..nblocks {
+                        let p = c.add(34 * b + 2);
+                        put(b, vld1q_u8(p), vld1q_u8(p.add(16)));
+                    }
+                }
+                GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                    let (bs, at) = if ty == GgmlType::Q4_0 { (18, 2) } else { (20, 4) };
+                    for b in 0..nblocks {
+                        let x = vld1q_u8(c.add(bs * b + at));
+                        put(b, vandq_u8(x, low4), vshrq_n_u8::<4>(x));
+                    }
+                }
+                GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                    let (bs, qh_at, qs_at) = if ty == GgmlType::Q5_0 { (22, 2, 6) } else { (24, 4, 8) };
+                    for b in 0..nblocks {
+                        let p = c.add(bs * b);
+                        let bits = (p.add(qh_at) as *const u32).read_unaligned();
+                        let x = vld1q_u8(p.add(qs_at));
+                        put(
+                            b,
+                            vorrq_u8(vandq_u8(x, low4), high_bits16(bits as u16)),
+                            vorrq_u8(vshrq_n_u8::<4>(x), high_bits16((bits >> 16) as u16)),
+                        );
+                    }
+                }
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    let k5 = ty == GgmlType::Q5_K;
+                    let qs = c.add(if k5 { 48 } else { 16 });
+                    let (qh0, qh1) = (vld1q_u8(c.add(16)), vld1q_u8(c.add(32)));
+                    for i in 0..4 {
+                        let (x0, x1) = (vld1q_u8(qs.add(32 * i)), vld1q_u8(qs.add(32 * i + 16)));
+                        let (mut a0, mut a1) = (vandq_u8(x0, low4), vandq_u8(x1, low4));
+                        let (mut b0, mut b1) = (vshrq_n_u8::<4>(x0), vshrq_n_u8::<4>(x1));
+                        if k5 {
+                            let (j0, j1) = (2 * i as i8, 2 * i as i8 + 1);
+                            a0 = vorrq_u8(a0, shifted_high(qh0, j0, 1));
+                            a1 = vorrq_u8(a1, shifted_high(qh1, j0, 1));
+                            b0 = vorrq_u8(b0, shifted_high(qh0, j1, 1));
+                            b1 = vorrq_u8(b1, shifted_high(qh1, j1, 1));
+                        }
+                        put(2 * i, a0, a1);
+                        put(2 * i + 1, b0, b1);
+                    }
+                }
+                GgmlType::Q6_K => {
+                    for h in 0..2 {
+                        let ql = c.add(64 * h);
+                        let (l0a, l0b) = (vld1q_u8(ql), vld1q_u8(ql.add(16)));
+                        let (l1a, l1b) = (vld1q_u8(ql.add(32)), vld1q_u8(ql.add(48)));
+                        let (ha, hb) = (vld1q_u8(c.add(128 + 32 * h)), vld1q_u8(c.add(144 + 32 * h)));
+                        let lows = [
+                            (vandq_u8(l0a, low4), vandq_u8(l0b, low4)),
+                            (vandq_u8(l1a, low4), vandq_u8(l1b, low4)),
+                            (vshrq_n_u8::<4>(l0a), vshrq_n_u8::<4>(l0b)),
+                            (vshrq_n_u8::<4>(l1a), vshrq_n_u8::<4>(l1b)),
+                        ];
+                        for (k, (la, lb)) in lows.into_iter().enumerate() {
+                            let s = 2 * k as i8;
+                            put(
+                                4 * h + k,
+                                vorrq_u8(la, shifted_high(ha, s, 3)),
+                                vorrq_u8(lb, shifted_high(hb, s, 3)),
+                            );
+                        }
+                    }
+                }
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer sums"),
+            }
+        }
+        raw
+    }
+}

@@ -1,0 +1,93 @@
+//! The scalar definition of the integer sums: each 32-element block's
+//! weight codes spelled out one by one ([`codes`]), multiplied by the
+//! activation codes in `i32`.
+
+use super::super::types::{GgmlType, QK};
+use super::{Raw, Sums};
+
+/// The portable path.
+pub(crate) struct Scalar;
+
+impl Sums for Scalar {
+    #[inline(always)]
+    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], _s16: &[i32], nblocks: usize) -> Raw {
+        let mut raw = Raw::default();
+        for b in 0..nblocks {
+            let c = codes(ty, chunk, b);
+            let qb = &q[b * QK..(b + 1) * QK];
+            let mut lo = 0i32;
+            let mut hi = 0i32;
+            for i in 0..16 {
+                lo += c[i] as i32 * qb[i] as i32;
+                hi += c[i + 16] as i32 * qb[i + 16] as i32;
+            }
+            raw.lo[b] = lo;
+            raw.hi[b] = hi;
+        }
+        raw
+    }
+}
+
+/// The 32 weight codes of block `b` of a chunk: up to eight blocks of a
+/// 32-element type, or the 8 sub-blocks of one K-quant super-block. The
+/// codes are unsigned (0..=63) except Q8_0's, which are its signed bytes.
+pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
+    let mut c = [0i16; QK];
+    let nib = |qs: &[u8], c: &mut [i16; QK]| {
+        for j in 0..16 {
+            c[j] = (qs[j] & 0x0f) as i16;
+            c[j + 16] = (qs[j] >> 4) as i16;
+        }
+    };
+    let high5 = |qh: &[u8], c: &mut [i16; QK]| {
+        let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+        for (j, v) in c.iter_mut().enumerate() {
+            *v |= (((qh >> j) & 1) << 4) as i16;
+        }
+    };
+    match ty {
+        GgmlType::Q8_0 => {
+            let p = &chunk[34 * b..];
+            for (v, &x) in c.iter_mut().zip(&p[2..34]) {
+                *v = x as i8 as i16;
+            }
+        }
+        GgmlType::Q4_0 => nib(&chunk[18 * b + 2..], &mut c),
+        GgmlType::Q4_1 => nib(&chunk[20 * b + 4..], &mut c),
+        GgmlType::Q5_0 => {
+            let p = &chunk[22 * b..];
+            nib(&p[6..], &mut c);
+            high5(&p[2..6], &mut c);
+        }
+        GgmlType::Q5_1 => {
+            let p = &chunk[24 * b..];
+            nib(&p[8..], &mut c);
+            high5(&p[4..8], &mut c);
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            // Sub-block 2i: low nibbles of qs[32i..32i + 32]; 2i + 1: high.
+            let qs_at = if ty == GgmlType::Q4_K { 16 } else { 48 };
+            let qs = &chunk[qs_at + 32 * (b / 2)..qs_at + 32 * (b / 2) + 32];
+            for (l, v) in c.iter_mut().enumerate() {
+                *v = if b % 2 == 0 { qs[l] & 0x0f } else { qs[l] >> 4 } as i16;
+                if ty == GgmlType::Q5_K {
+                    // Bit 4 of sub-block b's element l: bit b of qh[l].
+                    *v |= (((chunk[16 + l] >> b) & 1) << 4) as i16;
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            // Half h = b / 4, k = b % 4: low 4 bits from ql[64h + l + 32 (k & 1)]
+            // (low nibble for k < 2), high 2 bits (qh[32h + l] >> 2k) & 3.
+            let (h, k) = (b / 4, b % 4);
+            for (l, v) in c.iter_mut().enumerate() {
+                let ql = chunk[64 * h + l + 32 * (k & 1)];
+                let low = if k < 2 { ql & 0x0f } else { ql >> 4 };
+                let high = (chunk[128 + 32 * h + l] >> (2 * k)) & 3;
+                *v = (low | (high << 4)) as i16;
+            }
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no codes"),
+    }
+    c
+}

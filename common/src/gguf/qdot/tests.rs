@@ -1,0 +1,230 @@
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::reference::codes;
+use super::*;
+use crate::gguf::dequantize_into;
+use crate::gguf::dot::tests::{acts, random_row};
+
+const QUANTIZED: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+fn dequantized(ty: GgmlType, row: &[u8], cols: usize) -> Vec<f32> {
+    let mut w = vec![0.0f32; cols];
+    dequantize_into(ty, row, &mut w);
+    w
+}
+
+/// Random widths: a few blocks (partial chunks), or up to 8192 columns.
+fn random_cols(rng: &mut ChaCha8Rng, ty: GgmlType, case: usize) -> usize {
+    let max_blocks = if case % 3 == 0 { 11 } else { 8192 / ty.block_elems() };
+    ty.block_elems() * rng.gen_range(1..=max_blocks)
+}
+
+#[test]
+fn codes_spell_out_the_dequantized_values() {
+    // The codes the integer paths multiply, put back through each type's
+    // scales, give the reference dequantization bit for bit.
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for ty in QUANTIZED {
+        for _ in 0..20 {
+            let cols = ty.block_elems() * rng.gen_range(1..=4);
+            let row = random_row(&mut rng, ty, cols);
+            let want = dequantized(ty, &row, cols);
+            let chunk_bytes = if ty.block_elems() == QK_K {
+                ty.block_bytes()
+            } else {
+                8 * ty.block_bytes()
+            };
+            let mut got = Vec::new();
+            for chunk in row.chunks(chunk_bytes) {
+                let k = if ty.block_elems() == QK_K {
+                    8
+                } else {
+                    chunk.len() / ty.block_bytes()
+                };
+                for b in 0..k {
+                    let c = codes(ty, chunk, b);
+                    got.extend(c.iter().enumerate().map(|(i, &c)| value(ty, chunk, b, i, c)));
+                }
+            }
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{ty} element {i}: {g} vs {w}");
+            }
+        }
+    }
+}
+
+/// Element `i` of block `b` from its code, with the dequantization's
+/// arithmetic (see `dequant.rs`).
+fn value(ty: GgmlType, chunk: &[u8], b: usize, i: usize, c: i16) -> f32 {
+    let f16 = |at: usize| f16_le([chunk[at], chunk[at + 1]]);
+    match ty {
+        GgmlType::Q8_0 => c as f32 * f16(34 * b),
+        GgmlType::Q4_0 => f16(18 * b) * (c - 8) as f32,
+        GgmlType::Q5_0 => f16(22 * b) * (c - 16) as f32,
+        GgmlType::Q4_1 => f16(20 * b) * c as f32 + f16(20 * b + 2),
+        GgmlType::Q5_1 => f16(24 * b) * c as f32 + f16(24 * b + 2),
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (sc, m) = scale_min_k4(chunk[4..16].try_into().unwrap(), b);
+            (f16(0) * sc as f32) * c as f32 - f16(2) * m as f32
+        }
+        GgmlType::Q6_K => {
+            let sc = chunk[192 + (32 * b + i) / 16] as i8;
+            (f16(208) * sc as f32) * (c - 32) as f32
+        }
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn every_instruction_set_gives_the_reference_bits() {
+    let isas = Isa::available();
+    println!("instruction sets here: {isas:?}");
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    for ty in QUANTIZED {
+        for case in 0..40 {
+            let cols = random_cols(&mut rng, ty, case);
+            let mut x = acts(&mut rng, cols);
+            if case % 5 == 1 {
+                // Extreme activations: one huge value per block, the rest tiny.
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = if i % 32 == 7 { 1e4 } else { *v * 1e-3 };
+                }
+            }
+            let a = Q8Acts::new(&x);
+            for _ in 0..3 {
+                let row = random_row(&mut rng, ty, cols);
+                let want = dot_on(Isa::Scalar, ty, &row, &a);
+                for &isa in &isas {
+                    let got = dot_on(isa, ty, &row, &a);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{ty} x{cols} on {isa:?}: {got} vs {want}"
+                    );
+                }
+                assert_eq!(dot(ty, &row, &a).to_bits(), want.to_bits());
+            }
+        }
+    }
+}
+
+#[test]
+fn extreme_codes_stay_exact() {
+    // Q8_0 bytes of -128 and 127 against activation codes of ±127 are the
+    // largest products any path forms; one block, so the result is exactly
+    // `(d * dx) * Σ w q`.
+    for pattern in 0..4u32 {
+        let w: Vec<i8> = (0..32)
+            .map(|i| match pattern {
+                0 => -128,
+                1 => 127,
+                2 => {
+                    if i % 2 == 0 {
+                        -128
+                    } else {
+                        127
+                    }
+                }
+                _ => {
+                    if i < 16 {
+                        -128
+                    } else {
+                        127
+                    }
+                }
+            })
+            .collect();
+        let mut row = half::f16::from_f32(1.0).to_bits().to_le_bytes().to_vec();
+        row.extend(w.iter().map(|&v| v as u8));
+        let x: Vec<f32> = (0..32)
+            .map(|i| if (i + pattern) % 3 == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let a = Q8Acts::new(&x);
+        let isum: i32 = w.iter().zip(&a.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
+        let want = (1.0f32 * a.d[0]) * isum as f32;
+        for isa in Isa::available() {
+            let got = dot_on(isa, GgmlType::Q8_0, &row, &a);
+            assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} pattern {pattern}");
+        }
+    }
+}
+
+#[test]
+fn the_reference_is_the_product_of_the_dequantized_values() {
+    // Against f64 products of the dequantized weights and the dequantized
+    // activations, only the f32 scaling and lane sums round.
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for ty in QUANTIZED {
+        let mut worst = 0.0f64;
+        for case in 0..30 {
+            let cols = random_cols(&mut rng, ty, case);
+            let x = acts(&mut rng, cols);
+            let a = Q8Acts::new(&x);
+            let xq = a.dequantized();
+            let row = random_row(&mut rng, ty, cols);
+            let w = dequantized(ty, &row, cols);
+            let exact: f64 = w.iter().zip(&xq).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let mag: f64 = w.iter().zip(&xq).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let got = dot_on(Isa::Scalar, ty, &row, &a) as f64;
+            let err = (got - exact).abs() / mag.max(1e-30);
+            worst = worst.max(err);
+            assert!(
+                (got - exact).abs() <= 1e-5 * mag + 1e-6,
+                "{ty} x{cols}: {got} vs {exact}"
+            );
+        }
+        println!("{ty}: worst rounding {worst:.2e} of the magnitude");
+    }
+}
+
+#[test]
+fn activation_rounding_is_bounded() {
+    // Against the f32 activations: each activation moves by at most half
+    // its block's step, so the product moves by at most Σ |w| d / 2.
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    for ty in QUANTIZED {
+        for case in 0..20 {
+            let cols = random_cols(&mut rng, ty, case);
+            let x = acts(&mut rng, cols);
+            let a = Q8Acts::new(&x);
+            let row = random_row(&mut rng, ty, cols);
+            let w = dequantized(ty, &row, cols);
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let bound: f64 = w
+                .chunks_exact(32)
+                .zip(&a.d)
+                .map(|(wb, &d)| wb.iter().map(|v| v.abs() as f64).sum::<f64>() * d as f64 / 2.0)
+                .sum();
+            let mag: f64 = w.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let got = dot(ty, &row, &a) as f64;
+            assert!(
+                (got - exact).abs() <= bound * 1.001 + 1e-5 * mag + 1e-6,
+                "{ty} x{cols}: {got} vs {exact} (bound {bound})"
+            );
+        }
+    }
+}
+
+#[test]
+fn non_finite_activations_give_nan() {
+    let ty = GgmlType::Q8_0;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let row = random_row(&mut rng, ty, 64);
+    let mut x = acts(&mut rng, 64);
+    x[40] = f32::NAN;
+    let a = Q8Acts::new(&x);
+    for isa in Isa::available() {
+        assert!(dot_on(isa, ty, &row, &a).is_nan(), "{isa:?}");
+    }
+}

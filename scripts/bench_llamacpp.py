@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""One llama.cpp run on a GGUF file, as scripts/bench_vs_llamacpp.sh times it.
+
+    PY scripts/bench_llamacpp.py MODEL.gguf --threads 2 --prompt-ids 1,2,3 --max-tokens 128
+
+PY is a Python with the `llama-cpp-python` package (llama.cpp compiled for
+this CPU; bench_vs_llamacpp.sh builds it). Prefills the prompt ids in one
+batch, then decodes `--max-tokens` tokens greedily (argmax of the logits,
+end-of-sequence ignored, as `coordinator generate --ignore-eos` does), and
+prints one JSON line: prompt and generated token counts, prefill and decode
+tokens per second from llama.cpp's own timers (`llama_perf_context`, which
+leave out Python's overhead), and the generated ids.
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import llama_cpp
+from llama_cpp import Llama
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+
+    prompt = [int(t) for t in args.prompt_ids.split(",") if t]
+    n_ctx = len(prompt) + args.max_tokens + 8
+    llm = Llama(
+        model_path=args.model,
+        n_ctx=n_ctx,
+        n_batch=max(len(prompt), 1),
+        n_ubatch=max(len(prompt), 1),
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        use_mmap=True,
+        verbose=False,
+    )
+    ctx = llm.ctx
+    llama_cpp.llama_perf_context_reset(ctx)
+    llm.eval(prompt)
+    n_vocab = llm.n_vocab()
+    ids = []
+    for _ in range(args.max_tokens):
+        # The last evaluated position's logits, straight from llama.cpp.
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        tok = int(np.argmax(logits))
+        ids.append(tok)
+        if len(ids) == args.max_tokens:
+            break
+        llm.eval([tok])
+    perf = llama_cpp.llama_perf_context(ctx)
+    out = {
+        "engine": "llama.cpp",
+        "version": llama_cpp.__version__,
+        "prompt_tokens": perf.n_p_eval,
+        "generated_tokens": len(ids),
+        "prefill_tok_s": perf.n_p_eval / (perf.t_p_eval_ms / 1e3) if perf.t_p_eval_ms > 0 else 0.0,
+        "decode_tok_s": perf.n_eval / (perf.t_eval_ms / 1e3) if perf.t_eval_ms > 0 else 0.0,
+        "decoded_steps": perf.n_eval,
+        "ids": ids,
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
