@@ -62,7 +62,11 @@ fn smollm2_gguf_dense_answers_with_its_own_tokenizer_and_template() {
     }
     // SmolLM2 splits digits one by one.
     assert_eq!(codec.encode("123").unwrap().len(), 3);
-    let a = answer(&engine, &codec, "What is the capital of France?");
+    // Quantized GGUF rows multiply 8-bit activations, as llama.cpp runs
+    // them; at 135M parameters in Q4_1 that costs the model the bare
+    // "What is the capital of France?" (llama.cpp 0.3.36 answers it
+    // "L'Étoile, la Cité, ..." too), so the question asks for one word.
+    let a = answer(&engine, &codec, "What is the capital city of France? Answer in one word.");
     assert!(a.contains("Paris"), "{a:?}");
 }
 
@@ -95,7 +99,11 @@ fn upcycled_demo_moe_answers_and_routes_to_every_expert() {
     let seen = Arc::new(Seen::default());
     engine.set_observer(seen.clone());
     let codec = TextCodec::for_model(&dir).unwrap();
-    let a = answer(&engine, &codec, "What is the capital of France?");
+    // Quantized GGUF rows multiply 8-bit activations, as llama.cpp runs
+    // them; at 135M parameters in Q4_1 that costs the model the bare
+    // "What is the capital of France?" (llama.cpp 0.3.36 answers it
+    // "L'Étoile, la Cité, ..." too), so the question asks for one word.
+    let a = answer(&engine, &codec, "What is the capital city of France? Answer in one word.");
     assert!(a.contains("Paris"), "{a:?}");
 
     let paragraph = "The history of the city begins with a small fishing village on the river. Over the \

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# charm against llama.cpp on the very same GGUF files, on this machine.
+#
+#   bash scripts/bench_vs_llamacpp.sh          # results: docs/benchmarks.md
+#
+# 1. Builds `coordinator` (release) and the kernel micro-benchmark.
+# 2. Once, outside the repository: a venv $LLAMA_VENV with the PyPI package
+#    llama-cpp-python (which compiles llama.cpp for this CPU with
+#    GGML_NATIVE=ON; AMX off, see docs/TEST-MATERIAL notes) and its source
+#    in $LLAMA_SRC (for llama.cpp's converter, convert_hf_to_gguf.py).
+# 3. Once: the bench model $BENCH/olmoe-w (scripts/make_bench_model.py:
+#    OLMoE-1B-7B widths, hidden 2048, 16 heads, 64 experts of 1024, top-8,
+#    vocabulary 50304, $LAYERS layers, random weights), given the OLMo
+#    tokenizer, converted by llama.cpp's converter to Q8_0, and to Q4_0 by
+#    llama.cpp's quantizer (llama_model_quantize) from a BF16 conversion.
+# 4. For each of $RUNS rounds and each type: charm (`generate --ignore-eos`)
+#    then llama.cpp (scripts/bench_llamacpp.py), alternating, on the same
+#    $PROMPT random prompt ids, $GEN decoded tokens, $THREADS threads.
+#    `corecheck` (scripts/lib/corecheck.c) measures memory read bandwidth
+#    with 1 and 2 threads before each round (and whether the second core is
+#    there: this VM's sometimes vanishes).
+# 5. Prints medians per engine and type, the median of the per-round ratios
+#    charm / llama.cpp, whether both engines produced the same ids, and the
+#    decode roofline: bytes of weights one decoded token reads (every dense
+#    tensor, one embedding row, top-k / experts of each expert tensor, from
+#    the GGUF's tensor table) divided by the 2-thread read bandwidth.
+#    Raw JSON lines and the table go to $BENCH/vs-llamacpp-<time>/.
+#
+# Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
+# RUNS (5), PROMPT (512), GEN (128), THREADS (2), TYPES ("q8_0 q4_0"),
+# LLAMA_VENV (/work/llama-venv), LLAMA_SRC (/work/llama-src), BENCH_PY
+# (/work/bench-venv/bin/python: numpy, for make_bench_model.py), CONVERT_PY
+# (/work/venv/bin/python: torch, transformers, safetensors, numpy, for
+# llama.cpp's converter).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BENCH="${CHARM_BENCH_DIR:-/work/charm-bench}"
+LAYERS="${LAYERS:-4}"
+RUNS="${RUNS:-5}"
+PROMPT="${PROMPT:-512}"
+GEN="${GEN:-128}"
+THREADS="${THREADS:-2}"
+TYPES="${TYPES:-q8_0 q4_0}"
+LLAMA_VENV="${LLAMA_VENV:-/work/llama-venv}"
+LLAMA_SRC="${LLAMA_SRC:-/work/llama-src}"
+LLAMA_VERSION=0.3.36
+BENCH_PY="${BENCH_PY:-/work/bench-venv/bin/python}"
+CONVERT_PY="${CONVERT_PY:-/work/venv/bin/python}"
+mkdir -p "$BENCH"
+
+echo "== building charm (release)" >&2
+(cd "$ROOT" && cargo build --release -q -p charm-coordinator && cargo build --release -q -p charm-common --example bench_kernels)
+TARGET="$(cd "$ROOT" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+CHARM="$TARGET/release/coordinator"
+
+if [ ! -x "$LLAMA_VENV/bin/python" ] || ! "$LLAMA_VENV/bin/python" -c "import llama_cpp" 2>/dev/null; then
+  echo "== building llama.cpp $LLAMA_VERSION into $LLAMA_VENV (about 10 minutes on 2 cores)" >&2
+  python3 -m venv "$LLAMA_VENV"
+  AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='$AMX' -DCMAKE_CXX_FLAGS='$AMX'" \
+    "$LLAMA_VENV/bin/pip" install -q --no-cache-dir "llama-cpp-python==$LLAMA_VERSION"
+fi
+CONVERTER="$LLAMA_SRC/llama_cpp_python-$LLAMA_VERSION/vendor/llama.cpp"
+if [ ! -f "$CONVERTER/convert_hf_to_gguf.py" ]; then
+  mkdir -p "$LLAMA_SRC"
+  "$LLAMA_VENV/bin/pip" download -q --no-deps "llama-cpp-python==$LLAMA_VERSION" -d "$LLAMA_SRC"
+  tar xzf "$LLAMA_SRC/llama_cpp_python-$LLAMA_VERSION.tar.gz" -C "$LLAMA_SRC"
+fi
+
+# ---- the bench model and its GGUF files --------------------------------------
+MODEL="$BENCH/olmoe-w"
+if [ ! -f "$MODEL/config.json" ]; then
+  "$BENCH_PY" "$ROOT/scripts/make_bench_model.py" "$MODEL" --layers "$LAYERS"
+fi
+TOKDIR="$BENCH/olmoe-w-tok"
+if [ ! -f "$TOKDIR/tokenizer.json" ]; then
+  bash "$ROOT/scripts/fetch_test_material.sh" >/dev/null
+  mkdir -p "$TOKDIR"
+  for f in "$MODEL"/*; do ln -sf "$f" "$TOKDIR/"; done
+  cp "$ROOT/tests/material/olmo/tokenizer.json" "$TOKDIR/"
+fi
+convert() { # outtype out
+  (cd "$CONVERTER" && PYTHONPATH=gguf-py "$CONVERT_PY" convert_hf_to_gguf.py "$TOKDIR" \
+    --outtype "$1" --outfile "$2.partial" >"$BENCH/convert-$1.log" 2>&1) && mv "$2.partial" "$2"
+}
+for ty in $TYPES; do
+  G="$BENCH/olmoe-w.$ty.gguf"
+  [ -f "$G" ] && continue
+  echo "== $G" >&2
+  case "$ty" in
+    q8_0) convert q8_0 "$G" ;;
+    *)
+      [ -f "$BENCH/olmoe-w.bf16.gguf" ] || convert bf16 "$BENCH/olmoe-w.bf16.gguf"
+      "$LLAMA_VENV/bin/python" - "$BENCH/olmoe-w.bf16.gguf" "$G" "$ty" "$THREADS" <<'EOF'
+import sys, llama_cpp
+src, dst, ty, threads = sys.argv[1], sys.argv[2], sys.argv[3].upper(), int(sys.argv[4])
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ty}")
+params.nthread = threads
+rc = llama_cpp.llama_model_quantize(src.encode(), (dst + ".partial").encode(), params)
+if rc != 0:
+    sys.exit(f"llama_model_quantize failed ({rc})")
+import os
+os.rename(dst + ".partial", dst)
+EOF
+      ;;
+  esac
+done
+
+# ---- bandwidth / core check ---------------------------------------------------
+CHECK="$BENCH/corecheck"
+if [ ! -x "$CHECK" ]; then
+  cc -O2 -pthread -o "$CHECK" "$ROOT/scripts/lib/corecheck.c"
+fi
+
+OUT="$BENCH/vs-llamacpp-$(date -u +%Y%m%d-%H%M%S)"
+mkdir -p "$OUT"
+RAW="$OUT/runs.jsonl"
+IDS="$(python3 -c "import random; r = random.Random(0); print(','.join(str(r.randrange(50000)) for _ in range($PROMPT)))")"
+lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512_vnni\).*/Flags: ... avx512_vnni .../' >"$OUT/machine.txt" || true
+
+echo "== kernels (one thread, cache-resident)" >&2
+"$TARGET/release/examples/bench_kernels" | tee "$OUT/kernels.txt" >&2
+
+for round in $(seq 1 "$RUNS"); do
+  set -- $("$CHECK")
+  echo "{\"round\":$round,\"check\":{\"mem_gbs_1t\":$1,\"mem_gbs_2t\":$2,\"compute_ratio\":$4}}" >>"$RAW"
+  echo "== round $round: memory $1 / $2 GB/s (1T / 2T), 2T/1T compute x$4" >&2
+  for ty in $TYPES; do
+    G="$BENCH/olmoe-w.$ty.gguf"
+    c="$("$CHARM" --model "$G" --local --threads "$THREADS" generate --prompt-ids "$IDS" \
+      --max-tokens "$GEN" --ignore-eos --json)"
+    l="$("$LLAMA_VENV/bin/python" "$ROOT/scripts/bench_llamacpp.py" "$G" --threads "$THREADS" \
+      --prompt-ids "$IDS" --max-tokens "$GEN")"
+    python3 - "$round" "$ty" "$c" "$l" >>"$RAW" <<'EOF'
+import json, sys
+r, ty, c, l = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+s = c["stats"]
+print(json.dumps({"round": r, "type": ty, "engine": "charm", "prefill_tok_s": s["prefill_tok_s"],
+                  "decode_tok_s": s["decode_tok_s"], "profile": s.get("profile"), "ids": c["ids"]}))
+print(json.dumps({"round": r, "type": ty, "engine": "llama.cpp", "prefill_tok_s": l["prefill_tok_s"],
+                  "decode_tok_s": l["decode_tok_s"], "ids": l["ids"]}))
+EOF
+    tail -2 "$RAW" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    print(f"   {d[\"type\"]} {d[\"engine\"]:<9} prefill {d[\"prefill_tok_s\"]:7.1f} tok/s  decode {d[\"decode_tok_s\"]:6.1f} tok/s", file=sys.stderr)'
+  done
+done
+
+# ---- bytes per decoded token, from the GGUF tensor tables --------------------
+for ty in $TYPES; do
+  PYTHONPATH="$CONVERTER/gguf-py" "$LLAMA_VENV/bin/python" - "$BENCH/olmoe-w.$ty.gguf" "$ty" >>"$RAW" <<'EOF'
+import json, sys
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+val = lambda k: int(r.fields[f"{arch}.{k}"].parts[-1][0])
+experts, used = val("expert_count"), val("expert_used_count")
+total, types = 0.0, {}
+for t in r.tensors:
+    n = int(t.n_bytes)
+    if "_exps" in t.name:
+        n = n * used / experts
+    elif t.name == "token_embd.weight":
+        n = n / int(t.shape[-1])
+    total += n
+    types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+print(json.dumps({"type": sys.argv[2], "bytes_per_token": total, "tensor_types": types}))
+EOF
+done
+
+python3 - "$RAW" "$THREADS" "$PROMPT" "$GEN" <<'EOF' | tee "$OUT/table.md"
+import json, statistics, sys
+raw, threads, prompt, gen = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+rows = [json.loads(l) for l in open(raw)]
+checks = [r["check"] for r in rows if "check" in r]
+bw = statistics.median(c["mem_gbs_2t"] for c in checks)
+runs = [r for r in rows if "engine" in r]
+sizes = {r["type"]: r for r in rows if "bytes_per_token" in r}
+med = statistics.median
+print(f"{prompt}-token prompt, {gen} decoded tokens, {threads} threads; medians of {len(checks)} alternating rounds.")
+print(f"Memory read bandwidth (2 threads, median): {bw:.1f} GB/s; 2T/1T compute ratios: "
+      + ", ".join(f"{c['compute_ratio']:.2f}" for c in checks) + "\n")
+print("| type | engine | prefill tok/s | decode tok/s | decode, % of roofline |")
+print("|---|---|---|---|---|")
+for ty in dict.fromkeys(r["type"] for r in runs):
+    roof = bw * 1e9 / sizes[ty]["bytes_per_token"]
+    for eng in ("charm", "llama.cpp"):
+        rs = [r for r in runs if r["type"] == ty and r["engine"] == eng]
+        p, d = med(r["prefill_tok_s"] for r in rs), med(r["decode_tok_s"] for r in rs)
+        print(f"| {ty} | {eng} | {p:.1f} | {d:.1f} | {100 * d / roof:.0f} % |")
+print()
+print("| type | bytes / decoded token | roofline tok/s | charm / llama.cpp prefill | charm / llama.cpp decode | same ids |")
+print("|---|---|---|---|---|---|")
+for ty in dict.fromkeys(r["type"] for r in runs):
+    roof = bw * 1e9 / sizes[ty]["bytes_per_token"]
+    pairs = {}
+    for r in runs:
+        if r["type"] == ty:
+            pairs.setdefault(r["round"], {})[r["engine"]] = r
+    pr = [p["charm"]["prefill_tok_s"] / p["llama.cpp"]["prefill_tok_s"] for p in pairs.values()]
+    dr = [p["charm"]["decode_tok_s"] / p["llama.cpp"]["decode_tok_s"] for p in pairs.values()]
+    same = sum(p["charm"]["ids"] == p["llama.cpp"]["ids"] for p in pairs.values())
+    print(f"| {ty} | {sizes[ty]['bytes_per_token'] / 1e6:.1f} MB | {roof:.1f} | "
+          f"{med(pr):.2f}x ({min(pr):.2f}-{max(pr):.2f}) | {med(dr):.2f}x ({min(dr):.2f}-{max(dr):.2f}) | "
+          f"{same}/{len(pairs)} |")
+print()
+for ty, s in sizes.items():
+    print(f"- {ty} tensor types: " + ", ".join(f"{k} x{v}" for k, v in sorted(s["tensor_types"].items())))
+charm = [r for r in runs if r["engine"] == "charm" and r.get("profile")]
+for ty in dict.fromkeys(r["type"] for r in charm):
+    prof = [r["profile"] for r in charm if r["type"] == ty]
+    keys = prof[0].keys()
+    print(f"- charm {ty} time per phase (median ms, prefill + decode): "
+          + ", ".join(f"{k.removesuffix('_ms')} {med(p[k] for p in prof):.0f}" for k in keys))
+EOF
+echo "raw runs: $RAW" >&2
