@@ -146,13 +146,14 @@ EOF
 import json, sys
 for line in sys.stdin:
     d = json.loads(line)
-    print(f"   {d[\"type\"]} {d[\"engine\"]:<9} prefill {d[\"prefill_tok_s\"]:7.1f} tok/s  decode {d[\"decode_tok_s\"]:6.1f} tok/s", file=sys.stderr)'
+    t, e, p, r = d["type"], d["engine"], d["prefill_tok_s"], d["decode_tok_s"]
+    print(f"   {t} {e:<9} prefill {p:7.1f} tok/s  decode {r:6.1f} tok/s", file=sys.stderr)'
   done
 done
 
 # ---- bytes per decoded token, from the GGUF tensor tables --------------------
 for ty in $TYPES; do
-  PYTHONPATH="$CONVERTER/gguf-py" "$LLAMA_VENV/bin/python" - "$BENCH/olmoe-w.$ty.gguf" "$ty" >>"$RAW" <<'EOF'
+  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/olmoe-w.$ty.gguf" "$ty" >>"$RAW" <<'EOF'
 import json, sys
 from gguf import GGUFReader
 r = GGUFReader(sys.argv[1])

@@ -39,3 +39,4 @@ bash scripts/sdk_venv.sh >/dev/null
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+bash scripts/test_neon.sh

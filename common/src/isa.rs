@@ -29,25 +29,32 @@ impl Isa {
         }
     }
 
-    /// Every instruction set this CPU can run, the portable one first.
-    pub fn available() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2") {
-                v.push(Isa::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bw")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512vnni")
+    /// Every instruction set this CPU can run, the portable one first
+    /// (detected once).
+    pub fn available() -> &'static [Isa] {
+        static AVAILABLE: OnceLock<Vec<Isa>> = OnceLock::new();
+        AVAILABLE.get_or_init(|| {
+            let mut v = vec![Isa::Scalar];
+            #[cfg(target_arch = "x86_64")]
             {
-                v.push(Isa::Avx512Vnni);
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx2") && has!("f16c") {
+                    v.push(Isa::Avx2);
+                    if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                        v.push(Isa::Avx512Vnni);
+                    }
+                }
             }
-        }
-        #[cfg(target_arch = "aarch64")]
-        v.push(Isa::Neon);
-        v
+            #[cfg(target_arch = "aarch64")]
+            v.push(Isa::Neon);
+            v
+        })
+    }
+
+    /// Whether this CPU runs `self`.
+    #[inline]
+    pub fn runs(self) -> bool {
+        Isa::available().contains(&self)
     }
 
     /// The instruction set the kernels use: the best this CPU runs, or the
@@ -60,7 +67,7 @@ impl Isa {
             let avail = Isa::available();
             let best = *avail.last().unwrap_or(&Isa::Scalar);
             match std::env::var("CHARM_ISA") {
-                Ok(name) => avail.into_iter().find(|i| i.name() == name).unwrap_or(best),
+                Ok(name) => avail.iter().copied().find(|i| i.name() == name).unwrap_or(best),
                 Err(_) => best,
             }
         })

@@ -18,8 +18,12 @@
 //!   file format.
 //! - [`kernels`]: the scalar math on f32 activations (dot products, RMS
 //!   norm, softmax, SiLU, argmax), with a scalar reference and a fast path
-//!   for each quantized dot. Activations and accumulation are always f32,
-//!   whatever the weight format.
+//!   for each quantized dot; f32 activations and accumulation for F32,
+//!   BF16, F16 and charm's INT8 / INT4.
+//! - [`gguf::qdot`]: integer dot products of GGML quantized blocks with
+//!   8-bit activations (scalar reference, AVX2, AVX-512 VNNI, NEON).
+//! - [`isa`]: the instruction sets the kernels are compiled for, detected
+//!   at run time (`CHARM_ISA` picks one); every one gives the same bits.
 
 pub mod container;
 pub mod dtype;

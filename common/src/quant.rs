@@ -699,7 +699,7 @@ mod tests {
     fn assert_same_on_every_path8(q: &[i8], s: &[f32], group: usize, x: &[f32]) {
         let portable = crate::kernels::dot_int8_on(crate::Isa::Scalar, q, s, group, x);
         assert_eq!(portable.to_bits(), dot_int8(q, s, group, x).to_bits());
-        for isa in crate::Isa::available() {
+        for &isa in crate::Isa::available() {
             let got = crate::kernels::dot_int8_on(isa, q, s, group, x);
             assert_eq!(portable.to_bits(), got.to_bits(), "{isa:?}");
         }
@@ -708,7 +708,7 @@ mod tests {
     fn assert_same_on_every_path4(p: &[u8], s: &[f32], group: usize, x: &[f32]) {
         let portable = crate::kernels::dot_int4_on(crate::Isa::Scalar, p, s, group, x);
         assert_eq!(portable.to_bits(), dot_int4(p, s, group, x).to_bits());
-        for isa in crate::Isa::available() {
+        for &isa in crate::Isa::available() {
             let got = crate::kernels::dot_int4_on(isa, p, s, group, x);
             assert_eq!(portable.to_bits(), got.to_bits(), "{isa:?}");
         }

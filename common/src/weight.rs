@@ -541,7 +541,25 @@ impl Weight {
         by_row.par_chunks_mut(TILE_ROWS * n).enumerate().for_each(|(tile, o)| {
             let r0 = tile * TILE_ROWS;
             let tile_rows = o.len() / n;
-            for (t, a) in acts.iter().enumerate() {
+            let mut t = 0;
+            // GGML blocks: four activation rows per call, codes decoded once.
+            if let (WeightData::Gguf { ty, data }, true) = (&self.data, self.int8_activations()) {
+                let rb = data.len() / self.rows.max(1);
+                let q8 = |t: usize| match &acts[t] {
+                    Prepared::Q8(a) => a,
+                    Prepared::F32(_) => unreachable!("GGML blocks quantize activations"),
+                };
+                while t + 4 <= n {
+                    let four = [q8(t), q8(t + 1), q8(t + 2), q8(t + 3)];
+                    for i in 0..tile_rows {
+                        let r = r0 + i;
+                        let v = qdot::dot4(*ty, &data.as_slice()[r * rb..(r + 1) * rb], four);
+                        o[i * n + t..i * n + t + 4].copy_from_slice(&v);
+                    }
+                    t += 4;
+                }
+            }
+            for (t, a) in acts.iter().enumerate().skip(t) {
                 for i in 0..tile_rows {
                     o[i * n + t] = self.dot_prepared(r0 + i, a);
                 }

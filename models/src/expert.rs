@@ -172,6 +172,13 @@ impl ExpertStats {
 ///
 /// `current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]`
 pub fn run_group(ffn: &SwiGlu, batch: &ExpertBatch, group: &ExpertGroup) -> GroupOutput {
+    run_group_with(ffn, batch, group, true)
+}
+
+/// [`run_group`], with the FFN's products split across threads or not
+/// (`parallel`): a caller running many single-row groups side by side
+/// saves the nested fork-joins. The same bits either way.
+pub fn run_group_with(ffn: &SwiGlu, batch: &ExpertBatch, group: &ExpertGroup, parallel: bool) -> GroupOutput {
     let h = batch.hidden as usize;
     let n = group.rows.len();
     let mut xs = Vec::with_capacity(n * h);
@@ -179,7 +186,7 @@ pub fn run_group(ffn: &SwiGlu, batch: &ExpertBatch, group: &ExpertGroup) -> Grou
         xs.extend_from_slice(batch.row(r as usize));
     }
     let mut out = vec![0.0; n * h];
-    ffn.forward(&xs, n, &mut out);
+    ffn.forward_with(&xs, n, &mut out, parallel);
     for (row, &w) in out.chunks_exact_mut(h).zip(&group.weights) {
         for v in row {
             *v *= w;

@@ -43,14 +43,30 @@ impl SwiGlu {
     /// `current_hidden_states = self.act_fn(gate) * up`
     /// `current_hidden_states = F.linear(current_hidden_states, self.down_proj[expert_idx])`
     pub fn forward(&self, xs: &[f32], n: usize, out: &mut [f32]) {
+        self.forward_with(xs, n, out, true)
+    }
+
+    /// [`SwiGlu::forward`] on the calling thread when `parallel` is false
+    /// (for a caller that already runs several FFNs side by side, such as
+    /// the experts of one decode step); the same bits either way.
+    pub fn forward_with(&self, xs: &[f32], n: usize, out: &mut [f32], parallel: bool) {
         let inter = self.intermediate();
         let mut g = vec![0.0; n * inter];
         let mut u = vec![0.0; n * inter];
-        self.gate.matmul(xs, n, &mut g);
-        self.up.matmul(xs, n, &mut u);
+        if parallel || n > 1 {
+            self.gate.matmul(xs, n, &mut g);
+            self.up.matmul(xs, n, &mut u);
+        } else {
+            self.gate.matvec_seq(xs, &mut g);
+            self.up.matvec_seq(xs, &mut u);
+        }
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = silu(*gv) * uv;
         }
-        self.down.matmul(&g, n, out);
+        if parallel || n > 1 {
+            self.down.matmul(&g, n, out);
+        } else {
+            self.down.matvec_seq(&g, out);
+        }
     }
 }

@@ -66,7 +66,11 @@ fn smollm2_gguf_dense_answers_with_its_own_tokenizer_and_template() {
     // them; at 135M parameters in Q4_1 that costs the model the bare
     // "What is the capital of France?" (llama.cpp 0.3.36 answers it
     // "L'Étoile, la Cité, ..." too), so the question asks for one word.
-    let a = answer(&engine, &codec, "What is the capital city of France? Answer in one word.");
+    let a = answer(
+        &engine,
+        &codec,
+        "What is the capital city of France? Answer in one word.",
+    );
     assert!(a.contains("Paris"), "{a:?}");
 }
 
@@ -103,7 +107,11 @@ fn upcycled_demo_moe_answers_and_routes_to_every_expert() {
     // them; at 135M parameters in Q4_1 that costs the model the bare
     // "What is the capital of France?" (llama.cpp 0.3.36 answers it
     // "L'Étoile, la Cité, ..." too), so the question asks for one word.
-    let a = answer(&engine, &codec, "What is the capital city of France? Answer in one word.");
+    let a = answer(
+        &engine,
+        &codec,
+        "What is the capital city of France? Answer in one word.",
+    );
     assert!(a.contains("Paris"), "{a:?}");
 
     let paragraph = "The history of the city begins with a small fishing village on the river. Over the \

@@ -1,6 +1,6 @@
 //! Runs expert batches against a store.
 
-use charm_models::expert::run_group;
+use charm_models::expert::run_group_with;
 use charm_models::{ExpertError, ExpertService, ExpertStats};
 use charm_proto::{BatchError, ExpertBatch, ExpertOutputs, GroupOutput};
 use rayon::prelude::*;
@@ -33,9 +33,12 @@ impl<S: ExpertStore> ExpertService for InProcessWorker<S> {
         let mut outputs: Vec<Option<GroupOutput>> = vec![None; batch.groups.len()];
         self.store
             .resolve(batch.layer, &wanted, batch.next.as_ref(), &mut |ready| {
+                // Enough groups to keep every thread busy: one thread per
+                // group (no nested fork-join); else split each group's rows.
+                let parallel = ready.len() < 2 * rayon::current_num_threads();
                 let done: Vec<(usize, GroupOutput)> = ready
                     .into_par_iter()
-                    .map(|(i, ffn)| (i, run_group(&ffn, batch, &batch.groups[i])))
+                    .map(|(i, ffn)| (i, run_group_with(&ffn, batch, &batch.groups[i], parallel)))
                     .collect();
                 for (i, out) in done {
                     outputs[i] = Some(out);

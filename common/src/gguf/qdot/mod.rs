@@ -103,7 +103,7 @@ pub fn dot_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
         acts.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if Isa::available().contains(&isa) {
+    if isa.runs() {
         match isa {
             // SAFETY: the CPU runs the instruction set (checked above).
             Isa::Avx512Vnni => return unsafe { x86::dot_avx512vnni(ty, row, acts) },
@@ -120,6 +120,41 @@ pub fn dot_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     let _ = isa;
     // SAFETY: the scalar path runs everywhere.
     unsafe { row_dot::<reference::Scalar>(ty, row, acts) }
+}
+
+/// Dot products of one row with four activation rows (what tiled matrix
+/// products use): result `n` is the bits [`dot`] gives for `acts[n]`; the
+/// row's codes and scales are decoded once for all four.
+///
+/// # Panics
+/// As [`dot`], for any of the four.
+#[inline]
+pub fn dot4(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
+    dot4_on(Isa::active(), ty, row, acts)
+}
+
+/// [`dot4`] on a chosen instruction set.
+pub fn dot4_on(isa: Isa, ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
+    assert!(supports(ty), "{ty} has no integer dot product");
+    for a in acts {
+        assert_eq!(
+            ty.row_bytes(a.len()),
+            Some(row.len()),
+            "{ty} row does not match {} activations",
+            a.len()
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.runs() {
+        match isa {
+            // SAFETY: the CPU runs the instruction set (checked above).
+            Isa::Avx512Vnni => return unsafe { x86::dot4_avx512vnni(ty, row, acts) },
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { x86::dot4_avx2(ty, row, acts) },
+            _ => {}
+        }
+    }
+    acts.map(|a| dot_on(isa, ty, row, a))
 }
 
 /// The row loop shared by every instruction set: chunks of 8 blocks (or one

@@ -69,7 +69,7 @@ pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
             let qs_at = if ty == GgmlType::Q4_K { 16 } else { 48 };
             let qs = &chunk[qs_at + 32 * (b / 2)..qs_at + 32 * (b / 2) + 32];
             for (l, v) in c.iter_mut().enumerate() {
-                *v = if b % 2 == 0 { qs[l] & 0x0f } else { qs[l] >> 4 } as i16;
+                *v = if b.is_multiple_of(2) { qs[l] & 0x0f } else { qs[l] >> 4 } as i16;
                 if ty == GgmlType::Q5_K {
                     // Bit 4 of sub-block b's element l: bit b of qh[l].
                     *v |= (((chunk[16 + l] >> b) & 1) << 4) as i16;

@@ -25,7 +25,7 @@ fn dequantized(ty: GgmlType, row: &[u8], cols: usize) -> Vec<f32> {
 
 /// Random widths: a few blocks (partial chunks), or up to 8192 columns.
 fn random_cols(rng: &mut ChaCha8Rng, ty: GgmlType, case: usize) -> usize {
-    let max_blocks = if case % 3 == 0 { 11 } else { 8192 / ty.block_elems() };
+    let max_blocks = if case.is_multiple_of(3) { 11 } else { 8192 / ty.block_elems() };
     ty.block_elems() * rng.gen_range(1..=max_blocks)
 }
 
@@ -105,7 +105,7 @@ fn every_instruction_set_gives_the_reference_bits() {
             for _ in 0..3 {
                 let row = random_row(&mut rng, ty, cols);
                 let want = dot_on(Isa::Scalar, ty, &row, &a);
-                for &isa in &isas {
+                for &isa in isas {
                     let got = dot_on(isa, ty, &row, &a);
                     assert_eq!(
                         got.to_bits(),
@@ -114,6 +114,16 @@ fn every_instruction_set_gives_the_reference_bits() {
                     );
                 }
                 assert_eq!(dot(ty, &row, &a).to_bits(), want.to_bits());
+                // Four activation rows at once: each the bits of its own dot.
+                let others: Vec<Q8Acts> = (0..3).map(|_| Q8Acts::new(&acts(&mut rng, cols))).collect();
+                let four = [&others[0], &a, &others[1], &others[2]];
+                for &isa in isas {
+                    let got = dot4_on(isa, ty, &row, four);
+                    for (g, one) in got.iter().zip(four) {
+                        let want = dot_on(Isa::Scalar, ty, &row, one);
+                        assert_eq!(g.to_bits(), want.to_bits(), "dot4 {ty} x{cols} on {isa:?}");
+                    }
+                }
             }
         }
     }
@@ -153,7 +163,7 @@ fn extreme_codes_stay_exact() {
         let a = Q8Acts::new(&x);
         let isum: i32 = w.iter().zip(&a.qs).map(|(&w, &q)| w as i32 * q as i32).sum();
         let want = (1.0f32 * a.d[0]) * isum as f32;
-        for isa in Isa::available() {
+        for &isa in Isa::available() {
             let got = dot_on(isa, GgmlType::Q8_0, &row, &a);
             assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} pattern {pattern}");
         }
@@ -224,7 +234,7 @@ fn non_finite_activations_give_nan() {
     let mut x = acts(&mut rng, 64);
     x[40] = f32::NAN;
     let a = Q8Acts::new(&x);
-    for isa in Isa::available() {
+    for &isa in Isa::available() {
         assert!(dot_on(isa, ty, &row, &a).is_nan(), "{isa:?}");
     }
 }

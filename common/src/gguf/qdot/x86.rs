@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::types::{f16_le, scale_min_k4, GgmlType, QK, QK_K};
+use super::super::types::{scale_min_k4, GgmlType, QK, QK_K};
 use super::{combine, Q8Acts, Raw};
 
 /// [`super::dot`] compiled for AVX2.
@@ -23,7 +23,27 @@ use super::{combine, Q8Acts, Raw};
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dot_avx2(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     // SAFETY: forwarded.
-    unsafe { row_dot::<false>(ty, row, acts) }
+    unsafe { rows_dot::<false, 1>(ty, row, [acts])[0] }
+}
+
+/// [`super::dot4`] compiled for AVX2.
+///
+/// # Safety
+/// As [`dot_avx2`], for each of the four activation rows.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot4_avx2(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
+    // SAFETY: forwarded.
+    unsafe { rows_dot::<false, 4>(ty, row, acts) }
+}
+
+/// [`super::dot4`] compiled for AVX-512 VNNI.
+///
+/// # Safety
+/// As [`dot_avx512vnni`], for each of the four activation rows.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot4_avx512vnni(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
+    // SAFETY: forwarded.
+    unsafe { rows_dot::<true, 4>(ty, row, acts) }
 }
 
 /// [`super::dot`] compiled for AVX-512 VNNI.
@@ -33,7 +53,7 @@ pub(crate) unsafe fn dot_avx2(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_avx512vnni(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     // SAFETY: forwarded.
-    unsafe { row_dot::<true>(ty, row, acts) }
+    unsafe { rows_dot::<true, 1>(ty, row, [acts])[0] }
 }
 
 /// Eight i32 lanes, lane `i` the sum of `codes[4i..4i + 4] * q[4i..4i + 4]`
@@ -85,17 +105,14 @@ unsafe fn high_bits32(p: *const u8) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// The integer half sums of a chunk's `nblocks` blocks (see
-/// [`super::Sums::raw`]), as `(lo, hi)` registers, lane `b` for block `b`
-/// (VNNI's Q8_0 sums still carry the +128 offset).
+/// The weight codes of a chunk's `nblocks` blocks, one register per block:
+/// unsigned codes, except Q8_0's signed bytes (AVX2) or bytes offset by
+/// 128 (VNNI, so they are unsigned too). Decoded once per chunk and
+/// multiplied by every activation row the chunk meets.
 #[inline(always)]
-unsafe fn sums<const VNNI: bool>(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: usize) -> (__m256i, __m256i) {
+unsafe fn decode<const VNNI: bool>(ty: GgmlType, chunk: &[u8], nblocks: usize) -> [__m256i; 8] {
     let mut v = [_mm256_setzero_si256(); 8];
     let c = chunk.as_ptr();
-    let qp = |b: usize| -> __m256i {
-        // SAFETY: `q` holds 32 codes per block of the chunk.
-        unsafe { load32(q.as_ptr().add(b * QK) as *const u8) }
-    };
     let low4 = _mm256_set1_epi8(0x0f);
     // SAFETY (every load below): `chunk` holds `nblocks` blocks of `ty`, so
     // each block's fields are in bounds at the offsets of its layout.
@@ -104,36 +121,33 @@ unsafe fn sums<const VNNI: bool>(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: 
             GgmlType::Q8_0 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
                     let w = load32(c.add(34 * b + 2));
-                    let x = qp(b);
                     *vb = if VNNI {
-                        mul::<true>(_mm256_xor_si256(w, _mm256_set1_epi8(-128)), x)
+                        _mm256_xor_si256(w, _mm256_set1_epi8(-128))
                     } else {
-                        mul::<false>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                        w
                     };
                 }
             }
             GgmlType::Q4_0 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
-                    *vb = mul::<VNNI>(nibbles16(c.add(18 * b + 2)), qp(b));
+                    *vb = nibbles16(c.add(18 * b + 2));
                 }
             }
             GgmlType::Q4_1 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
-                    *vb = mul::<VNNI>(nibbles16(c.add(20 * b + 4)), qp(b));
+                    *vb = nibbles16(c.add(20 * b + 4));
                 }
             }
             GgmlType::Q5_0 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
                     let p = c.add(22 * b);
-                    let codes = _mm256_or_si256(nibbles16(p.add(6)), high_bits32(p.add(2)));
-                    *vb = mul::<VNNI>(codes, qp(b));
+                    *vb = _mm256_or_si256(nibbles16(p.add(6)), high_bits32(p.add(2)));
                 }
             }
             GgmlType::Q5_1 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
                     let p = c.add(24 * b);
-                    let codes = _mm256_or_si256(nibbles16(p.add(8)), high_bits32(p.add(4)));
-                    *vb = mul::<VNNI>(codes, qp(b));
+                    *vb = _mm256_or_si256(nibbles16(p.add(8)), high_bits32(p.add(4)));
                 }
             }
             GgmlType::Q4_K | GgmlType::Q5_K => {
@@ -153,8 +167,8 @@ unsafe fn sums<const VNNI: bool>(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: 
                         lo = _mm256_or_si256(lo, bit(2 * i as i32));
                         hi = _mm256_or_si256(hi, bit(2 * i as i32 + 1));
                     }
-                    v[2 * i] = mul::<VNNI>(lo, qp(2 * i));
-                    v[2 * i + 1] = mul::<VNNI>(hi, qp(2 * i + 1));
+                    v[2 * i] = lo;
+                    v[2 * i + 1] = hi;
                 }
             }
             GgmlType::Q6_K => {
@@ -167,18 +181,34 @@ unsafe fn sums<const VNNI: bool>(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: 
                         let x = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
                         _mm256_slli_epi16(_mm256_and_si256(x, three), 4)
                     };
-                    let codes = [
-                        _mm256_or_si256(_mm256_and_si256(ql0, low4), high(0)),
-                        _mm256_or_si256(_mm256_and_si256(ql1, low4), high(2)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), high(4)),
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), high(6)),
-                    ];
-                    for (k, cd) in codes.into_iter().enumerate() {
-                        v[4 * h + k] = mul::<VNNI>(cd, qp(4 * h + k));
-                    }
+                    v[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low4), high(0));
+                    v[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), high(2));
+                    v[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), high(4));
+                    v[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), high(6));
                 }
             }
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer sums"),
+        }
+    }
+    v
+}
+
+/// The integer half sums of one activation row against a chunk's decoded
+/// codes, as `(lo, hi)` registers, lane `b` for block `b` (VNNI's Q8_0
+/// sums still carry the +128 offset).
+#[inline(always)]
+unsafe fn sums<const VNNI: bool>(ty: GgmlType, codes: &[__m256i; 8], q: &[i8], nblocks: usize) -> (__m256i, __m256i) {
+    let mut v = [_mm256_setzero_si256(); 8];
+    // SAFETY: `q` holds 32 activation codes per block of the chunk.
+    unsafe {
+        for b in 0..nblocks {
+            let x = load32(q.as_ptr().add(b * QK) as *const u8);
+            let c = codes[b];
+            v[b] = if ty == GgmlType::Q8_0 && !VNNI {
+                mul::<false>(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c))
+            } else {
+                mul::<VNNI>(c, x)
+            };
         }
         let h0 = halves4(&v[0..4]);
         let h1 = halves4(&v[4..8]);
@@ -215,73 +245,148 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     }
 }
 
-/// The f32 terms of a full chunk (eight blocks), lane `b` for block `b`:
-/// [`super::combine`]'s operations, in its order.
+/// A full chunk's weight scales, lane `b` for block `b`, shared by every
+/// activation row: `d` (all types), `m` (Q4_1 / Q5_1) or `dmin` (K), and
+/// the integer sub-block scales `sc` and mins `mn` (K) or Q6_K's `sc₀`,
+/// `sc₁`.
+struct Scales {
+    d: __m256,
+    m: __m256,
+    sc: __m256i,
+    mn: __m256i,
+}
+
 #[inline(always)]
-unsafe fn terms(ty: GgmlType, chunk: &[u8], lo: __m256i, hi: __m256i, s: (__m256i, __m256i), dx: __m256) -> __m256 {
+unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
     let c = chunk.as_ptr();
-    let f32s = _mm256_cvtepi32_ps;
+    let zero_f = _mm256_setzero_ps();
+    let zero_i = _mm256_setzero_si256();
     // SAFETY: `chunk` holds eight blocks (or one super-block) of `ty`.
     unsafe {
-        let raw = _mm256_add_epi32(lo, hi);
-        let total = _mm256_add_epi32(s.0, s.1);
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                let (bs, off) = match ty {
-                    GgmlType::Q8_0 => (34, 0),
-                    GgmlType::Q4_0 => (18, 8),
-                    _ => (22, 16),
-                };
-                let i = _mm256_sub_epi32(raw, _mm256_mullo_epi32(total, _mm256_set1_epi32(off)));
-                _mm256_mul_ps(_mm256_mul_ps(f16x8(c, bs), dx), f32s(i))
-            }
-            GgmlType::Q4_1 | GgmlType::Q5_1 => {
-                let bs = if ty == GgmlType::Q4_1 { 20 } else { 24 };
-                let (d, m) = (f16x8(c, bs), f16x8(c.add(2), bs));
-                _mm256_add_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(d, dx), f32s(raw)),
-                    _mm256_mul_ps(_mm256_mul_ps(m, dx), f32s(total)),
-                )
-            }
+            GgmlType::Q8_0 => Scales {
+                d: f16x8(c, 34),
+                m: zero_f,
+                sc: zero_i,
+                mn: zero_i,
+            },
+            GgmlType::Q4_0 => Scales {
+                d: f16x8(c, 18),
+                m: zero_f,
+                sc: zero_i,
+                mn: zero_i,
+            },
+            GgmlType::Q5_0 => Scales {
+                d: f16x8(c, 22),
+                m: zero_f,
+                sc: zero_i,
+                mn: zero_i,
+            },
+            GgmlType::Q4_1 => Scales {
+                d: f16x8(c, 20),
+                m: f16x8(c.add(2), 20),
+                sc: zero_i,
+                mn: zero_i,
+            },
+            GgmlType::Q5_1 => Scales {
+                d: f16x8(c, 24),
+                m: f16x8(c.add(2), 24),
+                sc: zero_i,
+                mn: zero_i,
+            },
             GgmlType::Q4_K | GgmlType::Q5_K => {
-                let d = _mm256_set1_ps(f16_le([chunk[0], chunk[1]]));
-                let dmin = _mm256_set1_ps(f16_le([chunk[2], chunk[3]]));
                 let scales: &[u8; 12] = chunk[4..16].try_into().expect("12 scale bytes");
                 let (mut sc, mut mn) = ([0i32; 8], [0i32; 8]);
                 for j in 0..8 {
                     let (a, b) = scale_min_k4(scales, j);
                     (sc[j], mn[j]) = (a as i32, b as i32);
                 }
-                let i = _mm256_mullo_epi32(_mm256_loadu_si256(sc.as_ptr() as *const __m256i), raw);
-                let m = _mm256_mullo_epi32(_mm256_loadu_si256(mn.as_ptr() as *const __m256i), total);
-                _mm256_sub_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(d, dx), f32s(i)),
-                    _mm256_mul_ps(_mm256_mul_ps(dmin, dx), f32s(m)),
-                )
+                Scales {
+                    d: f16x1(c),
+                    m: f16x1(c.add(2)),
+                    sc: _mm256_loadu_si256(sc.as_ptr() as *const __m256i),
+                    mn: _mm256_loadu_si256(mn.as_ptr() as *const __m256i),
+                }
             }
             GgmlType::Q6_K => {
-                let d = _mm256_set1_ps(f16_le([chunk[208], chunk[209]]));
                 let bytes = _mm_loadu_si128(c.add(192) as *const __m128i);
                 let split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
                 let eo = _mm_shuffle_epi8(bytes, split);
-                let sc0 = _mm256_cvtepi8_epi32(eo);
-                let sc1 = _mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8));
-                let t = _mm256_set1_epi32(32);
-                let i = _mm256_add_epi32(
-                    _mm256_mullo_epi32(sc0, _mm256_sub_epi32(lo, _mm256_mullo_epi32(t, s.0))),
-                    _mm256_mullo_epi32(sc1, _mm256_sub_epi32(hi, _mm256_mullo_epi32(t, s.1))),
-                );
-                _mm256_mul_ps(_mm256_mul_ps(d, dx), f32s(i))
+                Scales {
+                    d: f16x1(c.add(208)),
+                    m: zero_f,
+                    sc: _mm256_cvtepi8_epi32(eo),
+                    mn: _mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8)),
+                }
             }
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer terms"),
         }
     }
 }
 
-/// The row loop: full chunks in registers, a partial last chunk through
-/// [`combine`], then the reference's lane reduction.
+/// One f16 field at `p`, widened and broadcast. F16C, not the portable
+/// conversion: that one multiplies a subnormal f32 to rescale subnormal
+/// halves (K-quant super-block scales of small weights often are), and
+/// subnormal operands cost x86 a microcode assist each.
 #[inline(always)]
-unsafe fn row_dot<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
+unsafe fn f16x1(p: *const u8) -> __m256 {
+    // SAFETY: the caller's pointer covers 2 bytes.
+    unsafe {
+        let h = (p as *const u16).read_unaligned();
+        _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))))
+    }
+}
+
+/// The f32 terms of a full chunk (eight blocks) for one activation row,
+/// lane `b` for block `b`: [`super::combine`]'s operations, in its order.
+#[inline(always)]
+unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i, __m256i), dx: __m256) -> __m256 {
+    let f32s = _mm256_cvtepi32_ps;
+    // SAFETY: register arithmetic only.
+    unsafe {
+        let raw = _mm256_add_epi32(lo, hi);
+        let total = _mm256_add_epi32(s.0, s.1);
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+                let off = match ty {
+                    GgmlType::Q8_0 => 0,
+                    GgmlType::Q4_0 => 8,
+                    _ => 16,
+                };
+                let i = _mm256_sub_epi32(raw, _mm256_mullo_epi32(total, _mm256_set1_epi32(off)));
+                _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i))
+            }
+            GgmlType::Q4_1 | GgmlType::Q5_1 => _mm256_add_ps(
+                _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(raw)),
+                _mm256_mul_ps(_mm256_mul_ps(w.m, dx), f32s(total)),
+            ),
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let i = _mm256_mullo_epi32(w.sc, raw);
+                let m = _mm256_mullo_epi32(w.mn, total);
+                _mm256_sub_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i)),
+                    _mm256_mul_ps(_mm256_mul_ps(w.m, dx), f32s(m)),
+                )
+            }
+            GgmlType::Q6_K => {
+                let t = _mm256_set1_epi32(32);
+                let i = _mm256_add_epi32(
+                    _mm256_mullo_epi32(w.sc, _mm256_sub_epi32(lo, _mm256_mullo_epi32(t, s.0))),
+                    _mm256_mullo_epi32(w.mn, _mm256_sub_epi32(hi, _mm256_mullo_epi32(t, s.1))),
+                );
+                _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i))
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer terms"),
+        }
+    }
+}
+
+/// The row loop for `N` activation rows at once: each chunk's codes and
+/// scales are decoded once; full chunks form their terms in registers, a
+/// partial last chunk goes through [`combine`]; then the reference's lane
+/// reduction. Every result is the bits a single-row call gives.
+#[inline(always)]
+unsafe fn rows_dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &[u8], acts: [&Q8Acts; N]) -> [f32; N] {
     let super_blocks = ty.block_elems() == QK_K;
     let chunk_bytes = if super_blocks {
         ty.block_bytes()
@@ -289,11 +394,10 @@ unsafe fn row_dot<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> 
         8 * ty.block_bytes()
     };
     let offset = VNNI && ty == GgmlType::Q8_0;
-    // SAFETY: `row` holds `acts.len()` elements of `ty` (the caller's
+    // SAFETY: `row` holds `acts[n].len()` elements of `ty` (the caller's
     // promise), so every chunk's activations and sums are in bounds.
     unsafe {
-        let mut acc = _mm256_setzero_ps();
-        let mut lanes = [0.0f32; 8];
+        let mut acc = [_mm256_setzero_ps(); N];
         let mut b0 = 0;
         for chunk in row.chunks(chunk_bytes) {
             let k = if super_blocks {
@@ -301,35 +405,45 @@ unsafe fn row_dot<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> 
             } else {
                 chunk.len() / ty.block_bytes()
             };
-            let q = &acts.qs[b0 * QK..(b0 + k) * QK];
-            let (mut lo, mut hi) = sums::<VNNI>(ty, chunk, q, k);
+            let codes = decode::<VNNI>(ty, chunk, k);
             if k == 8 {
-                let s = half_sums(acts.s16.as_ptr().add(2 * b0));
-                if offset {
-                    lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(s.0, 7));
-                    hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(s.1, 7));
+                let w = scales(ty, chunk);
+                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                    let (mut lo, mut hi) = sums::<VNNI>(ty, &codes, &a.qs[b0 * QK..(b0 + 8) * QK], 8);
+                    let s = half_sums(a.s16.as_ptr().add(2 * b0));
+                    if offset {
+                        lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(s.0, 7));
+                        hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(s.1, 7));
+                    }
+                    let dx = _mm256_loadu_ps(a.d.as_ptr().add(b0));
+                    *acc = _mm256_add_ps(*acc, terms(ty, &w, lo, hi, s, dx));
                 }
-                let dx = _mm256_loadu_ps(acts.d.as_ptr().add(b0));
-                acc = _mm256_add_ps(acc, terms(ty, chunk, lo, hi, s, dx));
             } else {
                 // The last chunk of a row that is not a multiple of 256.
-                let s16 = &acts.s16[2 * b0..2 * (b0 + k)];
-                let mut raw = Raw::default();
-                _mm256_storeu_si256(raw.lo.as_mut_ptr() as *mut __m256i, lo);
-                _mm256_storeu_si256(raw.hi.as_mut_ptr() as *mut __m256i, hi);
-                if offset {
-                    for b in 0..k {
-                        raw.lo[b] -= 128 * s16[2 * b];
-                        raw.hi[b] -= 128 * s16[2 * b + 1];
+                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                    let (lo, hi) = sums::<VNNI>(ty, &codes, &a.qs[b0 * QK..(b0 + k) * QK], k);
+                    let s16 = &a.s16[2 * b0..2 * (b0 + k)];
+                    let mut raw = Raw::default();
+                    _mm256_storeu_si256(raw.lo.as_mut_ptr() as *mut __m256i, lo);
+                    _mm256_storeu_si256(raw.hi.as_mut_ptr() as *mut __m256i, hi);
+                    if offset {
+                        for b in 0..k {
+                            raw.lo[b] -= 128 * s16[2 * b];
+                            raw.hi[b] -= 128 * s16[2 * b + 1];
+                        }
                     }
+                    let mut lanes = [0.0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+                    combine(ty, chunk, k, &raw, &a.d[b0..b0 + k], s16, &mut lanes);
+                    *acc = _mm256_loadu_ps(lanes.as_ptr());
                 }
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-                combine(ty, chunk, k, &raw, &acts.d[b0..b0 + k], s16, &mut lanes);
-                acc = _mm256_loadu_ps(lanes.as_ptr());
             }
             b0 += k;
         }
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
+        acc.map(|v| {
+            let mut l = [0.0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), v);
+            ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
+        })
     }
 }
