@@ -25,7 +25,11 @@ fn dequantized(ty: GgmlType, row: &[u8], cols: usize) -> Vec<f32> {
 
 /// Random widths: a few blocks (partial chunks), or up to 8192 columns.
 fn random_cols(rng: &mut ChaCha8Rng, ty: GgmlType, case: usize) -> usize {
-    let max_blocks = if case.is_multiple_of(3) { 11 } else { 8192 / ty.block_elems() };
+    let max_blocks = if case.is_multiple_of(3) {
+        11
+    } else {
+        8192 / ty.block_elems()
+    };
     ty.block_elems() * rng.gen_range(1..=max_blocks)
 }
 
