@@ -31,7 +31,7 @@ const state = {
   heat: [],
   flash: new Map(), // cell index -> time it was routed
   recent: [],
-  lastDisk: null, // [bytes, time] for disk read/s
+  lastDisk: new Map(), // worker address -> [bytes, time] for disk read/s
   routedTotal: 0,
   history: [], // chat messages
 };
@@ -102,33 +102,58 @@ async function readSse(resp, onEvent) {
 
 // ---- cluster -------------------------------------------------------------
 
-function drawWorker(w, queue) {
+// One row per worker: the in-process one of --local, or each cluster worker
+// (lost ones stay, "down"). Rows are keyed by address and kept in order.
+function drawWorkers(workers, queue) {
   const now = performance.now();
-  let rate = "n/a";
-  if (state.lastDisk) {
-    const [b0, t0] = state.lastDisk;
-    const dt = (now - t0) / 1000;
-    if (dt > 0) rate = bytes((w.disk_bytes_read - b0) / dt) + "/s";
-  }
-  state.lastDisk = [w.disk_bytes_read, now];
   const remote = state.model && state.model.placement === "remote";
-  const cache = remote
-    ? "n/a (per worker)"
-    : w.cache_budget_bytes == null
-      ? "all experts mapped"
-      : bytes(w.cache_bytes) + " / " + bytes(w.cache_budget_bytes);
-  const hit = w.hit_rate == null ? "n/a" : (100 * w.hit_rate).toFixed(1) + " %";
-  const cells = [w.address, w.status, String(w.experts_owned), cache, hit, w.rtt_ms == null ? "n/a" : ms(w.rtt_ms), rate];
   const tbody = $("workers").querySelector("tbody");
-  let row = tbody.querySelector("tr");
-  if (!row) {
-    row = document.createElement("tr");
-    row.className = "worker";
-    for (let i = 0; i < cells.length; i++) row.appendChild(document.createElement("td"));
-    tbody.appendChild(row);
+  const seen = new Set();
+  workers.forEach((w, n) => {
+    seen.add(w.address);
+    let rate = "n/a";
+    const last = state.lastDisk.get(w.address);
+    if (last) {
+      const [b0, t0] = last;
+      const dt = (now - t0) / 1000;
+      if (dt > 0) rate = bytes(Math.max(0, w.disk_bytes_read - b0) / dt) + "/s";
+    }
+    state.lastDisk.set(w.address, [w.disk_bytes_read, now]);
+    const cache = remote
+      ? w.cache_bytes == null ? "n/a" : bytes(w.cache_bytes)
+      : w.cache_budget_bytes == null
+        ? "all experts mapped"
+        : bytes(w.cache_bytes) + " / " + bytes(w.cache_budget_bytes);
+    const hit = w.hit_rate == null ? "n/a" : (100 * w.hit_rate).toFixed(1) + " %";
+    const count = (x) => (x == null ? "n/a" : String(x));
+    const net = (x) => (x == null ? "n/a" : bytes(x));
+    const cells = [
+      w.address,
+      w.status,
+      String(w.experts_owned),
+      cache,
+      hit,
+      w.rtt_ms == null ? "n/a" : ms(w.rtt_ms),
+      rate,
+      count(w.experts_served),
+      count(w.round_trips),
+      net(w.network_bytes_sent) + " / " + net(w.network_bytes_received),
+      count(w.failures),
+    ];
+    let row = Array.from(tbody.children).find((r) => r.dataset.address === w.address);
+    if (!row) {
+      row = document.createElement("tr");
+      row.className = "worker";
+      row.dataset.address = w.address;
+      for (let i = 0; i < cells.length; i++) row.appendChild(document.createElement("td"));
+    }
+    if (tbody.children[n] !== row) tbody.insertBefore(row, tbody.children[n] || null);
+    cells.forEach((c, i) => (row.children[i].textContent = c));
+    row.children[1].className = w.status === "up" ? "up" : "down";
+  });
+  for (const r of Array.from(tbody.children)) {
+    if (!seen.has(r.dataset.address)) r.remove();
   }
-  cells.forEach((c, i) => (row.children[i].textContent = c));
-  row.children[1].className = w.status === "up" ? "up" : "down";
   $("queue").textContent = `queue ${queue.queued}/${queue.capacity} · running ${queue.running}`;
 }
 
@@ -333,7 +358,7 @@ function drawTrend() {
 // ---- state and live feed ---------------------------------------------------
 
 function applyLive(f) {
-  drawWorker(f.worker, f.queue);
+  drawWorkers(f.workers || [f.worker], f.queue);
   drawActive(f.active);
 }
 

@@ -624,6 +624,8 @@ fn metrics_and_dashboard_data_follow_the_work() {
     assert_eq!(state["model"]["layers"], layers);
     assert_eq!(state["model"]["experts"], experts);
     assert_eq!(state["worker"]["experts_owned"], layers * experts);
+    // The table's rows: just the in-process worker.
+    assert_eq!(state["workers"], json!([state["worker"].clone()]));
     assert_eq!(state["heat"], json!(vec![0; layers * experts]));
 
     let mut live = SseStream::get(addr, "/api/events");

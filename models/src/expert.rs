@@ -71,6 +71,9 @@ pub struct WorkerReport {
     pub address: String,
     /// Whether the worker is connected now.
     pub connected: bool,
+    /// Routed experts the current placement makes it the owner of (0 before
+    /// the first placement and while it is disconnected).
+    pub experts_owned: u64,
     /// Expert groups it computed.
     pub experts_served: u64,
     /// Requests it answered.
@@ -89,6 +92,10 @@ pub struct WorkerReport {
     pub expert_misses: u64,
     /// `expert_hits / (expert_hits + expert_misses)` (0 when none).
     pub cache_hit_rate: f64,
+    /// Expert bytes its store read from disk (the worker's own counter).
+    pub disk_bytes_read: u64,
+    /// Bytes of experts its store holds in RAM now (as last reported).
+    pub cache_bytes: u64,
     /// Requests it failed, timed out on, or dropped.
     pub failures: u64,
 }
@@ -115,6 +122,7 @@ impl WorkerReport {
         WorkerReport {
             address: self.address.clone(),
             connected: self.connected,
+            experts_owned: self.experts_owned,
             experts_served: self.experts_served.saturating_sub(before.experts_served),
             requests: self.requests.saturating_sub(before.requests),
             rtt_ms: 0.0,
@@ -124,6 +132,8 @@ impl WorkerReport {
             expert_hits: self.expert_hits.saturating_sub(before.expert_hits),
             expert_misses: self.expert_misses.saturating_sub(before.expert_misses),
             cache_hit_rate: 0.0,
+            disk_bytes_read: self.disk_bytes_read.saturating_sub(before.disk_bytes_read),
+            cache_bytes: self.cache_bytes,
             failures: self.failures.saturating_sub(before.failures),
         }
         .with_means()

@@ -304,6 +304,8 @@ impl Shared {
                 WorkerReport {
                     expert_hits: d.expert_hits,
                     expert_misses: d.expert_misses,
+                    disk_bytes_read: d.expert_bytes_read,
+                    cache_bytes: if m.conn.is_some() { m.latest.cache_bytes } else { 0 },
                     ..m.report.clone()
                 }
                 .with_means(),

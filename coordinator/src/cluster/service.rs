@@ -43,6 +43,9 @@ use thiserror::Error;
 use super::members::{browse, maintain, Shared};
 use super::placement::{plan, Holder, ModelShape, Plan};
 
+/// The worker address reported for the coordinator's own in-process worker.
+pub const LOCAL: &str = "local";
+
 /// Builds the coordinator's in-process worker (on first use).
 pub type LocalBuilder = Box<dyn Fn() -> Result<Arc<dyn ExpertService>, String> + Send + Sync>;
 
@@ -173,7 +176,7 @@ impl ClusterService {
                 build,
                 service: OnceLock::new(),
                 report: Mutex::new(WorkerReport {
-                    address: "local".into(),
+                    address: LOCAL.into(),
                     connected: true,
                     ..Default::default()
                 }),
@@ -630,11 +633,28 @@ impl ExpertService for ClusterService {
                     WorkerReport {
                         expert_hits: ls.expert_hits,
                         expert_misses: ls.expert_misses,
+                        disk_bytes_read: ls.expert_bytes_read,
+                        cache_bytes: ls.cache_bytes,
                         ..r.clone()
                     }
                     .with_means(),
                 );
             }
+        }
+        // Ownership as the current placement has it (not recomputed here:
+        // a scrape must not move experts).
+        let plan = self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for r in &mut reports {
+            r.experts_owned = if !r.connected {
+                0
+            } else if r.address == LOCAL {
+                plan.uncovered.len() as u64
+            } else {
+                plan.workers
+                    .iter()
+                    .find(|w| w.address == r.address)
+                    .map_or(0, |w| w.owns)
+            };
         }
         let t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
         s.network_bytes_sent = t.bytes_sent;

@@ -5,8 +5,9 @@
 //! the rows routed to each expert to a layers × experts heat grid (atomic
 //! counters, cheap on the engine thread). The feed sends, every
 //! [`TICK`], the cells that changed since the client's last tick, the
-//! request being generated, the queue, the worker's counters and the
-//! requests that finished, so the grid flashes while a request runs.
+//! request being generated, the queue, the workers' counters (one row per
+//! cluster worker) and the requests that finished, so the grid flashes
+//! while a request runs.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use charm_models::WorkerReport;
 use serde::Serialize;
 use serde_json::json;
 
@@ -209,23 +211,61 @@ pub async fn style() -> Response {
     asset("text/css; charset=utf-8", DASHBOARD_CSS)
 }
 
-/// The counters every frame carries: queue, worker, expert store.
+/// One remote worker's row of the cluster table.
+fn remote_worker(r: &WorkerReport) -> serde_json::Value {
+    let lookups = r.expert_hits + r.expert_misses;
+    json!({
+        "address": r.address,
+        "status": if r.connected { "up" } else { "down" },
+        "experts_owned": r.experts_owned,
+        "experts_served": r.experts_served,
+        "cache_bytes": r.cache_bytes,
+        "cache_budget_bytes": serde_json::Value::Null,
+        "hit_rate": if lookups == 0 { serde_json::Value::Null } else { json!(r.cache_hit_rate) },
+        "rtt_ms": if r.requests == 0 { serde_json::Value::Null } else { json!(r.rtt_ms) },
+        "disk_bytes_read": r.disk_bytes_read,
+        "network_bytes_sent": r.bytes_sent,
+        "network_bytes_received": r.bytes_received,
+        "round_trips": r.requests,
+        "failures": r.failures,
+    })
+}
+
+/// The counters every frame carries: queue, workers, expert store.
+///
+/// `worker` is the one in-process worker of `--local`, or the cluster as a
+/// whole (`cluster`); `workers` has one row per worker: the in-process one,
+/// or each remote worker by address (lost ones stay, `down`), and `local`
+/// once the coordinator ran experts itself.
 fn live(st: &AppState) -> serde_json::Value {
     let e = st.experts.stats();
     let lookups = e.expert_hits + e.expert_misses;
+    let in_process = st.config.worker == super::IN_PROCESS;
+    let worker = json!({
+        "address": st.config.worker,
+        "status": if in_process || e.workers.iter().any(|w| w.connected) { "up" } else { "down" },
+        "experts_owned": st.model.routed_experts(),
+        "experts_served": if in_process { serde_json::Value::Null } else { json!(e.workers.iter().map(|w| w.experts_served).sum::<u64>()) },
+        "cache_bytes": e.cache_bytes,
+        "cache_budget_bytes": st.model.cache_budget_bytes,
+        "hit_rate": if lookups == 0 { serde_json::Value::Null } else { json!(e.expert_hits as f64 / lookups as f64) },
+        "rtt_ms": serde_json::Value::Null,
+        "disk_bytes_read": e.expert_bytes_read,
+        "io_wait_ms": e.io_wait_ms,
+        "network_bytes_sent": e.network_bytes_sent,
+        "network_bytes_received": e.network_bytes_received,
+        "round_trips": e.round_trips,
+        "failures": e.workers.iter().map(|w| w.failures).sum::<u64>(),
+    });
+    let workers: Vec<serde_json::Value> = if in_process {
+        vec![worker.clone()]
+    } else {
+        e.workers.iter().map(remote_worker).collect()
+    };
     json!({
         "queue": {"queued": st.queue.queued(), "running": st.queue.running(), "capacity": st.queue.capacity()},
-        "worker": {
-            "address": st.config.worker,
-            "status": "up",
-            "experts_owned": st.model.routed_experts(),
-            "cache_bytes": e.cache_bytes,
-            "cache_budget_bytes": st.model.cache_budget_bytes,
-            "hit_rate": if lookups == 0 { serde_json::Value::Null } else { json!(e.expert_hits as f64 / lookups as f64) },
-            "rtt_ms": serde_json::Value::Null,
-            "disk_bytes_read": e.expert_bytes_read,
-            "io_wait_ms": e.io_wait_ms,
-        },
+        "worker": worker,
+        "workers": workers,
         "experts": e,
         "steps": st.board.steps.load(Ordering::Relaxed),
         "uptime_s": st.started.elapsed().as_secs_f64(),

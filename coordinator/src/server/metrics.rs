@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use charm_models::ExpertStats;
+use charm_models::{ExpertStats, WorkerReport};
 
 use crate::engine::PhaseTimes;
 
@@ -118,12 +118,19 @@ pub struct Live<'a> {
     pub running: usize,
     /// The expert service's counters since start.
     pub experts: &'a ExpertStats,
-    /// The worker's label (`in-process`, or `cluster` for the whole fan-out).
-    pub worker: &'a str,
-    /// Experts the worker owns.
-    pub worker_experts: usize,
-    /// Seconds the engine waited on the worker (sum of `experts_ms`).
-    pub worker_wait_s: f64,
+    /// Who runs the experts.
+    pub workers: Workers<'a>,
+}
+
+/// The workers `/metrics` reports, one labelled series each.
+pub enum Workers<'a> {
+    /// `--local`: the one in-process worker (label `in-process`), owning
+    /// `experts` routed experts; the engine waited `wait_s` seconds on it.
+    InProcess { experts: usize, wait_s: f64 },
+    /// Cluster mode: one report per remote worker (label: its address) and
+    /// `local` once the coordinator ran experts itself. Workers that were
+    /// lost stay listed, with `charm_worker_up` 0.
+    Remote(&'a [WorkerReport]),
 }
 
 impl Default for Metrics {
@@ -204,9 +211,6 @@ impl Metrics {
     pub fn render(&self, live: &Live<'_>) -> String {
         let c = self.lock();
         let mut out = String::new();
-        let head = |out: &mut String, name: &str, ty: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
-        };
         head(
             &mut out,
             "charm_http_requests_total",
@@ -333,55 +337,157 @@ impl Metrics {
             "Bytes of experts held in RAM now.",
         );
         let _ = writeln!(out, "charm_expert_cache_bytes {}", e.cache_bytes);
-        let w = live.worker;
-        head(&mut out, "charm_worker_up", "gauge", "1 when the worker answers.");
-        let _ = writeln!(out, "charm_worker_up{{worker=\"{w}\"}} 1");
-        head(
-            &mut out,
-            "charm_worker_experts",
-            "gauge",
-            "Routed experts the worker owns.",
-        );
-        let _ = writeln!(out, "charm_worker_experts{{worker=\"{w}\"}} {}", live.worker_experts);
-        head(
-            &mut out,
-            "charm_worker_disk_bytes_read_total",
-            "counter",
-            "Expert bytes the worker read from its disk.",
-        );
+        match &live.workers {
+            Workers::InProcess { experts, wait_s } => render_in_process(&mut out, e, *experts, *wait_s),
+            Workers::Remote(reports) => render_remote(&mut out, reports),
+        }
+        out
+    }
+}
+
+fn head(out: &mut String, name: &str, ty: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {ty}");
+}
+
+/// A label value as the exposition format wants it (`\\`, `\"`, `\n` escaped).
+fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// The `--local` worker's series (unchanged since before cluster mode).
+fn render_in_process(out: &mut String, e: &ExpertStats, experts: usize, wait_s: f64) {
+    let w = super::IN_PROCESS;
+    head(out, "charm_worker_up", "gauge", "1 when the worker answers.");
+    let _ = writeln!(out, "charm_worker_up{{worker=\"{w}\"}} 1");
+    head(out, "charm_worker_experts", "gauge", "Routed experts the worker owns.");
+    let _ = writeln!(out, "charm_worker_experts{{worker=\"{w}\"}} {experts}");
+    head(
+        out,
+        "charm_worker_disk_bytes_read_total",
+        "counter",
+        "Expert bytes the worker read from its disk.",
+    );
+    let _ = writeln!(
+        out,
+        "charm_worker_disk_bytes_read_total{{worker=\"{w}\"}} {}",
+        e.expert_bytes_read
+    );
+    // Nothing crosses a network in-process.
+    head(
+        out,
+        "charm_worker_network_bytes_total",
+        "counter",
+        "Bytes exchanged with the worker over the network (0 for the in-process worker).",
+    );
+    for dir in ["sent", "received"] {
         let _ = writeln!(
             out,
-            "charm_worker_disk_bytes_read_total{{worker=\"{w}\"}} {}",
-            e.expert_bytes_read
+            "charm_worker_network_bytes_total{{worker=\"{w}\",direction=\"{dir}\"}} 0"
         );
-        if w == super::IN_PROCESS {
-            // Nothing crosses a network in-process; the cluster's workers
-            // report their own traffic.
-            head(
-                &mut out,
-                "charm_worker_network_bytes_total",
-                "counter",
-                "Bytes exchanged with the worker over the network (0 for the in-process worker).",
-            );
-            for dir in ["sent", "received"] {
-                let _ = writeln!(
-                    out,
-                    "charm_worker_network_bytes_total{{worker=\"{w}\",direction=\"{dir}\"}} 0"
-                );
-            }
-        }
-        head(
-            &mut out,
+    }
+    head(
+        out,
+        "charm_worker_wait_seconds_total",
+        "counter",
+        "Seconds the engine waited for the worker's expert outputs (its round trips, summed).",
+    );
+    let _ = writeln!(out, "charm_worker_wait_seconds_total{{worker=\"{w}\"}} {wait_s}");
+}
+
+/// One series per cluster worker, labelled with its address.
+fn render_remote(out: &mut String, reports: &[WorkerReport]) {
+    let labels: Vec<String> = reports.iter().map(|r| escape_label(&r.address)).collect();
+    type Value = fn(&WorkerReport) -> f64;
+    let families: [(&str, &str, &str, Value); 10] = [
+        (
+            "charm_worker_up",
+            "gauge",
+            "1 while the worker is a connected member of the cluster, 0 after it was lost.",
+            |r| if r.connected { 1.0 } else { 0.0 },
+        ),
+        (
+            "charm_worker_experts",
+            "gauge",
+            "Routed experts the current placement gives the worker to own.",
+            |r| r.experts_owned as f64,
+        ),
+        (
+            "charm_worker_experts_served_total",
+            "counter",
+            "Expert groups the worker computed.",
+            |r| r.experts_served as f64,
+        ),
+        (
+            "charm_worker_disk_bytes_read_total",
+            "counter",
+            "Expert bytes the worker read from its disk (as it last reported).",
+            |r| r.disk_bytes_read as f64,
+        ),
+        (
+            "charm_worker_round_trips_total",
+            "counter",
+            "Requests the worker answered.",
+            |r| r.requests as f64,
+        ),
+        (
+            "charm_worker_rtt_ms",
+            "gauge",
+            "Mean request round trip seen by the coordinator (network, queueing and compute), in milliseconds.",
+            |r| r.rtt_ms,
+        ),
+        (
             "charm_worker_wait_seconds_total",
             "counter",
             "Seconds the engine waited for the worker's expert outputs (its round trips, summed).",
-        );
-        let _ = writeln!(
-            out,
-            "charm_worker_wait_seconds_total{{worker=\"{w}\"}} {}",
-            live.worker_wait_s
-        );
-        out
+            |r| r.rtt_ms_total / 1e3,
+        ),
+        (
+            "charm_worker_cache_hit_rate",
+            "gauge",
+            "Share of the worker's expert lookups served from its RAM cache (0 before any).",
+            |r| r.cache_hit_rate,
+        ),
+        (
+            "charm_worker_cache_bytes",
+            "gauge",
+            "Bytes of experts the worker holds in RAM (as it last reported).",
+            |r| r.cache_bytes as f64,
+        ),
+        (
+            "charm_worker_failures_total",
+            "counter",
+            "Requests the worker failed, timed out on, or was dropped for.",
+            |r| r.failures as f64,
+        ),
+    ];
+    for (name, ty, help, value) in families {
+        head(out, name, ty, help);
+        for (r, w) in reports.iter().zip(&labels) {
+            let _ = writeln!(out, "{name}{{worker=\"{w}\"}} {}", value(r));
+        }
+    }
+    head(
+        out,
+        "charm_worker_network_bytes_total",
+        "counter",
+        "Frame bytes exchanged with the worker over the network.",
+    );
+    for (r, w) in reports.iter().zip(&labels) {
+        for (dir, n) in [("sent", r.bytes_sent), ("received", r.bytes_received)] {
+            let _ = writeln!(
+                out,
+                "charm_worker_network_bytes_total{{worker=\"{w}\",direction=\"{dir}\"}} {n}"
+            );
+        }
     }
 }
 
@@ -404,6 +510,91 @@ mod tests {
         assert!(out.contains("x_count 4\n"), "{out}");
     }
 
+    /// Every sample belongs to a metric declared once, and has a number.
+    fn well_formed(text: &str) {
+        let declared: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let mut unique = declared.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), declared.len(), "a metric declared twice in\n{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|b| declared.contains(b)))
+                .unwrap_or(name);
+            assert!(declared.contains(&base), "undeclared sample {line}");
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "bad value in {line}");
+        }
+    }
+
+    #[test]
+    fn cluster_workers_get_one_series_each() {
+        let up = WorkerReport {
+            address: "10.0.0.1:7411".into(),
+            connected: true,
+            experts_owned: 5,
+            experts_served: 40,
+            requests: 12,
+            rtt_ms_total: 30.0,
+            bytes_sent: 1000,
+            bytes_received: 2000,
+            expert_hits: 3,
+            expert_misses: 1,
+            disk_bytes_read: 4096,
+            failures: 0,
+            ..Default::default()
+        }
+        .with_means();
+        let lost = WorkerReport {
+            address: "10.0.0.2:7411".into(),
+            connected: false,
+            experts_served: 7,
+            requests: 2,
+            failures: 1,
+            ..Default::default()
+        };
+        let reports = [up, lost];
+        let text = Metrics::default().render(&Live {
+            queued: 0,
+            running: 0,
+            experts: &ExpertStats::default(),
+            workers: Workers::Remote(&reports),
+        });
+        well_formed(&text);
+        for line in [
+            "charm_worker_up{worker=\"10.0.0.1:7411\"} 1",
+            "charm_worker_up{worker=\"10.0.0.2:7411\"} 0",
+            "charm_worker_experts{worker=\"10.0.0.1:7411\"} 5",
+            "charm_worker_experts_served_total{worker=\"10.0.0.1:7411\"} 40",
+            "charm_worker_experts_served_total{worker=\"10.0.0.2:7411\"} 7",
+            "charm_worker_disk_bytes_read_total{worker=\"10.0.0.1:7411\"} 4096",
+            "charm_worker_round_trips_total{worker=\"10.0.0.1:7411\"} 12",
+            "charm_worker_rtt_ms{worker=\"10.0.0.1:7411\"} 2.5",
+            "charm_worker_wait_seconds_total{worker=\"10.0.0.1:7411\"} 0.03",
+            "charm_worker_cache_hit_rate{worker=\"10.0.0.1:7411\"} 0.75",
+            "charm_worker_failures_total{worker=\"10.0.0.2:7411\"} 1",
+            "charm_worker_network_bytes_total{worker=\"10.0.0.1:7411\",direction=\"sent\"} 1000",
+            "charm_worker_network_bytes_total{worker=\"10.0.0.1:7411\",direction=\"received\"} 2000",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("in-process") && !text.contains("worker=\"cluster\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
     #[test]
     fn every_sample_line_belongs_to_a_declared_metric() {
         let m = Metrics::default();
@@ -422,25 +613,12 @@ mod tests {
             queued: 2,
             running: 1,
             experts: &ExpertStats::default(),
-            worker: "in-process",
-            worker_experts: 8,
-            worker_wait_s: 0.0,
+            workers: Workers::InProcess {
+                experts: 8,
+                wait_s: 0.0,
+            },
         });
-        let declared: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .map(|l| l.split(' ').next().unwrap())
-            .collect();
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let name = line.split(['{', ' ']).next().unwrap();
-            let base = ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|s| name.strip_suffix(s).filter(|b| declared.contains(b)))
-                .unwrap_or(name);
-            assert!(declared.contains(&base), "undeclared sample {line}");
-            let value = line.rsplit(' ').next().unwrap();
-            assert!(value.parse::<f64>().is_ok(), "bad value in {line}");
-        }
+        well_formed(&text);
         assert!(text.contains("charm_http_requests_total{route=\"/v1/chat/completions\",code=\"200\"} 1\n"));
         assert!(text.contains("charm_generations_total{finish=\"length\"} 1\n"));
         assert!(text.contains("charm_completion_tokens_total 3\n"));

@@ -51,7 +51,7 @@ use tokio::sync::mpsc;
 
 use self::dashboard::Board;
 use self::error::{ApiError, ErrorKind, Flavor};
-use self::metrics::{Live, Metrics};
+use self::metrics::{Live, Metrics, Workers};
 use self::queue::{Event, Job, Queue};
 use crate::chat_template::Message;
 use crate::engine::{Engine, GenerateParams, LoadInfo};
@@ -64,8 +64,9 @@ pub const DEFAULT_QUEUE_SIZE: usize = 16;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
 /// The worker label of `--local`: the experts run in this process.
 pub const IN_PROCESS: &str = "in-process";
-/// The worker label of cluster mode: the expert service fans out to remote
-/// workers (their own numbers are the cluster's to report).
+/// The label of cluster mode's aggregate (`worker` in the dashboard's JSON);
+/// `/metrics` and the dashboard's `workers` list report each remote worker
+/// under its own address.
 pub const CLUSTER: &str = "cluster";
 
 /// Flags of `serve` and `web`.
@@ -566,13 +567,19 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
     let experts = st.experts.stats();
+    let workers = if st.config.worker == IN_PROCESS {
+        Workers::InProcess {
+            experts: st.model.routed_experts(),
+            wait_s: st.metrics.experts_wait_s(),
+        }
+    } else {
+        Workers::Remote(&experts.workers)
+    };
     let text = st.metrics.render(&Live {
         queued: st.queue.queued(),
         running: st.queue.running(),
         experts: &experts,
-        worker: &st.config.worker,
-        worker_experts: st.model.routed_experts(),
-        worker_wait_s: st.metrics.experts_wait_s(),
+        workers,
     });
     (
         StatusCode::OK,

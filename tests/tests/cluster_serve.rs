@@ -1,0 +1,292 @@
+//! `coordinator serve` in cluster mode reports every worker on its own:
+//! two real `worker` processes on 127.0.0.1 and a `coordinator serve`
+//! (`--workers`, a key file, no mDNS) in front of them.
+//!
+//! - `metrics_and_dashboard_list_each_cluster_worker`: after one completion
+//!   `/metrics` has a series per worker address (`up` 1, experts owned,
+//!   experts served, round trips, network bytes both ways, mean rtt, no
+//!   failures) and no aggregate `cluster` or `in-process` series;
+//!   `/api/state` lists both workers with the same numbers, their owned
+//!   experts covering the model. Then one worker is killed: after the next
+//!   request its series says `up` 0 with a failure counted, and the
+//!   dashboard row says `down`, while the survivor keeps serving.
+
+mod cluster_support;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use charm_tests::fixture;
+use cluster_support::*;
+use serde_json::{json, Value};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A `coordinator serve` process; killed when dropped.
+struct Serve {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Serve {
+    fn start(args: &[&str]) -> Serve {
+        let mut child = Command::new(bin("coordinator"))
+            .args(args)
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start coordinator serve");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut log = String::new();
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("listening on http://") {
+                    let addr = rest.split_whitespace().next().unwrap_or_default().to_string();
+                    let _ = tx.send(Ok(addr));
+                }
+                log.push_str(&line);
+                log.push('\n');
+            }
+            let _ = tx.send(Err(log));
+        });
+        match rx.recv_timeout(PATIENCE) {
+            Ok(Ok(a)) => Serve {
+                child,
+                addr: a.parse().expect("a socket address"),
+            },
+            Ok(Err(log)) => {
+                let _ = child.kill();
+                panic!("coordinator serve exited before listening:\n{log}");
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!("coordinator serve did not print its address in {PATIENCE:?}");
+            }
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange (`Connection: close`): status and body.
+fn http(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the server");
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the answer");
+    let text = String::from_utf8(raw).expect("a UTF-8 answer");
+    let (head, rest) = text.split_once("\r\n\r\n").expect("headers end");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status line");
+    let chunked = head
+        .lines()
+        .any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.contains("chunked"));
+    (status, if chunked { dechunk(rest) } else { rest.to_string() })
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if n == 0 {
+            break;
+        }
+        out.push_str(&tail[..n]);
+        rest = &tail[n + 2..];
+    }
+    out
+}
+
+fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let (status, body) = http(addr, "GET", path, None);
+    assert_eq!(status, 200, "{path}: {body}");
+    serde_json::from_str(&body).expect("JSON")
+}
+
+fn metrics(addr: SocketAddr) -> String {
+    let (status, body) = http(addr, "GET", "/metrics", None);
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the sample `name{worker="W"}` (`None`: no such series).
+fn sample(text: &str, name: &str, worker: &str) -> Option<f64> {
+    let prefix = format!("{name}{{worker=\"{worker}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.parse().expect("a number"))
+}
+
+fn network(text: &str, worker: &str, direction: &str) -> Option<f64> {
+    let prefix = format!("charm_worker_network_bytes_total{{worker=\"{worker}\",direction=\"{direction}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.parse().expect("a number"))
+}
+
+fn complete(addr: SocketAddr, prompt: &str) -> Value {
+    let (status, body) = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": prompt, "max_tokens": 4, "temperature": 0})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{v}");
+    v
+}
+
+/// The dashboard's workers by address.
+fn dashboard_workers(state: &Value) -> HashMap<String, Value> {
+    state["workers"]
+        .as_array()
+        .expect("a workers list")
+        .iter()
+        .map(|w| (w["address"].as_str().expect("an address").to_string(), w.clone()))
+        .collect()
+}
+
+#[test]
+fn metrics_and_dashboard_list_each_cluster_worker() {
+    let dir = fixture("qwen3moe-chat");
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "{}: tokenizer missing; run scripts/fetch_test_material.sh",
+        dir.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let mut workers: Vec<Worker> = (0..2).map(|_| Worker::start(&dir, &key, &[])).collect();
+    let specs = workers.iter().map(Worker::spec).collect::<Vec<_>>().join(",");
+    let srv = Serve::start(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--cluster-key-file",
+        key.to_str().unwrap(),
+        "--workers",
+        &specs,
+        "--min-workers",
+        "2",
+        "--worker-timeout-ms",
+        "3000",
+        "--threads",
+        "1",
+    ]);
+    let addr = srv.addr;
+
+    // Before any request both workers are listed, up.
+    let state = get_json(addr, "/api/state");
+    assert_eq!(state["model"]["placement"], "remote");
+    let listed = dashboard_workers(&state);
+    for w in &workers {
+        assert_eq!(listed[&w.spec()]["status"], "up", "{state}");
+    }
+
+    complete(addr, "The capital of France is");
+
+    let m = metrics(addr);
+    assert!(
+        !m.contains("worker=\"cluster\"") && !m.contains("worker=\"in-process\""),
+        "{m}"
+    );
+    for w in &workers {
+        let a = w.spec();
+        let get = |name: &str| sample(&m, name, &a).unwrap_or_else(|| panic!("no {name} for {a} in\n{m}"));
+        assert_eq!(get("charm_worker_up"), 1.0);
+        assert!(get("charm_worker_experts") > 0.0, "{a} owns nothing:\n{m}");
+        assert!(
+            get("charm_worker_experts_served_total") > 0.0,
+            "{a} served nothing:\n{m}"
+        );
+        assert!(get("charm_worker_round_trips_total") > 0.0, "{a}: no round trip:\n{m}");
+        assert!(get("charm_worker_rtt_ms") > 0.0, "{a}: no rtt:\n{m}");
+        assert!(get("charm_worker_wait_seconds_total") > 0.0, "{a}:\n{m}");
+        assert_eq!(get("charm_worker_failures_total"), 0.0);
+        let hit = get("charm_worker_cache_hit_rate");
+        assert!((0.0..=1.0).contains(&hit), "{a}: hit rate {hit}");
+        get("charm_worker_disk_bytes_read_total");
+        assert!(network(&m, &a, "sent").unwrap() > 0.0, "{a}:\n{m}");
+        assert!(network(&m, &a, "received").unwrap() > 0.0, "{a}:\n{m}");
+    }
+
+    // The dashboard's snapshot carries the same per-worker list.
+    let state = get_json(addr, "/api/state");
+    let listed = dashboard_workers(&state);
+    assert_eq!(listed.len(), 2, "{state}");
+    let mut owned = 0;
+    for w in &workers {
+        let a = w.spec();
+        let d = &listed[&a];
+        assert_eq!(d["status"], "up", "{d}");
+        assert!(d["experts_owned"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["experts_served"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["round_trips"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["network_bytes_sent"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["network_bytes_received"].as_u64().unwrap() > 0, "{d}");
+        assert!(d["rtt_ms"].as_f64().unwrap() > 0.0, "{d}");
+        assert_eq!(d["failures"], 0, "{d}");
+        assert!(!d["disk_bytes_read"].is_null(), "{d}");
+        owned += d["experts_owned"].as_u64().unwrap();
+    }
+    let moe_layers = state["model"]["moe_layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m.as_bool() == Some(true))
+        .count() as u64;
+    assert_eq!(
+        owned,
+        moe_layers * state["model"]["experts"].as_u64().unwrap(),
+        "every routed expert has one owner: {state}"
+    );
+
+    // A lost worker stays listed, down, with the failure counted; the other
+    // one carries on.
+    let lost = workers[0].spec();
+    let kept = workers[1].spec();
+    let served_before = sample(&metrics(addr), "charm_worker_experts_served_total", &kept).unwrap();
+    workers[0].kill9();
+    complete(addr, "Hello");
+    let t = Instant::now();
+    let m = loop {
+        let m = metrics(addr);
+        if sample(&m, "charm_worker_up", &lost) == Some(0.0) {
+            break m;
+        }
+        assert!(t.elapsed() < PATIENCE, "{lost} still up after it was killed:\n{m}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(sample(&m, "charm_worker_up", &kept), Some(1.0), "{m}");
+    assert_eq!(sample(&m, "charm_worker_experts", &lost), Some(0.0), "{m}");
+    assert!(
+        sample(&m, "charm_worker_experts_served_total", &kept).unwrap() > served_before,
+        "{kept} took over nothing:\n{m}"
+    );
+    let listed = dashboard_workers(&get_json(addr, "/api/state"));
+    assert_eq!(listed[&lost]["status"], "down");
+    assert_eq!(listed[&kept]["status"], "up");
+}
