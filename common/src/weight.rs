@@ -514,6 +514,41 @@ impl Weight {
         Self::release(p);
     }
 
+    /// `outs[i] = ws[i] x` for several matrices of the same input (a
+    /// layer's q/k/v projections, an FFN's gate and up), as one parallel
+    /// loop over all their rows: one fork-join instead of one per matrix.
+    /// Every element is the same [`Weight::row_dot`] as in
+    /// [`Weight::matvec`].
+    ///
+    /// # Panics
+    /// If the counts or shapes do not match.
+    pub fn matvec_many(ws: &[&Weight], x: &[f32], outs: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), outs.len(), "one output per matrix");
+        let Some(first) = ws.first() else { return };
+        // The activations are prepared once when every matrix wants the
+        // same kind (all quantize them, or none does).
+        if ws.iter().any(|w| w.int8_activations() != first.int8_activations()) {
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                w.matvec(x, o);
+            }
+            return;
+        }
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            assert_eq!((x.len(), o.len()), (w.cols, w.rows), "matrix shape");
+        }
+        let p = first.prepare(x);
+        // Nested parallel loops: rayon schedules all the row chunks of all
+        // the matrices in one region.
+        outs.par_iter_mut().zip(ws.par_iter()).for_each(|(o, w)| {
+            o.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(chunk, part)| {
+                for (i, v) in part.iter_mut().enumerate() {
+                    *v = w.dot_prepared(chunk * ROWS_PER_TASK + i, &p);
+                }
+            });
+        });
+        Self::release(p);
+    }
+
     /// `out[t] = W xs[t]` for `n` activation rows (`xs: n × cols`,
     /// `out: n × rows`). Every output element is the same [`Weight::row_dot`]
     /// as in [`Weight::matvec`], so batching never changes a bit. The
@@ -595,6 +630,47 @@ mod tests {
             let mut seq = vec![0.0; rows];
             w.matvec_seq(&xs[t * cols..(t + 1) * cols], &mut seq);
             assert_eq!(one, seq);
+        }
+    }
+
+    #[test]
+    fn matvec_many_equals_one_matvec_per_matrix() {
+        let cols = 64;
+        let make = |rows: usize, seed: usize| {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| (((i + seed) * 7919) % 101) as f32 / 101.0 - 0.5)
+                .collect();
+            Weight::from_f32(rows, cols, w)
+        };
+        let (a, b) = (make(70, 1), make(33, 2));
+        // A GGML Q8_0 matrix quantizes its activations: mixed with f32
+        // matrices, each still gets its own product.
+        let mut q8 = Vec::new();
+        for r in 0..40 {
+            for blk in 0..cols / 32 {
+                q8.extend(half::f16::from_f32(0.01 * (r + blk + 1) as f32).to_bits().to_le_bytes());
+                q8.extend((0..32).map(|i| ((i * 37 + r * 11 + blk) % 255) as u8));
+            }
+        }
+        let c = Weight::new(
+            40,
+            cols,
+            WeightData::Gguf {
+                ty: GgmlType::Q8_0,
+                data: Buf::owned(q8),
+            },
+        );
+        let x: Vec<f32> = (0..cols).map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.4).collect();
+        for set in [vec![&a, &b], vec![&a, &b, &c], vec![&c, &c]] {
+            let mut outs: Vec<Vec<f32>> = set.iter().map(|w| vec![0.0; w.rows()]).collect();
+            let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+            Weight::matvec_many(&set, &x, &mut refs);
+            for (w, got) in set.iter().zip(&outs) {
+                let mut want = vec![0.0; w.rows()];
+                w.matvec(&x, &mut want);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(got), bits(&want));
+            }
         }
     }
 

@@ -53,7 +53,9 @@ impl SwiGlu {
         let inter = self.intermediate();
         let mut g = vec![0.0; n * inter];
         let mut u = vec![0.0; n * inter];
-        if parallel || n > 1 {
+        if n == 1 && parallel {
+            Weight::matvec_many(&[&self.gate, &self.up], xs, &mut [&mut g, &mut u]);
+        } else if n > 1 {
             self.gate.matmul(xs, n, &mut g);
             self.up.matmul(xs, n, &mut u);
         } else {
