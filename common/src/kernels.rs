@@ -97,8 +97,21 @@ mod float_x86 {
 
     #[target_feature(enable = "avx2,f16c")]
     pub(super) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+        f32_row(w, x)
+    }
+
+    /// [`super::dots_f32`]: one dispatch for many rows.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
+        for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
+            *o = f32_row(r, x);
+        }
+    }
+
+    #[inline(always)]
+    fn f32_row(w: &[f32], x: &[f32]) -> f32 {
         assert_eq!(w.len(), x.len());
-        // SAFETY: AVX2 is enabled on this function; loads stay within `w`.
+        // SAFETY: the callers enable AVX2; loads stay within `w` and `x`.
         let acc = unsafe { lane_sums(w.len(), x, |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
         finish(acc, w, x, |v| v)
     }
@@ -198,6 +211,39 @@ float_dot!(
     /// `Σ w[i] x[i]` for an f32 weight row.
     dot_f32, dot_f32_on, dot_f32_body, f32
 );
+/// `out[j] = dot_f32(rows[j], x)` for the `out.len()` rows of `rows`
+/// (row-major, `x.len()` wide): attention's scores against a head's cached
+/// keys. The bits of [`dot_f32`] per row, with one dispatch for all.
+pub fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
+    assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
+    #[cfg(target_arch = "x86_64")]
+    if matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni) {
+        // SAFETY: the active set is one this CPU runs; both include AVX2.
+        return unsafe { float_x86::dots_f32(rows, x, out) };
+    }
+    for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
+        *o = dot_f32_body(r, x);
+    }
+}
+
+multiversion!(
+    /// `out += Σ_j weights[j] rows[j]` in order of `j` (`rows`: row-major,
+    /// `out.len()` wide): attention's weighted sum of a head's cached
+    /// values. Each element sums in the same order on every build.
+    add_weighted_rows, add_weighted_rows_on, add_weighted_rows_body,
+    (out: &mut [f32], weights: &[f32], rows: &[f32]) -> ()
+);
+
+#[inline(always)]
+fn add_weighted_rows_body(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    assert_eq!(rows.len(), weights.len() * out.len(), "rows do not match the weights");
+    for (&p, r) in weights.iter().zip(rows.chunks_exact(out.len())) {
+        for (o, v) in out.iter_mut().zip(r) {
+            *o += p * v;
+        }
+    }
+}
+
 float_dot!(
     /// `Σ w[i] x[i]` for a bf16 weight row, accumulated in f32.
     dot_bf16, dot_bf16_on, dot_bf16_body, u16

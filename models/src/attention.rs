@@ -2,7 +2,7 @@
 //! an optional sliding window; keys and values go through the layer's
 //! [`LayerKv`] so decode cost grows only with context length.
 
-use charm_common::kernels::{dot_f32, rms_norm, rms_norm_rows, softmax};
+use charm_common::kernels::{add_weighted_rows, dots_f32, rms_norm, rms_norm_rows, softmax};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 
@@ -127,8 +127,9 @@ impl Attention {
         }
         let first = kv.len();
         debug_assert_eq!(first, positions[0], "positions must continue the cache");
-        kv.k.extend_from_slice(&k);
-        kv.v.extend_from_slice(&v);
+        for (kr, vr) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)) {
+            kv.push(kr, vr);
+        }
 
         // softmax(q k^T / sqrt(head_dim)) v, one (token, head) per task.
         let scale = 1.0 / (hd as f32).sqrt();
@@ -143,18 +144,16 @@ impl Attention {
                 None => 0,
             };
             let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let kh = (h / group) * hd;
-            let mut scores: Vec<f32> = (start..=pos)
-                .map(|j| dot_f32(qh, &kv_ref.k[j * kvd + kh..j * kvd + kh + hd]) * scale)
-                .collect();
+            let (keys, values) = (kv_ref.keys(h / group), kv_ref.values(h / group));
+            let (keys, values) = (&keys[start * hd..(pos + 1) * hd], &values[start * hd..(pos + 1) * hd]);
+            let mut scores = vec![0.0f32; pos + 1 - start];
+            dots_f32(keys, qh, &mut scores);
+            for s in &mut scores {
+                *s *= scale;
+            }
             softmax(&mut scores);
             o.fill(0.0);
-            for (j, p) in (start..=pos).zip(&scores) {
-                let vh = &kv_ref.v[j * kvd + kh..j * kvd + kh + hd];
-                for (a, b) in o.iter_mut().zip(vh) {
-                    *a += p * b;
-                }
-            }
+            add_weighted_rows(o, &scores, values);
         });
         self.o_proj.matmul(&ctx, n, out);
     }

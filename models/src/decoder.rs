@@ -136,7 +136,7 @@ impl Model {
 
     /// An empty KV cache for one sequence.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.cfg.num_layers, self.cfg.kv_dim())
+        KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim)
     }
 
     /// Embeds `tokens` at positions `start..start + tokens.len()`.
