@@ -81,13 +81,16 @@ unsafe fn load32(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
 
-/// 32 nibble codes from 16 bytes: elements 0..16 the low nibbles, 16..32 the high.
+/// 32 nibble codes from 16 bytes: elements 0..16 the low nibbles, 16..32
+/// the high. The bytes go to both halves of the register; the upper half
+/// is shifted right by 4 within 64-bit lanes (a byte's high nibble comes
+/// down, its neighbour's bits land above it and are masked off).
 #[inline(always)]
 unsafe fn nibbles16(p: *const u8) -> __m256i {
     // SAFETY: the caller's pointer covers 16 bytes.
-    let x = unsafe { _mm_loadu_si128(p as *const __m128i) };
-    let m = _mm_set1_epi8(0x0f);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m))
+    let x = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i)) };
+    let shifted = _mm256_srlv_epi64(x, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f))
 }
 
 /// `0x10` in byte `i` where bit `i` of the little-endian u32 at `p` is set.
