@@ -43,6 +43,7 @@
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
 # RUNS (3), MAX_TOKENS (32), THREADS (2), DELAY_MS (0.1), RATE (1gbit),
 # RATE_BYTES_PER_S (125000000, must match RATE), MIN_RATIO (1.6), NETNS (1),
+# WORKER_THREADS (unset: every core; e.g. 1 gives each worker one compute thread),
 # BENCH_PY (/work/bench-venv/bin/python: a Python with numpy).
 set -euo pipefail
 
@@ -121,8 +122,8 @@ start_worker() {
 }
 
 echo "== starting workers" >&2
-start_worker W1 "$OUT/w1.log" "$BIN/worker" --listen 127.0.0.1:0
-start_worker W2 "$OUT/w2.log" "$BIN/worker" --listen 127.0.0.1:0
+start_worker W1 "$OUT/w1.log" "$BIN/worker" --listen 127.0.0.1:0 ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
+start_worker W2 "$OUT/w2.log" "$BIN/worker" --listen 127.0.0.1:0 ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
 LOOP_WORKERS="$W1,$W2"
 
 RTT_MS=""
@@ -148,8 +149,8 @@ if [ "$NETNS" = 1 ]; then
     [ "$NETEM" = 1 ] || echo "   netem is not available in this kernel: no delay added, rate limited with tbf" >&2
     RTT_MS=$(ip netns exec cb-c ping -c 50 -i 0.02 10.231.1.2 | awk -F'time=' '/time=/{split($2,a," "); print a[1]}' | sort -n | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}')
     echo "   ping RTT median ${RTT_MS} ms" >&2
-    start_worker L1 "$OUT/l1.log" ip netns exec cb-w1 "$BIN/worker" --listen 10.231.1.2:7411
-    start_worker L2 "$OUT/l2.log" ip netns exec cb-w2 "$BIN/worker" --listen 10.231.2.2:7411
+    start_worker L1 "$OUT/l1.log" ip netns exec cb-w1 "$BIN/worker" --listen 10.231.1.2:7411 ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
+    start_worker L2 "$OUT/l2.log" ip netns exec cb-w2 "$BIN/worker" --listen 10.231.2.2:7411 ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
     LAN_WORKERS="$L1,$L2"
 fi
 

@@ -106,6 +106,9 @@ pub struct PerToken {
 #[derive(Clone, Debug, Default)]
 pub struct Plan {
     holders: HashMap<Key, Vec<Holder>>,
+    /// How many of an expert's first holders keep it cached (its owner and
+    /// its replica): a step may hand the expert to any of them.
+    warm: HashMap<Key, usize>,
     pub workers: Vec<WorkerPlan>,
     /// Experts no worker holds (run by the coordinator when it can).
     pub uncovered: Vec<Key>,
@@ -121,6 +124,12 @@ impl Plan {
     /// The owner of `key`, if anyone can run it.
     pub fn owner(&self, key: Key) -> Option<Holder> {
         self.holders(key).first().copied()
+    }
+
+    /// The holders that keep `key` cached (owner, then replica), best first.
+    pub fn warm_holders(&self, key: Key) -> &[Holder] {
+        let hs = self.holders(key);
+        &hs[..self.warm.get(&key).copied().unwrap_or(0).min(hs.len())]
     }
 }
 
@@ -215,6 +224,7 @@ pub fn plan(
     }
 
     let mut holders: HashMap<Key, Vec<Holder>> = HashMap::new();
+    let mut warm: HashMap<Key, usize> = HashMap::new();
     for &(_, key) in &experts {
         let mut list = Vec::new();
         if let Some(&o) = owner.get(&key) {
@@ -223,6 +233,7 @@ pub fn plan(
         if let Some(&r) = replica.get(&key) {
             list.push(r);
         }
+        warm.insert(key, list.len());
         let mut others: Vec<usize> = (0..n)
             .filter(|w| !list.contains(w) && workers[*w].holdings.contains(key.0, key.1))
             .collect();
@@ -265,6 +276,7 @@ pub fn plan(
 
     Plan {
         holders,
+        warm,
         workers: (0..n)
             .map(|w| WorkerPlan {
                 address: workers[w].address.to_string(),

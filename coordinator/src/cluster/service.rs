@@ -282,6 +282,50 @@ impl ClusterService {
     }
 }
 
+/// Splits a step's `pending` groups among holders: each group goes to the
+/// usable holder that keeps it cached (owner or replica) with the fewest
+/// rows assigned so far in this step (the owner on ties), so a step's
+/// experts spread over the workers that have them at hand even when the
+/// owners alone would split them 6/2; a group with no usable cached holder
+/// goes to its first usable holder. Larger groups are placed first. Returns
+/// the shares (each in request order) and the experts no usable holder has.
+/// Who computes an expert changes speed only, never the bits.
+fn assign(
+    plan: &Plan,
+    batch: &ExpertBatch,
+    pending: &[usize],
+    usable: impl Fn(Holder) -> bool,
+) -> (BTreeMap<Holder, Vec<usize>>, Vec<u32>) {
+    let mut shares: BTreeMap<Holder, Vec<usize>> = BTreeMap::new();
+    let mut rows: HashMap<Holder, usize> = HashMap::new();
+    let mut orphans = Vec::new();
+    let mut order = pending.to_vec();
+    order.sort_by_key(|&i| (std::cmp::Reverse(batch.groups[i].rows.len()), i));
+    for i in order {
+        let key = (batch.layer, batch.groups[i].expert);
+        let warm = plan
+            .warm_holders(key)
+            .iter()
+            .copied()
+            .filter(|&h| usable(h))
+            .enumerate()
+            .min_by_key(|&(rank, h)| (rows.get(&h).copied().unwrap_or(0), rank))
+            .map(|(_, h)| h);
+        match warm.or_else(|| plan.holders(key).iter().copied().find(|&h| usable(h))) {
+            Some(h) => {
+                *rows.entry(h).or_default() += batch.groups[i].rows.len();
+                shares.entry(h).or_default().push(i);
+            }
+            None => orphans.push(key.1),
+        }
+    }
+    for idxs in shares.values_mut() {
+        idxs.sort_unstable();
+    }
+    orphans.sort_unstable();
+    (shares, orphans)
+}
+
 /// One request/answer exchange on a fresh stream, with a deadline.
 async fn exchange(conn: Connection, frame: Vec<u8>, limit: Duration) -> Result<(Message, usize, f64), NetError> {
     let t = Instant::now();
@@ -394,16 +438,7 @@ impl ExpertService for ClusterService {
         let mut reasons: Vec<String> = Vec::new();
         let mut first_wave = true;
         while !pending.is_empty() {
-            // Assign every pending group to its first usable holder.
-            let mut shares: BTreeMap<Holder, Vec<usize>> = BTreeMap::new();
-            let mut orphans = Vec::new();
-            for &i in &pending {
-                let key = (layer, batch.groups[i].expert);
-                match plan.holders(key).iter().find(|h| self.usable(**h, &excluded)) {
-                    Some(h) => shares.entry(*h).or_default().push(i),
-                    None => orphans.push(key.1),
-                }
-            }
+            let (shares, orphans) = assign(&plan, batch, &pending, |h| self.usable(h, &excluded));
             if !orphans.is_empty() {
                 let reason = if reasons.is_empty() {
                     "no connected worker holds them and the coordinator has no copy to run".to_string()
@@ -783,6 +818,86 @@ mod tests {
             ],
             next: None,
         }
+    }
+
+    /// Two workers holding all 8 experts of one layer, with cache for all
+    /// (so every expert gets a replica on the other worker) or for none.
+    fn two_workers(cache: u64) -> (Plan, [Holder; 2]) {
+        use crate::cluster::placement::Candidate;
+        let shape = ModelShape {
+            num_layers: 1,
+            moe_layers: vec![0],
+            num_experts: 8,
+            top_k: 8,
+            hidden: 2,
+        };
+        let addr = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        let cand = |port, speed| Candidate {
+            address: addr(port),
+            holdings: charm_proto::Holdings::from_experts((0..8).map(|e| (0u16, e))),
+            expert_bytes: 100,
+            cache_bytes: cache,
+            disk_bytes_per_s: 1e9,
+            expert_rows_per_s: speed,
+        };
+        // The first worker measured faster: it owns most experts.
+        let p = plan(&shape, &[cand(1, 3e6), cand(2, 1e6)], &[], false, None);
+        (p, [Holder::Worker(addr(1)), Holder::Worker(addr(2))])
+    }
+
+    fn decode_step() -> ExpertBatch {
+        ExpertBatch {
+            layer: 0,
+            hidden: 2,
+            rows: vec![0.0, 0.5],
+            groups: (0..8)
+                .map(|e| ExpertGroup {
+                    expert: e,
+                    rows: vec![0],
+                    weights: vec![0.125],
+                })
+                .collect(),
+            next: None,
+        }
+    }
+
+    #[test]
+    fn a_step_spreads_over_the_holders_that_cache_its_experts() {
+        let (p, [a, b]) = two_workers(10_000);
+        let owned_by_a = (0..8).filter(|&e| p.owner((0, e)) == Some(a)).count();
+        assert!(owned_by_a > 4, "the faster worker owns more ({owned_by_a} of 8)");
+        let step = decode_step();
+        let all: Vec<usize> = (0..8).collect();
+        let (shares, orphans) = assign(&p, &step, &all, |_| true);
+        assert!(orphans.is_empty());
+        assert_eq!((shares[&a].len(), shares[&b].len()), (4, 4), "{shares:?}");
+        for idxs in shares.values() {
+            assert!(idxs.windows(2).all(|w| w[0] < w[1]), "request order kept");
+        }
+        // One worker gone: the other takes everything.
+        let (shares, orphans) = assign(&p, &step, &all, |h| h != a);
+        assert!(orphans.is_empty());
+        assert_eq!(shares.len(), 1);
+        assert_eq!(shares[&b], all);
+        // Nobody usable: every expert is named.
+        let (shares, orphans) = assign(&p, &step, &all, |_| false);
+        assert!(shares.is_empty());
+        assert_eq!(orphans, (0..8).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn without_replicas_experts_stay_with_their_owners() {
+        let (p, [a, _]) = two_workers(0);
+        assert!(p.workers.iter().all(|w| w.replicas == 0));
+        let step = decode_step();
+        let all: Vec<usize> = (0..8).collect();
+        let (shares, _) = assign(&p, &step, &all, |_| true);
+        for (h, idxs) in &shares {
+            for &i in idxs {
+                assert_eq!(p.owner((0, step.groups[i].expert)), Some(*h));
+            }
+        }
+        assert!(shares[&a].len() > 4);
     }
 
     #[test]
