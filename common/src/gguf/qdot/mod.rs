@@ -95,13 +95,7 @@ pub fn dot(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
 /// [`dot`] on a chosen instruction set (tests and benchmarks); an
 /// instruction set this CPU does not run falls back to the scalar path.
 pub fn dot_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
-    assert!(supports(ty), "{ty} has no integer dot product");
-    assert_eq!(
-        ty.row_bytes(acts.len()),
-        Some(row.len()),
-        "{ty} row does not match {} activations",
-        acts.len()
-    );
+    check(ty, row, acts);
     #[cfg(target_arch = "x86_64")]
     if isa.runs() {
         match isa {
@@ -135,14 +129,8 @@ pub fn dot4(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
 
 /// [`dot4`] on a chosen instruction set.
 pub fn dot4_on(isa: Isa, ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
-    assert!(supports(ty), "{ty} has no integer dot product");
     for a in acts {
-        assert_eq!(
-            ty.row_bytes(a.len()),
-            Some(row.len()),
-            "{ty} row does not match {} activations",
-            a.len()
-        );
+        check(ty, row, a);
     }
     #[cfg(target_arch = "x86_64")]
     if isa.runs() {
@@ -155,6 +143,18 @@ pub fn dot4_on(isa: Isa, ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 
         }
     }
     acts.map(|a| dot_on(isa, ty, row, a))
+}
+
+/// The promise every path relies on: `ty` is quantized and `row` holds
+/// `acts.len()` of its elements.
+fn check(ty: GgmlType, row: &[u8], acts: &Q8Acts) {
+    assert!(supports(ty), "{ty} has no integer dot product");
+    assert_eq!(
+        ty.row_bytes(acts.len()),
+        Some(row.len()),
+        "{ty} row does not match {} activations",
+        acts.len()
+    );
 }
 
 /// The row loop shared by every instruction set: chunks of 8 blocks (or one

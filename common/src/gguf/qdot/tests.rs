@@ -6,16 +6,10 @@ use super::*;
 use crate::gguf::dequantize_into;
 use crate::gguf::dot::tests::{acts, random_row};
 
-const QUANTIZED: [GgmlType; 8] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+/// Every quantized type.
+fn quantized() -> impl Iterator<Item = GgmlType> {
+    GgmlType::ALL.into_iter().filter(|t| t.is_quantized())
+}
 
 fn dequantized(ty: GgmlType, row: &[u8], cols: usize) -> Vec<f32> {
     let mut w = vec![0.0f32; cols];
@@ -38,7 +32,7 @@ fn codes_spell_out_the_dequantized_values() {
     // The codes the integer paths multiply, put back through each type's
     // scales, give the reference dequantization bit for bit.
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    for ty in QUANTIZED {
+    for ty in quantized() {
         for _ in 0..20 {
             let cols = ty.block_elems() * rng.gen_range(1..=4);
             let row = random_row(&mut rng, ty, cols);
@@ -95,7 +89,7 @@ fn every_instruction_set_gives_the_reference_bits() {
     let isas = Isa::available();
     println!("instruction sets here: {isas:?}");
     let mut rng = ChaCha8Rng::seed_from_u64(17);
-    for ty in QUANTIZED {
+    for ty in quantized() {
         for case in 0..40 {
             let cols = random_cols(&mut rng, ty, case);
             let mut x = acts(&mut rng, cols);
@@ -179,7 +173,7 @@ fn the_reference_is_the_product_of_the_dequantized_values() {
     // Against f64 products of the dequantized weights and the dequantized
     // activations, only the f32 scaling and lane sums round.
     let mut rng = ChaCha8Rng::seed_from_u64(23);
-    for ty in QUANTIZED {
+    for ty in quantized() {
         let mut worst = 0.0f64;
         for case in 0..30 {
             let cols = random_cols(&mut rng, ty, case);
@@ -207,7 +201,7 @@ fn activation_rounding_is_bounded() {
     // Against the f32 activations: each activation moves by at most half
     // its block's step, so the product moves by at most Σ |w| d / 2.
     let mut rng = ChaCha8Rng::seed_from_u64(29);
-    for ty in QUANTIZED {
+    for ty in quantized() {
         for case in 0..20 {
             let cols = random_cols(&mut rng, ty, case);
             let x = acts(&mut rng, cols);

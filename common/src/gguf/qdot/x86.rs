@@ -264,27 +264,18 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
     let c = chunk.as_ptr();
     let zero_f = _mm256_setzero_ps();
     let zero_i = _mm256_setzero_si256();
+    let only_d = |d| Scales {
+        d,
+        m: zero_f,
+        sc: zero_i,
+        mn: zero_i,
+    };
     // SAFETY: `chunk` holds eight blocks (or one super-block) of `ty`.
     unsafe {
         match ty {
-            GgmlType::Q8_0 => Scales {
-                d: f16x8(c, 34),
-                m: zero_f,
-                sc: zero_i,
-                mn: zero_i,
-            },
-            GgmlType::Q4_0 => Scales {
-                d: f16x8(c, 18),
-                m: zero_f,
-                sc: zero_i,
-                mn: zero_i,
-            },
-            GgmlType::Q5_0 => Scales {
-                d: f16x8(c, 22),
-                m: zero_f,
-                sc: zero_i,
-                mn: zero_i,
-            },
+            GgmlType::Q8_0 => only_d(f16x8(c, 34)),
+            GgmlType::Q4_0 => only_d(f16x8(c, 18)),
+            GgmlType::Q5_0 => only_d(f16x8(c, 22)),
             GgmlType::Q4_1 => Scales {
                 d: f16x8(c, 20),
                 m: f16x8(c.add(2), 20),
