@@ -494,10 +494,21 @@ impl Weight {
         debug_assert_eq!(x.len(), self.cols);
         debug_assert_eq!(out.len(), self.rows);
         let p = self.prepare(x);
-        for (r, o) in out.iter_mut().enumerate() {
-            *o = self.dot_prepared(r, &p);
-        }
+        self.rows_into(0, out, &p);
         Self::release(p);
+    }
+
+    /// `out[i] = row_dot(base + i, x)` for the prepared `x` (GGML blocks:
+    /// one call for the whole run of rows).
+    fn rows_into(&self, base: usize, out: &mut [f32], p: &Prepared<'_>) {
+        if let (WeightData::Gguf { ty, data }, Prepared::Q8(a)) = (&self.data, p) {
+            let rb = data.len() / self.rows.max(1);
+            let rows = &data.as_slice()[base * rb..(base + out.len()) * rb];
+            return qdot::dot_rows(*ty, rows, a, out);
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.dot_prepared(base + i, p);
+        }
     }
 
     /// `out = W x` for one activation row, output rows split across rayon.
@@ -505,12 +516,9 @@ impl Weight {
         debug_assert_eq!(x.len(), self.cols);
         debug_assert_eq!(out.len(), self.rows);
         let p = self.prepare(x);
-        out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(chunk, o)| {
-            let base = chunk * ROWS_PER_TASK;
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = self.dot_prepared(base + i, &p);
-            }
-        });
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(chunk, o)| self.rows_into(chunk * ROWS_PER_TASK, o, &p));
         Self::release(p);
     }
 
@@ -540,11 +548,9 @@ impl Weight {
         // Nested parallel loops: rayon schedules all the row chunks of all
         // the matrices in one region.
         outs.par_iter_mut().zip(ws.par_iter()).for_each(|(o, w)| {
-            o.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(chunk, part)| {
-                for (i, v) in part.iter_mut().enumerate() {
-                    *v = w.dot_prepared(chunk * ROWS_PER_TASK + i, &p);
-                }
-            });
+            o.par_chunks_mut(ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(chunk, part)| w.rows_into(chunk * ROWS_PER_TASK, part, &p));
         });
         Self::release(p);
     }

@@ -116,6 +116,40 @@ pub fn dot_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     unsafe { row_dot::<reference::Scalar>(ty, row, acts) }
 }
 
+/// `out[i] = dot(row i of rows, acts)` for `out.len()` consecutive rows
+/// (`rows`: their bytes, back to back), with one check and one dispatch for
+/// all: what matrix-vector products use. The bits of [`dot`] per row.
+///
+/// # Panics
+/// If `ty` is not quantized or `rows` does not hold `out.len()` rows of
+/// `acts.len()` elements.
+pub fn dot_rows(ty: GgmlType, rows: &[u8], acts: &Q8Acts, out: &mut [f32]) {
+    assert!(supports(ty), "{ty} has no integer dot product");
+    let rb = ty.row_bytes(acts.len()).unwrap_or(0);
+    assert_eq!(
+        rows.len(),
+        rb * out.len(),
+        "{ty} rows do not match {} activations",
+        acts.len()
+    );
+    if rb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    match Isa::active() {
+        // SAFETY: the active instruction set is one this CPU runs; the
+        // shapes were checked above.
+        Isa::Avx512Vnni => return unsafe { x86::dot_rows_avx512vnni(ty, rows, rb, acts, out) },
+        // SAFETY: as above.
+        Isa::Avx2 => return unsafe { x86::dot_rows_avx2(ty, rows, rb, acts, out) },
+        _ => {}
+    }
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+        *o = dot(ty, row, acts);
+    }
+}
+
 /// Dot products of one row with four activation rows (what tiled matrix
 /// products use): result `n` is the bits [`dot`] gives for `acts[n]`; the
 /// row's codes and scales are decoded once for all four.

@@ -26,6 +26,30 @@ pub(crate) unsafe fn dot_avx2(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     unsafe { rows_dot::<false, 1>(ty, row, [acts])[0] }
 }
 
+/// [`super::dot_rows`] compiled for AVX2 (`rb` bytes per row).
+///
+/// # Safety
+/// As [`dot_avx2`], for every row.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn dot_rows_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+        // SAFETY: forwarded.
+        *o = unsafe { rows_dot::<false, 1>(ty, row, [acts])[0] };
+    }
+}
+
+/// [`super::dot_rows`] compiled for AVX-512 VNNI.
+///
+/// # Safety
+/// As [`dot_avx512vnni`], for every row.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn dot_rows_avx512vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+        // SAFETY: forwarded.
+        *o = unsafe { rows_dot::<true, 1>(ty, row, [acts])[0] };
+    }
+}
+
 /// [`super::dot4`] compiled for AVX2.
 ///
 /// # Safety
