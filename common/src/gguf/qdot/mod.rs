@@ -74,12 +74,12 @@ pub(crate) struct Raw {
 /// One instruction set's integer sums for a chunk of a row: up to eight
 /// 32-element blocks of the 32-element types (`nblocks` of them), or one
 /// K-quant super-block (`nblocks == 8`). `q` holds the chunk's activation
-/// codes, `s16` its half sums.
+/// codes.
 pub(crate) trait Sums {
     /// # Safety
     /// The CPU must run the instruction set; `chunk` must hold `nblocks`
     /// blocks of `ty` (or one super-block) and `q` `32 * nblocks` codes.
-    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], s16: &[i32], nblocks: usize) -> Raw;
+    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: usize) -> Raw;
 }
 
 /// Dot product of a row of `ty` (`row`: its bytes) with quantized
@@ -216,7 +216,7 @@ pub(crate) unsafe fn row_dot<S: Sums>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -
         let q = &acts.qs[b0 * QK..(b0 + k) * QK];
         let s16 = &acts.s16[2 * b0..2 * (b0 + k)];
         // SAFETY: forwarded from the caller; `chunk` holds `k` blocks.
-        let raw = unsafe { S::raw(ty, chunk, q, s16, k) };
+        let raw = unsafe { S::raw(ty, chunk, q, k) };
         combine(ty, chunk, k, &raw, &acts.d[b0..b0 + k], s16, &mut acc);
         b0 += k;
     }

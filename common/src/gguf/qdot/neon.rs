@@ -43,7 +43,7 @@ unsafe fn shifted_high(x: uint8x16_t, s: i8, mask: u8) -> uint8x16_t {
 
 impl Sums for Neon {
     #[inline(always)]
-    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], _s16: &[i32], nblocks: usize) -> Raw {
+    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: usize) -> Raw {
         let mut raw = Raw::default();
         let c = chunk.as_ptr();
         let qp = |b: usize, half: usize| q[b * QK + 16 * half..].as_ptr();

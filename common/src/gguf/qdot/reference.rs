@@ -10,7 +10,7 @@ pub(crate) struct Scalar;
 
 impl Sums for Scalar {
     #[inline(always)]
-    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], _s16: &[i32], nblocks: usize) -> Raw {
+    unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: usize) -> Raw {
         let mut raw = Raw::default();
         for b in 0..nblocks {
             let c = codes(ty, chunk, b);
