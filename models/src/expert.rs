@@ -84,6 +84,12 @@ pub struct WorkerReport {
     /// Sum of request round trips, in ms (for `since`).
     #[serde(skip)]
     pub rtt_ms_total: f64,
+    /// Mean time the worker reported spending in its expert computation per
+    /// request, in ms (`rtt_ms - compute_ms`: network, framing, queueing).
+    pub compute_ms: f64,
+    /// Sum of the worker-reported compute times, in ms (for `since`).
+    #[serde(skip)]
+    pub compute_ms_total: f64,
     /// Frame bytes sent to it and received from it.
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -101,13 +107,18 @@ pub struct WorkerReport {
 }
 
 impl WorkerReport {
-    /// Fills the derived means (`rtt_ms`, `cache_hit_rate`) from the sums.
+    /// Fills the derived means (`rtt_ms`, `compute_ms`, `cache_hit_rate`)
+    /// from the sums.
     pub fn with_means(mut self) -> WorkerReport {
-        self.rtt_ms = if self.requests == 0 {
-            0.0
-        } else {
-            self.rtt_ms_total / self.requests as f64
+        let per_request = |total: f64| {
+            if self.requests == 0 {
+                0.0
+            } else {
+                total / self.requests as f64
+            }
         };
+        self.rtt_ms = per_request(self.rtt_ms_total);
+        self.compute_ms = per_request(self.compute_ms_total);
         let looked_up = self.expert_hits + self.expert_misses;
         self.cache_hit_rate = if looked_up == 0 {
             0.0
@@ -127,6 +138,8 @@ impl WorkerReport {
             requests: self.requests.saturating_sub(before.requests),
             rtt_ms: 0.0,
             rtt_ms_total: (self.rtt_ms_total - before.rtt_ms_total).max(0.0),
+            compute_ms: 0.0,
+            compute_ms_total: (self.compute_ms_total - before.compute_ms_total).max(0.0),
             bytes_sent: self.bytes_sent.saturating_sub(before.bytes_sent),
             bytes_received: self.bytes_received.saturating_sub(before.bytes_received),
             expert_hits: self.expert_hits.saturating_sub(before.expert_hits),

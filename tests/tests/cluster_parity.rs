@@ -56,7 +56,8 @@ fn hf_dir_local_one_and_three_workers_are_bit_identical() {
         for w in &s.workers {
             assert!(w.experts_served > 0, "{n} workers: {} served nothing", w.address);
             assert!(w.connected && w.failures == 0, "{w:?}");
-            assert!(w.rtt_ms > 0.0);
+            // The worker's own compute time is part of the round trip.
+            assert!(w.compute_ms > 0.0 && w.compute_ms <= w.rtt_ms, "{w:?}");
         }
         assert!(s.network_bytes_sent > 0 && s.network_bytes_received > 0 && s.round_trips > 0);
         // Every routed expert was computed by exactly one worker.
@@ -105,6 +106,7 @@ fn cli_generate_over_three_workers() {
             "address",
             "experts_served",
             "rtt_ms",
+            "compute_ms",
             "cache_hit_rate",
             "failures",
             "bytes_sent",

@@ -224,6 +224,7 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
         );
         assert!(get("charm_worker_round_trips_total") > 0.0, "{a}: no round trip:\n{m}");
         assert!(get("charm_worker_rtt_ms") > 0.0, "{a}: no rtt:\n{m}");
+        assert!(get("charm_worker_compute_ms") > 0.0, "{a}: no compute time:\n{m}");
         assert!(get("charm_worker_wait_seconds_total") > 0.0, "{a}:\n{m}");
         assert_eq!(get("charm_worker_failures_total"), 0.0);
         let hit = get("charm_worker_cache_hit_rate");
@@ -248,6 +249,7 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
         assert!(d["network_bytes_sent"].as_u64().unwrap() > 0, "{d}");
         assert!(d["network_bytes_received"].as_u64().unwrap() > 0, "{d}");
         assert!(d["rtt_ms"].as_f64().unwrap() > 0.0, "{d}");
+        assert!(d["compute_ms"].as_f64().unwrap() > 0.0, "{d}");
         assert_eq!(d["failures"], 0, "{d}");
         assert!(!d["disk_bytes_read"].is_null(), "{d}");
         owned += d["experts_owned"].as_u64().unwrap();

@@ -554,6 +554,7 @@ impl ExpertService for ClusterService {
                         report.requests += 1;
                         report.experts_served += idxs.len() as u64;
                         report.rtt_ms_total += ms;
+                        report.compute_ms_total += ms;
                         for (i, o) in idxs.iter().zip(outs) {
                             slots[*i] = Some(o);
                         }
@@ -587,12 +588,14 @@ impl ExpertService for ClusterService {
                     Ok((Message::ExpertsOut(o), n, rtt)) => {
                         self.totals_add(0, n as u64, 0);
                         self.shared.with_report(f.addr, |r| r.bytes_received += n as u64);
+                        let compute_ms = f64::from(o.worker_ms);
                         match take_outputs(o.outputs, &f.sub) {
                             Ok(outs) => {
                                 self.shared.with_report(f.addr, |r| {
                                     r.requests += 1;
                                     r.experts_served += f.idxs.len() as u64;
                                     r.rtt_ms_total += rtt;
+                                    r.compute_ms_total += compute_ms;
                                 });
                                 for (i, o) in f.idxs.iter().zip(outs) {
                                     slots[*i] = Some(o);

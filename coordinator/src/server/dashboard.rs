@@ -223,6 +223,7 @@ fn remote_worker(r: &WorkerReport) -> serde_json::Value {
         "cache_budget_bytes": serde_json::Value::Null,
         "hit_rate": if lookups == 0 { serde_json::Value::Null } else { json!(r.cache_hit_rate) },
         "rtt_ms": if r.requests == 0 { serde_json::Value::Null } else { json!(r.rtt_ms) },
+        "compute_ms": if r.requests == 0 { serde_json::Value::Null } else { json!(r.compute_ms) },
         "disk_bytes_read": r.disk_bytes_read,
         "network_bytes_sent": r.bytes_sent,
         "network_bytes_received": r.bytes_received,

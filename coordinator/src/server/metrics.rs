@@ -407,7 +407,7 @@ fn render_in_process(out: &mut String, e: &ExpertStats, experts: usize, wait_s: 
 fn render_remote(out: &mut String, reports: &[WorkerReport]) {
     let labels: Vec<String> = reports.iter().map(|r| escape_label(&r.address)).collect();
     type Value = fn(&WorkerReport) -> f64;
-    let families: [(&str, &str, &str, Value); 10] = [
+    let families: [(&str, &str, &str, Value); 11] = [
         (
             "charm_worker_up",
             "gauge",
@@ -443,6 +443,12 @@ fn render_remote(out: &mut String, reports: &[WorkerReport]) {
             "gauge",
             "Mean request round trip seen by the coordinator (network, queueing and compute), in milliseconds.",
             |r| r.rtt_ms,
+        ),
+        (
+            "charm_worker_compute_ms",
+            "gauge",
+            "Mean time the worker reported computing one request's experts, in milliseconds (rtt minus this: network and queueing).",
+            |r| r.compute_ms,
         ),
         (
             "charm_worker_wait_seconds_total",
@@ -542,6 +548,7 @@ mod tests {
             experts_served: 40,
             requests: 12,
             rtt_ms_total: 30.0,
+            compute_ms_total: 24.0,
             bytes_sent: 1000,
             bytes_received: 2000,
             expert_hits: 3,
@@ -576,6 +583,7 @@ mod tests {
             "charm_worker_disk_bytes_read_total{worker=\"10.0.0.1:7411\"} 4096",
             "charm_worker_round_trips_total{worker=\"10.0.0.1:7411\"} 12",
             "charm_worker_rtt_ms{worker=\"10.0.0.1:7411\"} 2.5",
+            "charm_worker_compute_ms{worker=\"10.0.0.1:7411\"} 2",
             "charm_worker_wait_seconds_total{worker=\"10.0.0.1:7411\"} 0.03",
             "charm_worker_cache_hit_rate{worker=\"10.0.0.1:7411\"} 0.75",
             "charm_worker_failures_total{worker=\"10.0.0.2:7411\"} 1",
