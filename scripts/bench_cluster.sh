@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
 # Cluster benchmark: decode tok/s of `--local` against two workers on
 # loopback and two workers in network namespaces linked by veth pairs with
-# emulated LAN latency and bandwidth (tc netem). Results: docs/benchmarks.md
+# emulated LAN latency and bandwidth (tc netem, or tbf plus a userspace
+# delay line where the kernel has no netem). Results: docs/benchmarks.md
 # (## Cluster).
 #
 #   bash scripts/bench_cluster.sh
 #
-# 1. Builds `worker` and `coordinator` (release).
+# 1. Builds `worker`, `coordinator` and `udp-delay` (release).
 # 2. Once: writes the random-weight real-width OLMoE of
 #    scripts/make_bench_model.py ($LAYERS layers, hidden 2048, 64 experts of
 #    1024, top-8, bf16) into $BENCH/olmoe-w (shared with
 #    scripts/bench_expert_store.sh) and a cluster key.
-# 3. Network namespaces (needs root, iproute2 and ping; NETNS=0 skips them):
+# 3. Network namespaces (needs root and iproute2; NETNS=0 skips them):
 #    cb-c (coordinator), cb-w1 and cb-w2 (one worker each), linked by veth
 #    pairs 10.231.1.0/30 and 10.231.2.0/30. Every veth end gets
 #    `tc qdisc netem delay ${DELAY_MS}ms rate ${RATE}`, so a round trip
 #    crosses two delays (2 × 0.1 ms = 0.2 ms by default) and each direction
 #    is capped at $RATE. A kernel without netem (CONFIG_NET_SCH_NETEM unset,
-#    as on the project's VMs) gets `tbf rate $RATE` instead: rate limited, no
-#    added delay, and the table says so. Nothing is routed out of these
-#    namespaces; they are deleted on exit. The round trip is measured with
-#    ping (median of 50).
+#    as on the project's VMs) gets `tbf rate $RATE` on every veth end for
+#    the rate, and the delay from `udp-delay relay` (tests/src/bin): each
+#    worker listens on its namespace's own loopback and a relay on its veth
+#    address forwards every datagram $DELAY_MS ms after it arrived, both
+#    ways; the table says which emulation ran. Nothing is routed out of these
+#    namespaces; they are deleted on exit. The UDP round trip over the same
+#    path (veth, qdiscs, a relay with the same delay where one is used) is
+#    measured with `udp-delay ping` against an echo server in cb-w1 (median
+#    of 200).
 # 4. Starts two workers on 127.0.0.1 and two in the namespaces (HF
 #    directory, experts memory-mapped, page cache warm; every core, as a
 #    worker runs by default: on one box a worker that finishes its share
@@ -37,7 +43,8 @@
 #    --json stats, and (lan) bytes on the coordinator's veth ends (IP, UDP
 #    and QUIC included), each from (run of $MAX_TOKENS) − (run of 1 token),
 #    divided by ($MAX_TOKENS − 1). The bound of the lan run is
-#    local ms/token + MoE layers × ping RTT + (bytes out + bytes in) / rate.
+#    local ms/token + round trips × measured UDP RTT + (bytes out + bytes
+#    in) / rate.
 # 7. Prints a markdown table; raw JSON lines go to $BENCH/cluster-<time>/.
 #
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
@@ -66,9 +73,9 @@ KEY="$BENCH/cluster.key"
 OUT="$BENCH/cluster-$(date +%Y%m%d-%H%M%S)"
 [ "$RUNS" -ge 3 ] || { echo "error: RUNS must be at least 3 (medians of 3 or more)" >&2; exit 1; }
 if [ "$NETNS" = 1 ]; then
-    for tool in ip tc ping; do
+    for tool in ip tc; do
         command -v "$tool" >/dev/null 2>&1 || {
-            echo "error: $tool not found; install iproute2 and iputils-ping (Debian), or run with NETNS=0" >&2
+            echo "error: $tool not found; install iproute2 (Debian), or run with NETNS=0" >&2
             exit 1
         }
     done
@@ -77,7 +84,7 @@ fi
 mkdir -p "$BENCH" "$OUT"
 
 echo "== building (release)" >&2
-(cd "$ROOT" && cargo build --release -p charm-worker -p charm-coordinator --bins >&2)
+(cd "$ROOT" && cargo build --release -p charm-worker -p charm-coordinator --bins -p charm-tests --bin udp-delay >&2)
 
 if [ ! -d "$MODEL" ]; then
     echo "== writing the bench model ($LAYERS layers) to $MODEL" >&2
@@ -110,14 +117,24 @@ start_worker() {
     local var="$1" log="$2"; shift 2
     "$@" --model "$MODEL" --cluster-key-file "$KEY" --no-mdns >"$log.out" 2>"$log" &
     PIDS+=($!)
+    wait_for "$log" '^listening on '
+    printf -v "$var" '%s' "$(sed -n 's/^listening on //p' "$log.out" | head -1)"
+}
+
+# start_bg LOG PATTERN CMD...: starts a helper and waits for PATTERN on its stdout.
+start_bg() {
+    local log="$1" pattern="$2"; shift 2
+    "$@" >"$log.out" 2>"$log" &
+    PIDS+=($!)
+    wait_for "$log" "$pattern"
+}
+
+wait_for() {
     for _ in $(seq 1 600); do
-        if grep -q '^listening on ' "$log.out" 2>/dev/null; then
-            printf -v "$var" '%s' "$(sed -n 's/^listening on //p' "$log.out" | head -1)"
-            return
-        fi
+        grep -q "$2" "$1.out" 2>/dev/null && return
         sleep 0.1
     done
-    echo "error: the worker did not start: $(cat "$log")" >&2
+    echo "error: $(basename "$1") did not start: $(cat "$1")" >&2
     exit 1
 }
 
@@ -146,12 +163,30 @@ if [ "$NETNS" = 1 ]; then
             fi
         done
     done
-    [ "$NETEM" = 1 ] || echo "   netem is not available in this kernel: no delay added, rate limited with tbf" >&2
-    RTT_MS=$(ip netns exec cb-c ping -c 50 -i 0.02 10.231.1.2 | awk -F'time=' '/time=/{split($2,a," "); print a[1]}' | sort -n | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}')
-    echo "   ping RTT median ${RTT_MS} ms" >&2
-    start_worker L1 "$OUT/l1.log" ip netns exec cb-w1 "$BIN/worker" --listen 10.231.1.2:7411 ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
-    start_worker L2 "$OUT/l2.log" ip netns exec cb-w2 "$BIN/worker" --listen 10.231.2.2:7411 ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
-    LAN_WORKERS="$L1,$L2"
+    # serve NS NAME PORT: sets LISTEN (where a service of namespace NS on
+    # PORT listens) and ADDR (where peers reach it). Without netem the
+    # service listens on the namespace's loopback and a delay line on the
+    # veth address.
+    serve() {
+        local ns="$1" name="$2" port="$3" i="${1#cb-w}"
+        ADDR="10.231.$i.2:$port"
+        LISTEN="$ADDR"
+        if [ "$NETEM" = 0 ]; then
+            LISTEN="127.0.0.1:$port"
+            start_bg "$OUT/$name-relay.log" '^relaying ' ip netns exec "$ns" "$BIN/udp-delay" relay \
+                --listen "$ADDR" --to "$LISTEN" --delay-ms "$DELAY_MS"
+        fi
+    }
+    [ "$NETEM" = 1 ] || echo "   netem is not available in this kernel: rate limited with tbf, delayed by udp-delay relays" >&2
+    serve cb-w1 echo 7500
+    start_bg "$OUT/echo.log" '^echoing ' ip netns exec cb-w1 "$BIN/udp-delay" echo --listen "$LISTEN"
+    RTT_MS=$(ip netns exec cb-c "$BIN/udp-delay" ping --to "$ADDR" --count 200 | awk '{print $3}')
+    echo "   UDP round trip median ${RTT_MS} ms" >&2
+    for i in 1 2; do
+        serve "cb-w$i" "w$i" 7411
+        start_worker LW "$OUT/l$i.log" ip netns exec "cb-w$i" "$BIN/worker" --listen "$LISTEN" ${WORKER_THREADS:+--threads "$WORKER_THREADS"}
+        LAN_WORKERS="${LAN_WORKERS:+$LAN_WORKERS,}$ADDR"
+    done
 fi
 
 PROMPT=$(seq -s, 1000 1063)
@@ -253,14 +288,9 @@ if "lan" in per and rtt is not None:
     wire_bound = 1e3 / local + trips * rtt + wire / rate * 1e3
     lan = 1e3 / med("lan", "decode_tok_s", use)
     print()
-    link = f"netem {delay} ms each way, {rate_name}" if netem else f"no netem in this kernel: no added delay, tbf {rate_name}"
-    print(f"lan ({link}; ping RTT median {rtt} ms): {lan:.1f} ms/token")
+    link = f"netem {delay} ms each way, {rate_name}" if netem else f"no netem in this kernel: tbf {rate_name} and udp-delay relays, {delay} ms each way"
+    print(f"lan ({link}; UDP round trip median {rtt} ms): {lan:.1f} ms/token")
     print(f"bound = local {1e3 / local:.1f} ms + {trips:.2f} round trips × {rtt} ms + {sent + recv:.0f} frame bytes / rate = {bound:.1f} ms/token "
           f"(with wire bytes: {wire_bound:.1f}); measured / bound = {lan / bound:.3f}")
-    if not netem:
-        target = 2 * float(delay)
-        proj = 1e3 / local + trips * target + wire / rate * 1e3
-        print(f"not measured: with a {target} ms round trip the bound would be {proj:.1f} ms/token "
-              f"({trips:.2f} round trips × {target} ms added to the local time and the wire bytes at {rate_name})")
 EOF
 echo "raw runs: $OUT/runs.jsonl" >&2
