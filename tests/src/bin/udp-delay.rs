@@ -106,7 +106,8 @@ fn relay(listen: SocketAddr, to: SocketAddr, delay: Duration) -> Result<()> {
     let back = bind(any)?;
     let peer: Arc<Mutex<Option<SocketAddr>>> = Arc::new(Mutex::new(None));
     println!(
-        "relaying {listen} <-> {to} with {} ms each way",
+        "relaying {} <-> {to} with {} ms each way",
+        front.local_addr()?,
         delay.as_secs_f64() * 1e3
     );
 
@@ -191,7 +192,7 @@ fn precise_sleeps() {
 
 fn echo(listen: SocketAddr) -> Result<()> {
     let sock = bind(listen)?;
-    println!("echoing on {listen}");
+    println!("echoing on {}", sock.local_addr()?);
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
         let (n, from) = sock.recv_from(&mut buf).context("receiving")?;
