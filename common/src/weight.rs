@@ -15,7 +15,7 @@
 //! their type, and copies otherwise (safetensors does not promise
 //! alignment; i8/u8 values never need copying).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use memmap2::Mmap;
@@ -288,6 +288,8 @@ thread_local! {
     /// the decode loop allocates nothing (taken while in use: a nested
     /// product on the same thread simply allocates its own).
     static Q8_SCRATCH: Cell<Q8Acts> = Cell::new(Q8Acts::default());
+    /// The weight row a tiled matrix product arranges for its activations.
+    static ARRANGED: RefCell<qdot::tiled::ArrangedRow> = RefCell::new(qdot::tiled::ArrangedRow::default());
 }
 
 impl Weight {
@@ -567,11 +569,20 @@ impl Weight {
         if n == 1 {
             return self.matvec(xs, out);
         }
+        // Q8_0 / Q4_0 on x86: both sides chunk-transposed (same bits).
+        let arranged = match &self.data {
+            WeightData::Gguf { ty, .. } => n >= 4 && qdot::tiled::usable(*ty, self.cols),
+            _ => false,
+        };
         let acts: Vec<Prepared<'_>> = xs
             .chunks_exact(self.cols)
             .map(|x| {
                 if self.int8_activations() {
-                    Prepared::Q8(Q8Acts::new(x))
+                    let mut a = Q8Acts::new(x);
+                    if arranged {
+                        a.arrange();
+                    }
+                    Prepared::Q8(a)
                 } else {
                     Prepared::F32(x)
                 }
@@ -590,6 +601,20 @@ impl Weight {
                     Prepared::Q8(a) => a,
                     Prepared::F32(_) => unreachable!("GGML blocks quantize activations"),
                 };
+                if arranged {
+                    // Each row arranged once, then met by every activation row.
+                    ARRANGED.with_borrow_mut(|row| {
+                        for i in 0..tile_rows {
+                            let r = r0 + i;
+                            qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
+                            for t in (0..n - n % 4).step_by(4) {
+                                let v = qdot::tiled::dot4_arranged(row, [q8(t), q8(t + 1), q8(t + 2), q8(t + 3)]);
+                                o[i * n + t..i * n + t + 4].copy_from_slice(&v);
+                            }
+                        }
+                    });
+                    t = n - n % 4;
+                }
                 while t + 4 <= n {
                     let four = [q8(t), q8(t + 1), q8(t + 2), q8(t + 3)];
                     for i in 0..tile_rows {

@@ -653,10 +653,13 @@ mod tests {
                 w.row_into(r, &mut row);
                 assert_eq!(bits(&row), bits(&deq[r * cols..(r + 1) * cols]));
             }
-            // matvec = matvec_seq = matmul = row_dot, bit for bit.
-            let xs = dot::tests::acts(&mut rng, 3 * cols);
-            let mut batched = vec![0.0; 3 * rows];
-            w.matmul(&xs, 3, &mut batched);
+            // matvec = matvec_seq = matmul = row_dot, bit for bit (six
+            // activation rows: a group of four, as prefill tiles take them
+            // — chunk-transposed for Q8_0 / Q4_0 on x86 — and two more).
+            let n = 6;
+            let xs = dot::tests::acts(&mut rng, n * cols);
+            let mut batched = vec![0.0; n * rows];
+            w.matmul(&xs, n, &mut batched);
             for (t, x) in xs.chunks_exact(cols).enumerate() {
                 let (mut one, mut seq) = (vec![0.0; rows], vec![0.0; rows]);
                 w.matvec(x, &mut one);

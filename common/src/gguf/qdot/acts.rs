@@ -18,6 +18,11 @@ pub struct Q8Acts {
     pub d: Vec<f32>,
     pub qs: Vec<i8>,
     pub s16: Vec<i32>,
+    /// The codes chunk-transposed for matrix products, and each block's
+    /// code total `s16[2b] + s16[2b + 1]`: empty until
+    /// [`Q8Acts::arrange`] (`tiled`), cleared by every quantization.
+    pub qt: Vec<i8>,
+    pub tot: Vec<i32>,
 }
 
 impl Q8Acts {
@@ -55,6 +60,8 @@ impl Q8Acts {
         self.qs.resize(x.len(), 0);
         self.s16.clear();
         self.s16.resize(2 * nb, 0);
+        self.qt.clear();
+        self.tot.clear();
         #[cfg(target_arch = "x86_64")]
         if matches!(crate::Isa::active(), crate::Isa::Avx2 | crate::Isa::Avx512Vnni) {
             // SAFETY: the active instruction set is one this CPU runs, and

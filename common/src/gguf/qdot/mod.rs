@@ -44,11 +44,14 @@
 //!   CPUs without a vector unit charm knows).
 //! - `x86`: AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) sums.
 //! - `neon`: AArch64 sums (widening multiplies).
+//! - [`tiled`]: Q8_0 and Q4_0 matrix products on x86 with both sides
+//!   chunk-transposed, so no block needs a horizontal fold (same bits).
 
 mod acts;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod reference;
+pub mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

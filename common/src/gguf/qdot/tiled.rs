@@ -1,0 +1,371 @@
+//! Matrix-matrix products (prefill) of Q8_0 and Q4_0 rows on x86: the same
+//! definition and bits as [`super::dot`], with the data laid out so that
+//! no block needs a horizontal fold.
+//!
+//! [`super::dot`] multiplies each block's 32 codes in one register and
+//! then folds the eight i32 lanes of each block into one sum (`vphaddd`),
+//! which costs about as much as the multiplies. Here both sides are stored
+//! *chunk-transposed*: for every chunk of eight blocks, step `j` (0..8) is
+//! one 32-byte register whose lane `b` holds bytes `4j..4j + 4` of block
+//! `b`. Eight multiply-accumulates (`vpdpbusd`, or `vpmaddubsw` +
+//! `vpmaddwd` on AVX2) then leave block `b`'s exact integer sum in lane
+//! `b`, which is where [`super::combine`]'s lane `b` term wants it.
+//!
+//! - Activations: [`Q8Acts::arrange`] adds the transposed codes and the
+//!   per-block code totals (once per activation row).
+//! - Weights: [`arrange_row`] writes one row's codes (nibbles unpacked,
+//!   Q8_0 offset by 128 for `vpdpbusd`) and widened scales into an
+//!   [`ArrangedRow`], once per row per product, shared by every activation
+//!   row it meets.
+//! - [`dot4_arranged`]: one arranged row with four activation rows.
+//!
+//! Integer sums are exact in any order and the float part is
+//! [`super::combine`]'s operations in its order, so results equal
+//! [`super::dot`] bit for bit (tested against it on every instruction set
+//! this CPU runs).
+
+use super::super::types::{f16_le, GgmlType, QK};
+use super::Q8Acts;
+use crate::Isa;
+
+/// Elements per chunk: eight 32-element blocks.
+pub const CHUNK: usize = 8 * QK;
+
+/// Whether [`dot4_arranged`] runs rows of `ty` with `cols` elements here:
+/// Q8_0 or Q4_0, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the active
+/// instruction set, [`Isa::active`]).
+pub fn usable(ty: GgmlType, cols: usize) -> bool {
+    usable_on(Isa::active(), ty, cols)
+}
+
+/// [`usable`] for a chosen instruction set (which this CPU must run).
+pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+        && cols > 0
+        && cols.is_multiple_of(CHUNK)
+        && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && isa.runs()
+}
+
+/// One weight row laid out for [`dot4_arranged`] (reused between rows:
+/// arranging allocates only when a row is wider than any before).
+#[derive(Clone, Debug, Default)]
+pub struct ArrangedRow {
+    ty: Option<GgmlType>,
+    isa: Option<Isa>,
+    /// Per chunk, eight steps of 32 code bytes (lane `b` = block `b`).
+    codes: Vec<u8>,
+    /// Each block's scale, widened.
+    d: Vec<f32>,
+}
+
+impl Q8Acts {
+    /// Adds the chunk-transposed codes and block totals [`dot4_arranged`]
+    /// reads (requantizing clears them).
+    ///
+    /// # Panics
+    /// If the row is not a whole number of chunks (256 elements).
+    pub fn arrange(&mut self) {
+        assert!(
+            self.len().is_multiple_of(CHUNK),
+            "{} activations are not whole chunks of {CHUNK}",
+            self.len()
+        );
+        self.qt.clear();
+        self.qt.resize(self.len(), 0);
+        for (src, dst) in self.qs.chunks_exact(CHUNK).zip(self.qt.chunks_exact_mut(CHUNK)) {
+            for b in 0..8 {
+                for j in 0..8 {
+                    dst[32 * j + 4 * b..32 * j + 4 * b + 4].copy_from_slice(&src[QK * b + 4 * j..QK * b + 4 * j + 4]);
+                }
+            }
+        }
+        self.tot.clear();
+        self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
+    }
+
+    /// Whether [`Q8Acts::arrange`] ran since the last quantization.
+    pub fn arranged(&self) -> bool {
+        !self.qs.is_empty() && self.qt.len() == self.qs.len()
+    }
+}
+
+/// Lays out `row` (`cols` elements of `ty`) for [`dot4_arranged`] on the
+/// active instruction set.
+///
+/// # Panics
+/// If [`usable`] is false for `ty` and the row's width, or `row` is not a
+/// whole row.
+pub fn arrange_row(ty: GgmlType, row: &[u8], out: &mut ArrangedRow) {
+    arrange_row_on(Isa::active(), ty, row, out)
+}
+
+/// [`arrange_row`] for a chosen instruction set (tests and benchmarks).
+///
+/// # Panics
+/// If [`usable_on`] is false for `isa`, `ty` and the row's width.
+pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow) {
+    let bs = ty.block_bytes();
+    let cols = row.len() / bs * QK;
+    assert!(
+        usable_on(isa, ty, cols),
+        "{ty} rows of {cols} have no arranged product on {isa:?}"
+    );
+    assert_eq!(row.len() % bs, 0, "{ty} row of {} bytes is not whole blocks", row.len());
+    out.ty = Some(ty);
+    out.isa = Some(isa);
+    out.codes.clear();
+    out.codes.resize(cols, 0);
+    out.d.clear();
+    out.d.extend(row.chunks_exact(bs).map(|b| f16_le([b[0], b[1]])));
+    let offset = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
+    for (chunk, dst) in row.chunks_exact(8 * bs).zip(out.codes.chunks_exact_mut(CHUNK)) {
+        for b in 0..8 {
+            let codes = block_codes(ty, &chunk[b * bs..(b + 1) * bs]);
+            for j in 0..8 {
+                for k in 0..4 {
+                    let c = codes[4 * j + k];
+                    dst[32 * j + 4 * b + k] = if offset { c ^ 0x80 } else { c };
+                }
+            }
+        }
+    }
+}
+
+/// A block's 32 codes as the multiply takes them: Q4_0's nibbles (element
+/// `i < 16` the low nibble of byte `i`, `16 + i` its high nibble), Q8_0's
+/// bytes.
+fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
+    let mut c = [0u8; QK];
+    match ty {
+        GgmlType::Q4_0 => {
+            for i in 0..16 {
+                c[i] = block[2 + i] & 0x0f;
+                c[16 + i] = block[2 + i] >> 4;
+            }
+        }
+        _ => c.copy_from_slice(&block[2..2 + QK]),
+    }
+    c
+}
+
+/// Dot products of one arranged row with four arranged activation rows:
+/// result `n` is the bits [`super::dot`] gives for the row and `acts[n]`.
+///
+/// # Panics
+/// If the row was never arranged, or an activation row is not arranged or
+/// does not match the row's width.
+pub fn dot4_arranged(row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+    let ty = row.ty.expect("an arranged row");
+    for a in acts {
+        assert!(a.arranged(), "activations not arranged");
+        assert_eq!(a.len(), row.codes.len(), "activations do not match the row");
+    }
+    #[cfg(target_arch = "x86_64")]
+    match row.isa {
+        // SAFETY: rows are only arranged for an instruction set this CPU
+        // runs (`usable_on`); the widths were checked above.
+        Some(Isa::Avx512Vnni) => return unsafe { x86::dot4_vnni(ty, row, acts) },
+        // SAFETY: as above.
+        Some(Isa::Avx2) => return unsafe { x86::dot4_avx2(ty, row, acts) },
+        _ => {}
+    }
+    unreachable!("arrange_row only runs where `usable` holds")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{ArrangedRow, GgmlType, Q8Acts, CHUNK};
+
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot4_vnni(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { dot4::<true>(ty, row, acts) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot4_avx2(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+        // SAFETY: forwarded.
+        unsafe { dot4::<false>(ty, row, acts) }
+    }
+
+    /// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`.
+    #[inline(always)]
+    unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w: __m256i, q: __m256i) -> __m256i {
+        if VNNI {
+            _mm256_dpbusd_epi32(acc, w, q)
+        } else {
+            let (w, q) = if SIGNED {
+                // |w| times q·sign(w): unsigned by signed, exact.
+                (_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w))
+            } else {
+                (w, q)
+            };
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot4<const VNNI: bool>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+        if ty == GgmlType::Q8_0 && !VNNI {
+            // SAFETY: forwarded.
+            unsafe { body::<VNNI, true>(ty, row, acts) }
+        } else {
+            // SAFETY: forwarded.
+            unsafe { body::<VNNI, false>(ty, row, acts) }
+        }
+    }
+
+    /// The chunk loop: block `b`'s integer sum in lane `b`, less the
+    /// activation total times the type's offset (Q4_0's 8; VNNI's Q8_0
+    /// codes carry +128), then [`super::super::combine`]'s term and lane sums.
+    #[inline(always)]
+    unsafe fn body<const VNNI: bool, const SIGNED: bool>(
+        ty: GgmlType,
+        row: &ArrangedRow,
+        acts: [&Q8Acts; 4],
+    ) -> [f32; 4] {
+        // Q4_0's offset 8, VNNI's Q8_0 offset 128 (AVX2's signed Q8_0 has none).
+        let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
+        let count = _mm_cvtsi32_si128(shift);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        // SAFETY: every pointer below stays inside `row.codes`, `row.d` and
+        // the activations' `qt`, `tot`, `d`, whose lengths the caller
+        // checked equal (codes and `qt` one byte per element, the others one
+        // entry per block).
+        unsafe {
+            for c in 0..row.codes.len() / CHUNK {
+                let w0 = row.codes.as_ptr().add(c * CHUNK);
+                let w: [__m256i; 8] = std::array::from_fn(|j| _mm256_loadu_si256(w0.add(32 * j) as *const __m256i));
+                let dw = _mm256_loadu_ps(row.d.as_ptr().add(8 * c));
+                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+                    let q0 = a.qt.as_ptr().add(c * CHUNK) as *const u8;
+                    let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
+                    let mut s0 = _mm256_setzero_si256();
+                    let mut s1 = _mm256_setzero_si256();
+                    for j in (0..8).step_by(2) {
+                        s0 = madd::<VNNI, SIGNED>(s0, w[j], q(j));
+                        s1 = madd::<VNNI, SIGNED>(s1, w[j + 1], q(j + 1));
+                    }
+                    let mut i = _mm256_add_epi32(s0, s1);
+                    if !SIGNED {
+                        let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+                        i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
+                    }
+                    let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+                    *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
+                }
+            }
+            acc.map(|v| {
+                let mut l = [0.0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), v);
+                ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::gguf::dot::tests::random_row;
+    use crate::gguf::qdot::dot_on;
+
+    #[test]
+    fn arranged_products_equal_the_row_dot_bit_for_bit() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut ran = false;
+        for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+            if !isa.runs() {
+                continue;
+            }
+            for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+                for case in 0..12 {
+                    let cols = CHUNK * rng.gen_range(1..=8);
+                    let row = random_row(&mut rng, ty, cols);
+                    let mut acts: Vec<Q8Acts> = (0..4)
+                        .map(|n| {
+                            let x: Vec<f32> = (0..cols)
+                                .map(|i| match (case + n) % 4 {
+                                    // Extreme codes: ±127 everywhere.
+                                    0 => {
+                                        if i % 3 == 0 {
+                                            -1.0
+                                        } else {
+                                            1.0
+                                        }
+                                    }
+                                    _ => rng.gen_range(-1.0f32..1.0) * 10f32.powi(n as i32 - 2),
+                                })
+                                .collect();
+                            Q8Acts::new(&x)
+                        })
+                        .collect();
+                    for a in &mut acts {
+                        a.arrange();
+                    }
+                    let mut arranged = ArrangedRow::default();
+                    arrange_row_on(isa, ty, &row, &mut arranged);
+                    let got = dot4_arranged(&arranged, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                    for (n, a) in acts.iter().enumerate() {
+                        let want = dot_on(Isa::Scalar, ty, &row, a);
+                        assert_eq!(got[n].to_bits(), want.to_bits(), "{isa:?} {ty} cols {cols} act {n}");
+                    }
+                    ran = true;
+                }
+            }
+        }
+        if !ran {
+            eprintln!("no AVX2 here: arranged products not exercised");
+        }
+    }
+
+    #[test]
+    fn extreme_weight_codes_stay_exact() {
+        // Q8_0 codes of -128 and 127 (the AVX2 sign trick's edge) against
+        // ±127 activations.
+        for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+            if !isa.runs() {
+                continue;
+            }
+            let mut row = Vec::new();
+            for b in 0..8 {
+                row.extend(half::f16::from_f32(0.5).to_bits().to_le_bytes());
+                row.extend((0..32).map(|i| if (i + b) % 2 == 0 { 0x80u8 } else { 0x7f }));
+            }
+            let x: Vec<f32> = (0..CHUNK).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            let mut a = Q8Acts::new(&x);
+            a.arrange();
+            let mut arranged = ArrangedRow::default();
+            arrange_row_on(isa, GgmlType::Q8_0, &row, &mut arranged);
+            let got = dot4_arranged(&arranged, [&a, &a, &a, &a]);
+            let want = dot_on(Isa::Scalar, GgmlType::Q8_0, &row, &a);
+            assert_eq!(got.map(f32::to_bits), [want.to_bits(); 4], "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn requantizing_drops_the_arrangement() {
+        let mut a = Q8Acts::new(&[0.5; CHUNK]);
+        a.arrange();
+        assert!(a.arranged());
+        a.quantize(&[0.25; CHUNK]);
+        assert!(!a.arranged());
+    }
+
+    #[test]
+    fn only_whole_chunks_of_q8_0_and_q4_0_are_usable() {
+        assert!(!usable(GgmlType::Q4_K, 4096));
+        assert!(!usable(GgmlType::Q8_0, 32 * 9));
+        assert!(!usable(GgmlType::Q8_0, 0));
+        assert_eq!(
+            usable(GgmlType::Q8_0, 2048),
+            matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni)
+        );
+    }
+}
