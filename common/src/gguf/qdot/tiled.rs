@@ -73,13 +73,25 @@ impl Q8Acts {
         );
         self.qt.clear();
         self.qt.resize(self.len(), 0);
-        for (src, dst) in self.qs.chunks_exact(CHUNK).zip(self.qt.chunks_exact_mut(CHUNK)) {
-            for b in 0..8 {
-                for j in 0..8 {
-                    dst[32 * j + 4 * b..32 * j + 4 * b + 4].copy_from_slice(&src[QK * b + 4 * j..QK * b + 4 * j + 4]);
-                }
+        // SAFETY: i8 and u8 have the same layout.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(self.qs.as_ptr() as *const u8, self.qs.len()),
+                std::slice::from_raw_parts_mut(self.qt.as_mut_ptr() as *mut u8, self.qt.len()),
+            )
+        };
+        #[cfg(target_arch = "x86_64")]
+        if matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni) {
+            for (s, d) in src.chunks_exact(CHUNK).zip(dst.chunks_exact_mut(CHUNK)) {
+                // SAFETY: AVX2 runs here; `s` holds eight 32-byte blocks and
+                // `d` 256 bytes.
+                unsafe { x86::transpose32(s.as_ptr(), QK, d.as_mut_ptr(), false) };
             }
+        } else {
+            transpose_scalar(src, dst);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        transpose_scalar(src, dst);
         self.tot.clear();
         self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
     }
@@ -87,6 +99,18 @@ impl Q8Acts {
     /// Whether [`Q8Acts::arrange`] ran since the last quantization.
     pub fn arranged(&self) -> bool {
         !self.qs.is_empty() && self.qt.len() == self.qs.len()
+    }
+}
+
+/// The chunk transposition of 32-byte blocks stored back to back (the
+/// reference of the vector version).
+fn transpose_scalar(src: &[u8], dst: &mut [u8]) {
+    for (src, dst) in src.chunks_exact(CHUNK).zip(dst.chunks_exact_mut(CHUNK)) {
+        for b in 0..8 {
+            for j in 0..8 {
+                dst[32 * j + 4 * b..32 * j + 4 * b + 4].copy_from_slice(&src[QK * b + 4 * j..QK * b + 4 * j + 4]);
+            }
+        }
     }
 }
 
@@ -114,18 +138,34 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     assert_eq!(row.len() % bs, 0, "{ty} row of {} bytes is not whole blocks", row.len());
     out.ty = Some(ty);
     out.isa = Some(isa);
-    out.codes.clear();
     out.codes.resize(cols, 0);
-    out.d.clear();
-    out.d.extend(row.chunks_exact(bs).map(|b| f16_le([b[0], b[1]])));
+    out.d.resize(cols / QK, 0.0);
     let offset = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
-    for (chunk, dst) in row.chunks_exact(8 * bs).zip(out.codes.chunks_exact_mut(CHUNK)) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `usable_on` checked that the CPU runs AVX2 (both ISAs
+    // include it, and F16C); the buffers hold the row's codes and scales.
+    unsafe {
+        x86::arrange(ty, row, offset, &mut out.codes, &mut out.d)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    arrange_scalar(ty, row, offset, &mut out.codes, &mut out.d);
+}
+
+/// [`arrange_row_on`]'s layout, element by element (the reference of the
+/// vector version); `offset` flips Q8_0's codes by 128.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &mut [f32]) {
+    let bs = ty.block_bytes();
+    for (o, b) in d.iter_mut().zip(row.chunks_exact(bs)) {
+        *o = f16_le([b[0], b[1]]);
+    }
+    for (chunk, dst) in row.chunks_exact(8 * bs).zip(codes.chunks_exact_mut(CHUNK)) {
         for b in 0..8 {
             let codes = block_codes(ty, &chunk[b * bs..(b + 1) * bs]);
             for j in 0..8 {
                 for k in 0..4 {
                     let c = codes[4 * j + k];
-                    dst[32 * j + 4 * b + k] = if offset { c ^ 0x80 } else { c };
+                    dst[32 * j + 4 * b + k] = if offset && ty == GgmlType::Q8_0 { c ^ 0x80 } else { c };
                 }
             }
         }
@@ -178,6 +218,92 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{ArrangedRow, GgmlType, Q8Acts, CHUNK};
+
+    /// Dwords `j` of four 128-bit rows per 128-bit half: `out[j]` lane `b`
+    /// (of 4) is dword `j` of row `b`.
+    #[inline(always)]
+    unsafe fn transpose4(v: [__m256i; 4]) -> [__m256i; 4] {
+        let t0 = _mm256_unpacklo_epi32(v[0], v[1]);
+        let t1 = _mm256_unpackhi_epi32(v[0], v[1]);
+        let t2 = _mm256_unpacklo_epi32(v[2], v[3]);
+        let t3 = _mm256_unpackhi_epi32(v[2], v[3]);
+        [
+            _mm256_unpacklo_epi64(t0, t2),
+            _mm256_unpackhi_epi64(t0, t2),
+            _mm256_unpacklo_epi64(t1, t3),
+            _mm256_unpackhi_epi64(t1, t3),
+        ]
+    }
+
+    /// Blocks `b` and `b + 4`'s 16 bytes at `off` as one register.
+    #[inline(always)]
+    unsafe fn pair(src: *const u8, stride: usize, b: usize, off: usize) -> __m256i {
+        // SAFETY: the caller's pointer covers eight blocks of `stride` bytes.
+        unsafe {
+            let lo = _mm_loadu_si128(src.add(b * stride + off) as *const __m128i);
+            let hi = _mm_loadu_si128(src.add((b + 4) * stride + off) as *const __m128i);
+            _mm256_set_m128i(hi, lo)
+        }
+    }
+
+    /// The chunk transposition of eight 32-byte code blocks `stride` bytes
+    /// apart (`src` at the first code), into 256 bytes at `dst`, each byte
+    /// xor 0x80 when `flip`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose32(src: *const u8, stride: usize, dst: *mut u8, flip: bool) {
+        // SAFETY: the caller's pointers cover eight blocks and 256 bytes.
+        unsafe {
+            let x = _mm256_set1_epi8(if flip { -128 } else { 0 });
+            for h in 0..2 {
+                let v = [
+                    pair(src, stride, 0, 16 * h),
+                    pair(src, stride, 1, 16 * h),
+                    pair(src, stride, 2, 16 * h),
+                    pair(src, stride, 3, 16 * h),
+                ];
+                let o = transpose4(v);
+                for (j, o) in o.into_iter().enumerate() {
+                    _mm256_storeu_si256(dst.add(32 * (4 * h + j)) as *mut __m256i, _mm256_xor_si256(o, x));
+                }
+            }
+        }
+    }
+
+    /// [`super::arrange_row_on`]'s layout: codes (Q4_0 unpacked, Q8_0's
+    /// flipped by 128 when `offset`) and widened scales.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &mut [f32]) {
+        let bs = ty.block_bytes();
+        let low4 = _mm256_set1_epi8(0x0f);
+        // SAFETY: `row` holds `codes.len() / 256` chunks of eight blocks of
+        // `ty`; `codes` one byte per element and `d` one float per block.
+        unsafe {
+            for c in 0..codes.len() / CHUNK {
+                let src = row.as_ptr().add(c * 8 * bs);
+                let dst = codes.as_mut_ptr().add(c * CHUNK);
+                let h = |b: usize| (src.add(b * bs) as *const i16).read_unaligned();
+                let scales = _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+                _mm256_storeu_ps(d.as_mut_ptr().add(8 * c), scales);
+                if ty == GgmlType::Q4_0 {
+                    let v = [
+                        pair(src, bs, 0, 2),
+                        pair(src, bs, 1, 2),
+                        pair(src, bs, 2, 2),
+                        pair(src, bs, 3, 2),
+                    ];
+                    let o = transpose4(v);
+                    for (j, o) in o.into_iter().enumerate() {
+                        let lo = _mm256_and_si256(o, low4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(o, 4), low4);
+                        _mm256_storeu_si256(dst.add(32 * j) as *mut __m256i, lo);
+                        _mm256_storeu_si256(dst.add(32 * (4 + j)) as *mut __m256i, hi);
+                    }
+                } else {
+                    transpose32(src.add(2), bs, dst, offset);
+                }
+            }
+        }
+    }
 
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn dot4_vnni(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
@@ -238,7 +364,10 @@ mod x86 {
         unsafe {
             for c in 0..row.codes.len() / CHUNK {
                 let w0 = row.codes.as_ptr().add(c * CHUNK);
-                let w: [__m256i; 8] = std::array::from_fn(|j| _mm256_loadu_si256(w0.add(32 * j) as *const __m256i));
+                let mut w = [_mm256_setzero_si256(); 8];
+                for (j, w) in w.iter_mut().enumerate() {
+                    *w = _mm256_loadu_si256(w0.add(32 * j) as *const __m256i);
+                }
                 let dw = _mm256_loadu_ps(row.d.as_ptr().add(8 * c));
                 for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                     let q0 = a.qt.as_ptr().add(c * CHUNK) as *const u8;
@@ -258,11 +387,7 @@ mod x86 {
                     *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
                 }
             }
-            acc.map(|v| {
-                let mut l = [0.0f32; 8];
-                _mm256_storeu_ps(l.as_mut_ptr(), v);
-                ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
-            })
+            crate::gguf::qdot::x86::lane_sums(acc)
         }
     }
 }
@@ -347,6 +472,37 @@ mod tests {
             let want = dot_on(Isa::Scalar, GgmlType::Q8_0, &row, &a);
             assert_eq!(got.map(f32::to_bits), [want.to_bits(); 4], "{isa:?}");
         }
+    }
+
+    #[test]
+    fn vector_arrangement_equals_the_scalar_one() {
+        if !Isa::Avx2.runs() {
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            for offset in [false, true] {
+                let cols = CHUNK * 3;
+                let row = random_row(&mut rng, ty, cols);
+                let (mut want_c, mut want_d) = (vec![0u8; cols], vec![0.0f32; cols / QK]);
+                arrange_scalar(ty, &row, offset, &mut want_c, &mut want_d);
+                let (mut got_c, mut got_d) = (vec![0u8; cols], vec![0.0f32; cols / QK]);
+                // SAFETY: AVX2 (and F16C with it on every CPU charm runs) is present.
+                unsafe { x86::arrange(ty, &row, offset, &mut got_c, &mut got_d) };
+                assert_eq!(got_c, want_c, "{ty} offset {offset}");
+                assert_eq!(
+                    got_d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want_d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+            }
+        }
+        let x: Vec<f32> = (0..2 * CHUNK).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut a = Q8Acts::new(&x);
+        a.arrange();
+        let src: Vec<u8> = a.qs.iter().map(|&q| q as u8).collect();
+        let mut want = vec![0u8; src.len()];
+        transpose_scalar(&src, &mut want);
+        assert_eq!(a.qt.iter().map(|&q| q as u8).collect::<Vec<_>>(), want);
     }
 
     #[test]

@@ -458,10 +458,22 @@ unsafe fn rows_dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &[u8], a
             }
             b0 += k;
         }
-        acc.map(|v| {
-            let mut l = [0.0f32; 8];
-            _mm256_storeu_ps(l.as_mut_ptr(), v);
-            ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
-        })
+        lane_sums(acc)
     }
+}
+
+/// The reference's lane reduction of each accumulator (a loop, not
+/// `array::map`: a closure called from a generic function would not be
+/// compiled with this function's target features, and every intrinsic in
+/// it would become a call).
+#[inline(always)]
+pub(crate) unsafe fn lane_sums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
+    let mut out = [0.0f32; N];
+    for (o, v) in out.iter_mut().zip(acc) {
+        let mut l = [0.0f32; 8];
+        // SAFETY: `l` holds eight floats.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+        *o = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+    }
+    out
 }
