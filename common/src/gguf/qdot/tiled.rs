@@ -425,7 +425,7 @@ mod tests {
                                             1.0
                                         }
                                     }
-                                    _ => rng.gen_range(-1.0f32..1.0) * 10f32.powi(n as i32 - 2),
+                                    _ => rng.gen_range(-1.0f32..1.0) * 10f32.powi(n - 2),
                                 })
                                 .collect();
                             Q8Acts::new(&x)
