@@ -607,13 +607,25 @@ impl Weight {
                         for i in 0..tile_rows {
                             let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
-                            for t in (0..n - n % 4).step_by(4) {
+                            let o = &mut o[i * n..(i + 1) * n];
+                            let mut t = 0;
+                            while t + 4 <= n {
                                 let v = qdot::tiled::dot4_arranged(row, [q8(t), q8(t + 1), q8(t + 2), q8(t + 3)]);
-                                o[i * n + t..i * n + t + 4].copy_from_slice(&v);
+                                o[t..t + 4].copy_from_slice(&v);
+                                t += 4;
+                            }
+                            match n - t {
+                                1 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t)])),
+                                2 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t), q8(t + 1)])),
+                                3 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(
+                                    row,
+                                    [q8(t), q8(t + 1), q8(t + 2)],
+                                )),
+                                _ => {}
                             }
                         }
                     });
-                    t = n - n % 4;
+                    t = n;
                 }
                 while t + 4 <= n {
                     let four = [q8(t), q8(t + 1), q8(t + 2), q8(t + 3)];

@@ -196,6 +196,15 @@ fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
 /// If the row was never arranged, or an activation row is not arranged or
 /// does not match the row's width.
 pub fn dot4_arranged(row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+    dot_arranged(row, acts)
+}
+
+/// [`dot4_arranged`] for `N` (1 to 4) activation rows: what the rows past
+/// a multiple of four take.
+///
+/// # Panics
+/// As [`dot4_arranged`].
+pub fn dot_arranged<const N: usize>(row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
     let ty = row.ty.expect("an arranged row");
     for a in acts {
         assert!(a.arranged(), "activations not arranged");
@@ -205,9 +214,9 @@ pub fn dot4_arranged(row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
     match row.isa {
         // SAFETY: rows are only arranged for an instruction set this CPU
         // runs (`usable_on`); the widths were checked above.
-        Some(Isa::Avx512Vnni) => return unsafe { x86::dot4_vnni(ty, row, acts) },
+        Some(Isa::Avx512Vnni) => return unsafe { x86::dot_vnni(ty, row, acts) },
         // SAFETY: as above.
-        Some(Isa::Avx2) => return unsafe { x86::dot4_avx2(ty, row, acts) },
+        Some(Isa::Avx2) => return unsafe { x86::dot_avx2(ty, row, acts) },
         _ => {}
     }
     unreachable!("arrange_row only runs where `usable` holds")
@@ -306,15 +315,15 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn dot4_vnni(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+    pub(super) unsafe fn dot_vnni<const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
         // SAFETY: forwarded.
-        unsafe { dot4::<true>(ty, row, acts) }
+        unsafe { dot::<true, N>(ty, row, acts) }
     }
 
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dot4_avx2(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+    pub(super) unsafe fn dot_avx2<const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
         // SAFETY: forwarded.
-        unsafe { dot4::<false>(ty, row, acts) }
+        unsafe { dot::<false, N>(ty, row, acts) }
     }
 
     /// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`.
@@ -334,13 +343,13 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn dot4<const VNNI: bool>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+    unsafe fn dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
         if ty == GgmlType::Q8_0 && !VNNI {
             // SAFETY: forwarded.
-            unsafe { body::<VNNI, true>(ty, row, acts) }
+            unsafe { body::<VNNI, true, N>(ty, row, acts) }
         } else {
             // SAFETY: forwarded.
-            unsafe { body::<VNNI, false>(ty, row, acts) }
+            unsafe { body::<VNNI, false, N>(ty, row, acts) }
         }
     }
 
@@ -348,15 +357,15 @@ mod x86 {
     /// activation total times the type's offset (Q4_0's 8; VNNI's Q8_0
     /// codes carry +128), then [`super::super::combine`]'s term and lane sums.
     #[inline(always)]
-    unsafe fn body<const VNNI: bool, const SIGNED: bool>(
+    unsafe fn body<const VNNI: bool, const SIGNED: bool, const N: usize>(
         ty: GgmlType,
         row: &ArrangedRow,
-        acts: [&Q8Acts; 4],
-    ) -> [f32; 4] {
+        acts: [&Q8Acts; N],
+    ) -> [f32; N] {
         // Q4_0's offset 8, VNNI's Q8_0 offset 128 (AVX2's signed Q8_0 has none).
         let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
         let count = _mm_cvtsi32_si128(shift);
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_ps(); N];
         // SAFETY: every pointer below stays inside `row.codes`, `row.d` and
         // the activations' `qt`, `tot`, `d`, whose lengths the caller
         // checked equal (codes and `qt` one byte per element, the others one
@@ -441,6 +450,12 @@ mod tests {
                         let want = dot_on(Isa::Scalar, ty, &row, a);
                         assert_eq!(got[n].to_bits(), want.to_bits(), "{isa:?} {ty} cols {cols} act {n}");
                     }
+                    // Fewer rows per call: the same bits.
+                    assert_eq!(dot_arranged(&arranged, [&acts[1]])[0].to_bits(), got[1].to_bits());
+                    let two = dot_arranged(&arranged, [&acts[2], &acts[0]]);
+                    assert_eq!(two.map(f32::to_bits), [got[2].to_bits(), got[0].to_bits()]);
+                    let three = dot_arranged(&arranged, [&acts[3], &acts[1], &acts[2]]);
+                    assert_eq!(three.map(f32::to_bits), [got[3], got[1], got[2]].map(f32::to_bits));
                     ran = true;
                 }
             }
