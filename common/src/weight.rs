@@ -617,10 +617,8 @@ impl Weight {
                             match n - t {
                                 1 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t)])),
                                 2 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t), q8(t + 1)])),
-                                3 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(
-                                    row,
-                                    [q8(t), q8(t + 1), q8(t + 2)],
-                                )),
+                                3 => o[t..]
+                                    .copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t), q8(t + 1), q8(t + 2)])),
                                 _ => {}
                             }
                         }
