@@ -265,6 +265,9 @@ pub struct Weight {
     rows: usize,
     cols: usize,
     data: WeightData,
+    /// Q8_0 / Q4_0 rows repacked for this CPU's matrix-vector products
+    /// ([`Weight::pack_for_cpu`]); `data` stays for everything else.
+    packed: Option<Box<[u8]>>,
 }
 
 /// Rows per rayon task: small enough to spread a 2-core or 16-core machine,
@@ -309,7 +312,12 @@ impl Weight {
     /// Wraps `data` as a `[rows, cols]` matrix, or says why it does not fit.
     pub fn try_new(rows: usize, cols: usize, data: WeightData) -> Result<Self, QuantError> {
         data.check(rows, cols)?;
-        Ok(Weight { rows, cols, data })
+        Ok(Weight {
+            rows,
+            cols,
+            data,
+            packed: None,
+        })
     }
 
     /// An INT8 matrix from its buffers (e.g. mapped from a container).
@@ -422,6 +430,25 @@ impl Weight {
         }
     }
 
+    /// Adds a copy of Q8_0 / Q4_0 rows in the packed transposed layout
+    /// ([`qdot::tiled::pack_rows`]: the same size, the same bits) that
+    /// matrix-vector products read instead of the GGUF rows; other formats,
+    /// widths and CPUs are left as they are. Costs one copy of the matrix
+    /// in memory.
+    pub fn pack_for_cpu(mut self) -> Self {
+        if let WeightData::Gguf { ty, data } = &self.data {
+            if qdot::tiled::usable(*ty, self.cols) {
+                self.packed = Some(qdot::tiled::pack_rows(*ty, data.as_slice(), self.rows, self.cols).into_boxed_slice());
+            }
+        }
+        self
+    }
+
+    /// Whether [`Weight::pack_for_cpu`] made a packed copy.
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
     /// Whether products quantize the activations (GGML quantized blocks).
     fn int8_activations(&self) -> bool {
         matches!(&self.data, WeightData::Gguf { ty, .. } if qdot::supports(*ty))
@@ -432,6 +459,9 @@ impl Weight {
         if self.int8_activations() {
             let mut a = Q8_SCRATCH.take();
             a.quantize(x);
+            if self.packed.is_some() {
+                a.arrange();
+            }
             Prepared::Q8(a)
         } else {
             Prepared::F32(x)
@@ -505,6 +535,10 @@ impl Weight {
     fn rows_into(&self, base: usize, out: &mut [f32], p: &Prepared<'_>) {
         if let (WeightData::Gguf { ty, data }, Prepared::Q8(a)) = (&self.data, p) {
             let rb = data.len() / self.rows.max(1);
+            if let (Some(packed), true) = (&self.packed, a.arranged()) {
+                let rows = &packed[base * rb..(base + out.len()) * rb];
+                return qdot::tiled::dot_rows_packed(*ty, rows, a, out);
+            }
             let rows = &data.as_slice()[base * rb..(base + out.len()) * rb];
             return qdot::dot_rows(*ty, rows, a, out);
         }
@@ -546,7 +580,12 @@ impl Weight {
         for (w, o) in ws.iter().zip(outs.iter()) {
             assert_eq!((x.len(), o.len()), (w.cols, w.rows), "matrix shape");
         }
-        let p = first.prepare(x);
+        let mut p = first.prepare(x);
+        if let Prepared::Q8(a) = &mut p {
+            if ws.iter().any(|w| w.packed.is_some()) && !a.arranged() {
+                a.arrange();
+            }
+        }
         // Nested parallel loops: rayon schedules all the row chunks of all
         // the matrices in one region.
         outs.par_iter_mut().zip(ws.par_iter()).for_each(|(o, w)| {
@@ -671,6 +710,47 @@ mod tests {
             let mut seq = vec![0.0; rows];
             w.matvec_seq(&xs[t * cols..(t + 1) * cols], &mut seq);
             assert_eq!(one, seq);
+        }
+    }
+
+    #[test]
+    fn packed_copies_change_no_bit() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+            let (rows, cols) = (40, 512);
+            let bytes: Vec<u8> = (0..rows)
+                .flat_map(|_| gguf::dot::tests::random_row(&mut rng, ty, cols))
+                .collect();
+            let make = || {
+                let data = WeightData::Gguf {
+                    ty,
+                    data: Buf::owned(bytes.clone()),
+                };
+                Weight::try_new(rows, cols, data).unwrap()
+            };
+            let (plain, packed) = (make(), make().pack_for_cpu());
+            // Packed where this CPU multiplies the layout (Q8_0 / Q4_0 on
+            // AVX2 or VNNI), left alone elsewhere.
+            assert_eq!(packed.is_packed(), qdot::tiled::usable(ty, cols), "{ty}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let x = gguf::dot::tests::acts(&mut rng, cols);
+            let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);
+            plain.matvec(&x, &mut a);
+            packed.matvec(&x, &mut b);
+            assert_eq!(bits(&a), bits(&b), "{ty} matvec");
+            packed.matvec_seq(&x, &mut b);
+            assert_eq!(bits(&a), bits(&b), "{ty} matvec_seq");
+            // Mixed with an unpacked matrix of the same input.
+            let (mut c, mut d) = (vec![0.0; rows], vec![0.0; rows]);
+            Weight::matvec_many(&[&plain, &packed], &x, &mut [&mut c[..], &mut d[..]]);
+            assert_eq!((bits(&c), bits(&d)), (bits(&a), bits(&a)), "{ty} matvec_many");
+            assert_eq!(packed.row_dot(7, &x).to_bits(), a[7].to_bits());
+            let xs = gguf::dot::tests::acts(&mut rng, 5 * cols);
+            let (mut e, mut f) = (vec![0.0; 5 * rows], vec![0.0; 5 * rows]);
+            plain.matmul(&xs, 5, &mut e);
+            packed.matmul(&xs, 5, &mut f);
+            assert_eq!(bits(&e), bits(&f), "{ty} matmul");
         }
     }
 

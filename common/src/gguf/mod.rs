@@ -98,6 +98,32 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
+    /// Whether weights get a packed copy for this CPU ([`repack_policy`]).
+    repack: bool,
+}
+
+/// Whether a file's Q8_0 / Q4_0 weights (`packable` bytes of them) get a
+/// packed copy for faster decode ([`Weight::pack_for_cpu`]): the copy
+/// doubles their memory while the mapped pages stay in the page cache, so
+/// only when it takes at most half of the memory available now (Linux's
+/// `MemAvailable`; elsewhere never). `CHARM_GGUF_REPACK=0` / `=1` forces
+/// it off / on.
+pub fn repack_policy(packable: u64) -> bool {
+    match std::env::var("CHARM_GGUF_REPACK").as_deref() {
+        Ok("0") => return false,
+        Ok("1") => return true,
+        _ => {}
+    }
+    if packable == 0 {
+        return false;
+    }
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    available.is_some_and(|a| packable <= a / 2)
 }
 
 impl fmt::Debug for GgufFile {
@@ -253,6 +279,11 @@ impl GgufFile {
                 }
             }
         }
+        let packable = tensors
+            .iter()
+            .filter(|t| matches!(t.ty, GgmlType::Q8_0 | GgmlType::Q4_0))
+            .map(|t| t.size)
+            .sum();
         Ok(GgufFile {
             path,
             version,
@@ -263,6 +294,7 @@ impl GgufFile {
             tensor_index,
             alignment,
             data_offset,
+            repack: repack_policy(packable),
         })
     }
 
@@ -392,11 +424,12 @@ impl GgufFile {
                 }
             }
         };
-        Weight::try_new(rows, cols, data).map_err(|e| GgufError::BadTensor {
+        let w = Weight::try_new(rows, cols, data).map_err(|e| GgufError::BadTensor {
             path: self.path.clone(),
             tensor: t.name.clone(),
             reason: e.to_string(),
-        })
+        })?;
+        Ok(if self.repack { w.pack_for_cpu() } else { w })
     }
 
     /// A 1-D tensor of `len` elements (norms, biases) as f32, dequantized

@@ -19,6 +19,11 @@
 //!   row it meets.
 //! - [`dot4_arranged`]: one arranged row with four activation rows.
 //!
+//! - Decode: [`pack_rows`] stores whole matrices in the same transposed
+//!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
+//!   a chunk after its codes: the GGUF row size exactly), once at load;
+//!   [`dot_rows_packed`] multiplies them with one activation row.
+//!
 //! Integer sums are exact in any order and the float part is
 //! [`super::combine`]'s operations in its order, so results equal
 //! [`super::dot`] bit for bit (tested against it on every instruction set
@@ -222,6 +227,84 @@ pub fn dot_arranged<const N: usize>(row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f
     unreachable!("arrange_row only runs where `usable` holds")
 }
 
+/// `rows` rows of `ty` × `cols` (`data`: GGUF row order) in the packed
+/// transposed layout for the active instruction set, the same size: per
+/// chunk, the codes' eight steps (Q4_0: four steps of packed nibble bytes,
+/// low nibbles the elements `4j..4j + 4` of each block and high nibbles
+/// `16 + 4j..`; Q8_0: eight steps of code bytes, offset by 128 for VNNI),
+/// then the chunk's eight f16 scales.
+///
+/// # Panics
+/// If [`usable`] is false or `data` does not hold `rows` rows.
+pub fn pack_rows(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    pack_rows_on(Isa::active(), ty, data, rows, cols)
+}
+
+/// [`pack_rows`] for a chosen instruction set.
+pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    assert!(
+        usable_on(isa, ty, cols),
+        "{ty} rows of {cols} cannot be packed on {isa:?}"
+    );
+    let bs = ty.block_bytes();
+    let cb = 8 * bs;
+    assert_eq!(
+        data.len(),
+        rows * cols / QK * bs,
+        "{ty} data does not hold {rows} rows of {cols}"
+    );
+    let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
+    let mut out = vec![0u8; data.len()];
+    for (src, dst) in data.chunks_exact(cb).zip(out.chunks_exact_mut(cb)) {
+        let code_bytes = cb - 16;
+        let step_src = code_bytes / 8 / 4; // dwords per block: Q4_0 4, Q8_0 8
+        for b in 0..8 {
+            let blk = &src[b * bs..(b + 1) * bs];
+            dst[code_bytes + 2 * b..code_bytes + 2 * b + 2].copy_from_slice(&blk[..2]);
+            for j in 0..step_src {
+                for k in 0..4 {
+                    let v = blk[2 + 4 * j + k];
+                    dst[32 * j + 4 * b + k] = if flip { v ^ 0x80 } else { v };
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `out[i]` = the dot product of packed row `i` ([`pack_rows`] on the
+/// active instruction set) with the arranged activations: the bits of
+/// [`super::dot`] on the original row.
+///
+/// # Panics
+/// If the activations are not arranged, or `rows` does not hold
+/// `out.len()` packed rows of their width.
+pub fn dot_rows_packed(ty: GgmlType, rows: &[u8], acts: &Q8Acts, out: &mut [f32]) {
+    let isa = Isa::active();
+    assert!(
+        usable_on(isa, ty, acts.len()),
+        "{ty} rows of {} are not packed here",
+        acts.len()
+    );
+    assert!(acts.arranged(), "activations not arranged");
+    let rb = acts.len() / QK * ty.block_bytes();
+    assert_eq!(
+        rows.len(),
+        rb * out.len(),
+        "{ty} packed rows do not match the activations"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `usable_on` checked that the CPU runs `isa`; the shapes were
+    // checked above.
+    unsafe {
+        match (isa, ty) {
+            (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
+            (_, GgmlType::Q8_0) => x86::packed_avx2::<true>(ty, rows, rb, acts, out),
+            _ => x86::packed_avx2::<false>(ty, rows, rb, acts, out),
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -310,6 +393,82 @@ mod x86 {
                 } else {
                     transpose32(src.add(2), bs, dst, offset);
                 }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn packed_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+        // SAFETY: forwarded.
+        unsafe { packed::<true, false>(ty, rows, rb, acts, out) }
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
+        ty: GgmlType,
+        rows: &[u8],
+        rb: usize,
+        acts: &Q8Acts,
+        out: &mut [f32],
+    ) {
+        // SAFETY: forwarded.
+        unsafe { packed::<false, SIGNED>(ty, rows, rb, acts, out) }
+    }
+
+    /// The packed rows' loop: per chunk, the codes' steps (Q4_0's nibbles
+    /// split as they are loaded) against the activation steps, then the
+    /// same term as `body`.
+    #[inline(always)]
+    unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
+        ty: GgmlType,
+        rows: &[u8],
+        rb: usize,
+        acts: &Q8Acts,
+        out: &mut [f32],
+    ) {
+        let q4 = ty == GgmlType::Q4_0;
+        let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
+        let low4 = _mm256_set1_epi8(0x0f);
+        let chunks = acts.len() / CHUNK;
+        let cb = rb / chunks;
+        let codes = cb - 16;
+        // SAFETY: each row holds `chunks` chunks of `cb` bytes (the caller
+        // checked the sizes); the activations hold `chunks` chunks of codes
+        // and eight totals and scales per chunk.
+        unsafe {
+            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                let mut acc = _mm256_setzero_ps();
+                for c in 0..chunks {
+                    let p = row.as_ptr().add(c * cb);
+                    let q0 = acts.qt.as_ptr().add(c * CHUNK) as *const u8;
+                    let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
+                    let w = |j: usize| _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+                    let mut s0 = _mm256_setzero_si256();
+                    let mut s1 = _mm256_setzero_si256();
+                    if q4 {
+                        for j in 0..4 {
+                            let v = w(j);
+                            let lo = _mm256_and_si256(v, low4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                            s0 = madd::<VNNI, false>(s0, lo, q(j));
+                            s1 = madd::<VNNI, false>(s1, hi, q(4 + j));
+                        }
+                    } else {
+                        for j in (0..8).step_by(2) {
+                            s0 = madd::<VNNI, SIGNED>(s0, w(j), q(j));
+                            s1 = madd::<VNNI, SIGNED>(s1, w(j + 1), q(j + 1));
+                        }
+                    }
+                    let mut i = _mm256_add_epi32(s0, s1);
+                    if !SIGNED {
+                        let tot = _mm256_loadu_si256(acts.tot.as_ptr().add(8 * c) as *const __m256i);
+                        i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
+                    }
+                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i));
+                    let dx = _mm256_loadu_ps(acts.d.as_ptr().add(8 * c));
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
+                }
+                *o = crate::gguf::qdot::x86::lane_sums([acc])[0];
             }
         }
     }
@@ -518,6 +677,49 @@ mod tests {
         let mut want = vec![0u8; src.len()];
         transpose_scalar(&src, &mut want);
         assert_eq!(a.qt.iter().map(|&q| q as u8).collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn packed_rows_give_the_row_dot_bits() {
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        // Only the active instruction set multiplies packed rows (the layout
+        // is chosen at load); the AVX2 layout is checked through `pack_rows_on`.
+        let isa = Isa::active();
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            for &chunks in &[1usize, 3, 8] {
+                let cols = CHUNK * chunks;
+                if !usable_on(isa, ty, cols) {
+                    return;
+                }
+                let rows = 5;
+                let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+                let packed = pack_rows(ty, &data, rows, cols);
+                assert_eq!(packed.len(), data.len());
+                let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                let mut a = Q8Acts::new(&x);
+                a.arrange();
+                let mut got = vec![0.0f32; rows];
+                dot_rows_packed(ty, &packed, &a, &mut got);
+                let rb = data.len() / rows;
+                for (r, g) in got.iter().enumerate() {
+                    let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &a);
+                    assert_eq!(g.to_bits(), want.to_bits(), "{ty} {cols} row {r}");
+                }
+                if isa == Isa::Avx512Vnni {
+                    // The AVX2 layout differs only by Q8_0's offset.
+                    let avx2 = pack_rows_on(Isa::Avx2, ty, &data, rows, cols);
+                    let flipped: Vec<u8> = avx2
+                        .chunks_exact(8 * ty.block_bytes())
+                        .flat_map(|c| {
+                            let n = c.len() - 16;
+                            let f = if ty == GgmlType::Q8_0 { 0x80 } else { 0 };
+                            c[..n].iter().map(move |v| v ^ f).chain(c[n..].iter().copied())
+                        })
+                        .collect();
+                    assert_eq!(flipped, packed);
+                }
+            }
+        }
     }
 
     #[test]
