@@ -438,7 +438,8 @@ impl Weight {
     pub fn pack_for_cpu(mut self) -> Self {
         if let WeightData::Gguf { ty, data } = &self.data {
             if qdot::tiled::usable(*ty, self.cols) {
-                self.packed = Some(qdot::tiled::pack_rows(*ty, data.as_slice(), self.rows, self.cols).into_boxed_slice());
+                self.packed =
+                    Some(qdot::tiled::pack_rows(*ty, data.as_slice(), self.rows, self.cols).into_boxed_slice());
             }
         }
         self

@@ -255,6 +255,31 @@ pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usiz
     );
     let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
     let mut out = vec![0u8; data.len()];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use rayon::prelude::*;
+        // Runs of chunks per task: the copy of a large matrix on every core.
+        out.par_chunks_mut(cb * 64)
+            .zip(data.par_chunks(cb * 64))
+            .for_each(|(dst, src)| {
+                for (s, d) in src.chunks_exact(cb).zip(dst.chunks_exact_mut(cb)) {
+                    // SAFETY: `usable_on` checked that AVX2 runs; `s` and `d`
+                    // hold one chunk of `ty`.
+                    unsafe { x86::pack_chunk(ty, s, d, flip) };
+                }
+            });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    pack_scalar(ty, data, flip, &mut out);
+    out
+}
+
+/// [`pack_rows_on`]'s layout, byte by byte (the reference of the vector
+/// version).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn pack_scalar(ty: GgmlType, data: &[u8], flip: bool, out: &mut [u8]) {
+    let bs = ty.block_bytes();
+    let cb = 8 * bs;
     for (src, dst) in data.chunks_exact(cb).zip(out.chunks_exact_mut(cb)) {
         let code_bytes = cb - 16;
         let step_src = code_bytes / 8 / 4; // dwords per block: Q4_0 4, Q8_0 8
@@ -269,7 +294,6 @@ pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usiz
             }
         }
     }
-    out
 }
 
 /// `out[i]` = the dot product of packed row `i` ([`pack_rows`] on the
@@ -393,6 +417,34 @@ mod x86 {
                 } else {
                     transpose32(src.add(2), bs, dst, offset);
                 }
+            }
+        }
+    }
+
+    /// One chunk of [`super::pack_rows_on`]'s layout.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn pack_chunk(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: bool) {
+        let bs = ty.block_bytes();
+        let codes = 8 * bs - 16;
+        // SAFETY: `src` and `dst` hold one chunk (eight blocks) of `ty`.
+        unsafe {
+            let s = src.as_ptr();
+            let d = dst.as_mut_ptr();
+            for b in 0..8 {
+                (d.add(codes + 2 * b) as *mut u16).write_unaligned((s.add(b * bs) as *const u16).read_unaligned());
+            }
+            if ty == GgmlType::Q4_0 {
+                let v = [
+                    pair(s, bs, 0, 2),
+                    pair(s, bs, 1, 2),
+                    pair(s, bs, 2, 2),
+                    pair(s, bs, 3, 2),
+                ];
+                for (j, o) in transpose4(v).into_iter().enumerate() {
+                    _mm256_storeu_si256(d.add(32 * j) as *mut __m256i, o);
+                }
+            } else {
+                transpose32(s.add(2), bs, d, flip);
             }
         }
     }
@@ -718,6 +770,26 @@ mod tests {
                         .collect();
                     assert_eq!(flipped, packed);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_packing_equals_the_scalar_one() {
+        if !Isa::Avx2.runs() {
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(14);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+                if !isa.runs() {
+                    continue;
+                }
+                let (rows, cols) = (70, 3 * CHUNK);
+                let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+                let mut want = vec![0u8; data.len()];
+                pack_scalar(ty, &data, isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0, &mut want);
+                assert!(pack_rows_on(isa, ty, &data, rows, cols) == want, "{ty} {isa:?}");
             }
         }
     }
