@@ -224,6 +224,8 @@ pub fn dot_arranged<const N: usize>(row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f
         Some(Isa::Avx2) => return unsafe { x86::dot_avx2(ty, row, acts) },
         _ => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ty;
     unreachable!("arrange_row only runs where `usable` holds")
 }
 
@@ -247,7 +249,6 @@ pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usiz
         "{ty} rows of {cols} cannot be packed on {isa:?}"
     );
     let bs = ty.block_bytes();
-    let cb = 8 * bs;
     assert_eq!(
         data.len(),
         rows * cols / QK * bs,
@@ -258,6 +259,7 @@ pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usiz
     #[cfg(target_arch = "x86_64")]
     {
         use rayon::prelude::*;
+        let cb = 8 * bs;
         // Runs of chunks per task: the copy of a large matrix on every core.
         out.par_chunks_mut(cb * 64)
             .zip(data.par_chunks(cb * 64))
@@ -701,6 +703,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn vector_arrangement_equals_the_scalar_one() {
         if !Isa::Avx2.runs() {
             return;
