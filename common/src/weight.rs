@@ -643,24 +643,12 @@ impl Weight {
                 };
                 if arranged {
                     // Each row arranged once, then met by every activation row.
+                    let all: Vec<&Q8Acts> = (0..n).map(q8).collect();
                     ARRANGED.with_borrow_mut(|row| {
                         for i in 0..tile_rows {
                             let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
-                            let o = &mut o[i * n..(i + 1) * n];
-                            let mut t = 0;
-                            while t + 4 <= n {
-                                let v = qdot::tiled::dot4_arranged(row, [q8(t), q8(t + 1), q8(t + 2), q8(t + 3)]);
-                                o[t..t + 4].copy_from_slice(&v);
-                                t += 4;
-                            }
-                            match n - t {
-                                1 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t)])),
-                                2 => o[t..].copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t), q8(t + 1)])),
-                                3 => o[t..]
-                                    .copy_from_slice(&qdot::tiled::dot_arranged(row, [q8(t), q8(t + 1), q8(t + 2)])),
-                                _ => {}
-                            }
+                            qdot::tiled::dot_many_arranged(row, &all, &mut o[i * n..(i + 1) * n]);
                         }
                     });
                     t = n;

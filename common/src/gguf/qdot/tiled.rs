@@ -229,6 +229,34 @@ pub fn dot_arranged<const N: usize>(row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f
     unreachable!("arrange_row only runs where `usable` holds")
 }
 
+/// `out[t]` = the dot product of the arranged row with `acts[t]`, for any
+/// number of activation rows: four at a time, then the rest, with one
+/// check and one dispatch for all (what matrix products call per weight
+/// row). The bits of [`dot4_arranged`].
+///
+/// # Panics
+/// As [`dot4_arranged`], or if `out` and `acts` differ in length.
+pub fn dot_many_arranged(row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+    let ty = row.ty.expect("an arranged row");
+    assert_eq!(acts.len(), out.len(), "one output per activation row");
+    for a in acts {
+        assert!(a.arranged(), "activations not arranged");
+        assert_eq!(a.len(), row.codes.len(), "activations do not match the row");
+    }
+    #[cfg(target_arch = "x86_64")]
+    match row.isa {
+        // SAFETY: rows are only arranged for an instruction set this CPU
+        // runs (`usable_on`); the widths were checked above.
+        Some(Isa::Avx512Vnni) => return unsafe { x86::many_vnni(ty, row, acts, out) },
+        // SAFETY: as above.
+        Some(Isa::Avx2) => return unsafe { x86::many_avx2(ty, row, acts, out) },
+        _ => {}
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ty;
+    unreachable!("arrange_row only runs where `usable` holds")
+}
+
 /// `rows` rows of `ty` × `cols` (`data`: GGUF row order) in the packed
 /// transposed layout for the active instruction set, the same size: per
 /// chunk, the codes' eight steps (Q4_0: four steps of packed nibble bytes,
@@ -555,6 +583,39 @@ mod x86 {
         }
     }
 
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn many_vnni(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+        // SAFETY: forwarded.
+        unsafe { many::<true>(ty, row, acts, out) }
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+        // SAFETY: forwarded.
+        unsafe { many::<false>(ty, row, acts, out) }
+    }
+
+    /// Quads of activation rows, then the one to three left.
+    #[inline(always)]
+    unsafe fn many<const VNNI: bool>(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+        let n = acts.len();
+        let mut t = 0;
+        // SAFETY (every call): forwarded; `t + N <= n` indexes `acts` and `out`.
+        unsafe {
+            while t + 4 <= n {
+                let v = dot::<VNNI, 4>(ty, row, [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]]);
+                out[t..t + 4].copy_from_slice(&v);
+                t += 4;
+            }
+            match n - t {
+                1 => out[t..].copy_from_slice(&dot::<VNNI, 1>(ty, row, [acts[t]])),
+                2 => out[t..].copy_from_slice(&dot::<VNNI, 2>(ty, row, [acts[t], acts[t + 1]])),
+                3 => out[t..].copy_from_slice(&dot::<VNNI, 3>(ty, row, [acts[t], acts[t + 1], acts[t + 2]])),
+                _ => {}
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
         if ty == GgmlType::Q8_0 && !VNNI {
@@ -662,6 +723,13 @@ mod tests {
                     for (n, a) in acts.iter().enumerate() {
                         let want = dot_on(Isa::Scalar, ty, &row, a);
                         assert_eq!(got[n].to_bits(), want.to_bits(), "{isa:?} {ty} cols {cols} act {n}");
+                    }
+                    // Many rows per call (quads, then the rest): the same bits.
+                    let many: Vec<&Q8Acts> = [0, 1, 2, 3, 0, 2, 1].iter().map(|&i| &acts[i]).collect();
+                    let mut out = vec![0.0f32; many.len()];
+                    dot_many_arranged(&arranged, &many, &mut out);
+                    for (o, &i) in out.iter().zip(&[0usize, 1, 2, 3, 0, 2, 1]) {
+                        assert_eq!(o.to_bits(), got[i].to_bits());
                     }
                     // Fewer rows per call: the same bits.
                     assert_eq!(dot_arranged(&arranged, [&acts[1]])[0].to_bits(), got[1].to_bits());
