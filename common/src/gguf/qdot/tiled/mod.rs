@@ -1,0 +1,366 @@
+//! Matrix-matrix products (prefill) of Q8_0 and Q4_0 rows on x86: the same
+//! definition and bits as [`super::dot`], with the data laid out so that
+//! no block needs a horizontal fold.
+//!
+//! [`super::dot`] multiplies each block's 32 codes in one register and
+//! then folds the eight i32 lanes of each block into one sum (`vphaddd`),
+//! which costs about as much as the multiplies. Here both sides are stored
+//! *chunk-transposed*: for every chunk of eight blocks, step `j` (0..8) is
+//! one 32-byte register whose lane `b` holds bytes `4j..4j + 4` of block
+//! `b`. Eight multiply-accumulates (`vpdpbusd`, or `vpmaddubsw` +
+//! `vpmaddwd` on AVX2) then leave block `b`'s exact integer sum in lane
+//! `b`, which is where [`super::combine`]'s lane `b` term wants it.
+//!
+//! - Activations: [`Q8Acts::arrange`] adds the transposed codes and the
+//!   per-block code totals (once per activation row).
+//! - Weights: [`arrange_row`] writes one row's codes (nibbles unpacked,
+//!   Q8_0 offset by 128 for `vpdpbusd`) and widened scales into an
+//!   [`ArrangedRow`], once per row per product, shared by every activation
+//!   row it meets.
+//! - [`dot4_arranged`]: one arranged row with four activation rows.
+//!
+//! - Decode: [`pack_rows`] stores whole matrices in the same transposed
+//!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
+//!   a chunk after its codes: the GGUF row size exactly), once at load;
+//!   [`dot_rows_packed`] multiplies them with one activation row.
+//!
+//! Integer sums are exact in any order and the float part is
+//! [`super::combine`]'s operations in its order, so results equal
+//! [`super::dot`] bit for bit (tested against it on every instruction set
+//! this CPU runs).
+
+use super::super::types::{f16_le, GgmlType, QK};
+use super::Q8Acts;
+use crate::Isa;
+
+/// Elements per chunk: eight 32-element blocks.
+pub const CHUNK: usize = 8 * QK;
+
+/// Whether [`dot4_arranged`] runs rows of `ty` with `cols` elements here:
+/// Q8_0 or Q4_0, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the active
+/// instruction set, [`Isa::active`]).
+pub fn usable(ty: GgmlType, cols: usize) -> bool {
+    usable_on(Isa::active(), ty, cols)
+}
+
+/// [`usable`] for a chosen instruction set (which this CPU must run).
+pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+        && cols > 0
+        && cols.is_multiple_of(CHUNK)
+        && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        && isa.runs()
+}
+
+/// One weight row laid out for [`dot4_arranged`] (reused between rows:
+/// arranging allocates only when a row is wider than any before).
+#[derive(Clone, Debug, Default)]
+pub struct ArrangedRow {
+    ty: Option<GgmlType>,
+    isa: Option<Isa>,
+    /// Per chunk, eight steps of 32 code bytes (lane `b` = block `b`).
+    codes: Vec<u8>,
+    /// Each block's scale, widened.
+    d: Vec<f32>,
+}
+
+impl Q8Acts {
+    /// Adds the chunk-transposed codes and block totals [`dot4_arranged`]
+    /// reads (requantizing clears them).
+    ///
+    /// # Panics
+    /// If the row is not a whole number of chunks (256 elements).
+    pub fn arrange(&mut self) {
+        assert!(
+            self.len().is_multiple_of(CHUNK),
+            "{} activations are not whole chunks of {CHUNK}",
+            self.len()
+        );
+        self.qt.clear();
+        self.qt.resize(self.len(), 0);
+        // SAFETY: i8 and u8 have the same layout.
+        let (src, dst) = unsafe {
+            (
+                std::slice::from_raw_parts(self.qs.as_ptr() as *const u8, self.qs.len()),
+                std::slice::from_raw_parts_mut(self.qt.as_mut_ptr() as *mut u8, self.qt.len()),
+            )
+        };
+        #[cfg(target_arch = "x86_64")]
+        if matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni) {
+            for (s, d) in src.chunks_exact(CHUNK).zip(dst.chunks_exact_mut(CHUNK)) {
+                // SAFETY: AVX2 runs here; `s` holds eight 32-byte blocks and
+                // `d` 256 bytes.
+                unsafe { x86::transpose32(s.as_ptr(), QK, d.as_mut_ptr(), false) };
+            }
+        } else {
+            transpose_scalar(src, dst);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        transpose_scalar(src, dst);
+        self.tot.clear();
+        self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
+    }
+
+    /// Whether [`Q8Acts::arrange`] ran since the last quantization.
+    pub fn arranged(&self) -> bool {
+        !self.qs.is_empty() && self.qt.len() == self.qs.len()
+    }
+}
+
+/// The chunk transposition of 32-byte blocks stored back to back (the
+/// reference of the vector version).
+fn transpose_scalar(src: &[u8], dst: &mut [u8]) {
+    for (src, dst) in src.chunks_exact(CHUNK).zip(dst.chunks_exact_mut(CHUNK)) {
+        for b in 0..8 {
+            for j in 0..8 {
+                dst[32 * j + 4 * b..32 * j + 4 * b + 4].copy_from_slice(&src[QK * b + 4 * j..QK * b + 4 * j + 4]);
+            }
+        }
+    }
+}
+
+/// Lays out `row` (`cols` elements of `ty`) for [`dot4_arranged`] on the
+/// active instruction set.
+///
+/// # Panics
+/// If [`usable`] is false for `ty` and the row's width, or `row` is not a
+/// whole row.
+pub fn arrange_row(ty: GgmlType, row: &[u8], out: &mut ArrangedRow) {
+    arrange_row_on(Isa::active(), ty, row, out)
+}
+
+/// [`arrange_row`] for a chosen instruction set (tests and benchmarks).
+///
+/// # Panics
+/// If [`usable_on`] is false for `isa`, `ty` and the row's width.
+pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow) {
+    let bs = ty.block_bytes();
+    let cols = row.len() / bs * QK;
+    assert!(
+        usable_on(isa, ty, cols),
+        "{ty} rows of {cols} have no arranged product on {isa:?}"
+    );
+    assert_eq!(row.len() % bs, 0, "{ty} row of {} bytes is not whole blocks", row.len());
+    out.ty = Some(ty);
+    out.isa = Some(isa);
+    out.codes.resize(cols, 0);
+    out.d.resize(cols / QK, 0.0);
+    let offset = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `usable_on` checked that the CPU runs AVX2 (both ISAs
+    // include it, and F16C); the buffers hold the row's codes and scales.
+    unsafe {
+        x86::arrange(ty, row, offset, &mut out.codes, &mut out.d)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    arrange_scalar(ty, row, offset, &mut out.codes, &mut out.d);
+}
+
+/// [`arrange_row_on`]'s layout, element by element (the reference of the
+/// vector version); `offset` flips Q8_0's codes by 128.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &mut [f32]) {
+    let bs = ty.block_bytes();
+    for (o, b) in d.iter_mut().zip(row.chunks_exact(bs)) {
+        *o = f16_le([b[0], b[1]]);
+    }
+    for (chunk, dst) in row.chunks_exact(8 * bs).zip(codes.chunks_exact_mut(CHUNK)) {
+        for b in 0..8 {
+            let codes = block_codes(ty, &chunk[b * bs..(b + 1) * bs]);
+            for j in 0..8 {
+                for k in 0..4 {
+                    let c = codes[4 * j + k];
+                    dst[32 * j + 4 * b + k] = if offset && ty == GgmlType::Q8_0 { c ^ 0x80 } else { c };
+                }
+            }
+        }
+    }
+}
+
+/// A block's 32 codes as the multiply takes them: Q4_0's nibbles (element
+/// `i < 16` the low nibble of byte `i`, `16 + i` its high nibble), Q8_0's
+/// bytes.
+fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
+    let mut c = [0u8; QK];
+    match ty {
+        GgmlType::Q4_0 => {
+            for i in 0..16 {
+                c[i] = block[2 + i] & 0x0f;
+                c[16 + i] = block[2 + i] >> 4;
+            }
+        }
+        _ => c.copy_from_slice(&block[2..2 + QK]),
+    }
+    c
+}
+
+/// Dot products of one arranged row with four arranged activation rows:
+/// result `n` is the bits [`super::dot`] gives for the row and `acts[n]`.
+///
+/// # Panics
+/// If the row was never arranged, or an activation row is not arranged or
+/// does not match the row's width.
+pub fn dot4_arranged(row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
+    dot_arranged(row, acts)
+}
+
+/// [`dot4_arranged`] for `N` (1 to 4) activation rows: what the rows past
+/// a multiple of four take.
+///
+/// # Panics
+/// As [`dot4_arranged`].
+pub fn dot_arranged<const N: usize>(row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
+    let ty = row.ty.expect("an arranged row");
+    for a in acts {
+        assert!(a.arranged(), "activations not arranged");
+        assert_eq!(a.len(), row.codes.len(), "activations do not match the row");
+    }
+    #[cfg(target_arch = "x86_64")]
+    match row.isa {
+        // SAFETY: rows are only arranged for an instruction set this CPU
+        // runs (`usable_on`); the widths were checked above.
+        Some(Isa::Avx512Vnni) => return unsafe { x86::dot_vnni(ty, row, acts) },
+        // SAFETY: as above.
+        Some(Isa::Avx2) => return unsafe { x86::dot_avx2(ty, row, acts) },
+        _ => {}
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ty;
+    unreachable!("arrange_row only runs where `usable` holds")
+}
+
+/// `out[t]` = the dot product of the arranged row with `acts[t]`, for any
+/// number of activation rows: four at a time, then the rest, with one
+/// check and one dispatch for all (what matrix products call per weight
+/// row). The bits of [`dot4_arranged`].
+///
+/// # Panics
+/// As [`dot4_arranged`], or if `out` and `acts` differ in length.
+pub fn dot_many_arranged(row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+    let ty = row.ty.expect("an arranged row");
+    assert_eq!(acts.len(), out.len(), "one output per activation row");
+    for a in acts {
+        assert!(a.arranged(), "activations not arranged");
+        assert_eq!(a.len(), row.codes.len(), "activations do not match the row");
+    }
+    #[cfg(target_arch = "x86_64")]
+    match row.isa {
+        // SAFETY: rows are only arranged for an instruction set this CPU
+        // runs (`usable_on`); the widths were checked above.
+        Some(Isa::Avx512Vnni) => return unsafe { x86::many_vnni(ty, row, acts, out) },
+        // SAFETY: as above.
+        Some(Isa::Avx2) => return unsafe { x86::many_avx2(ty, row, acts, out) },
+        _ => {}
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ty;
+    unreachable!("arrange_row only runs where `usable` holds")
+}
+
+/// `rows` rows of `ty` × `cols` (`data`: GGUF row order) in the packed
+/// transposed layout for the active instruction set, the same size: per
+/// chunk, the codes' eight steps (Q4_0: four steps of packed nibble bytes,
+/// low nibbles the elements `4j..4j + 4` of each block and high nibbles
+/// `16 + 4j..`; Q8_0: eight steps of code bytes, offset by 128 for VNNI),
+/// then the chunk's eight f16 scales.
+///
+/// # Panics
+/// If [`usable`] is false or `data` does not hold `rows` rows.
+pub fn pack_rows(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    pack_rows_on(Isa::active(), ty, data, rows, cols)
+}
+
+/// [`pack_rows`] for a chosen instruction set.
+pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    assert!(
+        usable_on(isa, ty, cols),
+        "{ty} rows of {cols} cannot be packed on {isa:?}"
+    );
+    let bs = ty.block_bytes();
+    assert_eq!(
+        data.len(),
+        rows * cols / QK * bs,
+        "{ty} data does not hold {rows} rows of {cols}"
+    );
+    let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
+    let mut out = vec![0u8; data.len()];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use rayon::prelude::*;
+        let cb = 8 * bs;
+        // Runs of chunks per task: the copy of a large matrix on every core.
+        out.par_chunks_mut(cb * 64)
+            .zip(data.par_chunks(cb * 64))
+            .for_each(|(dst, src)| {
+                for (s, d) in src.chunks_exact(cb).zip(dst.chunks_exact_mut(cb)) {
+                    // SAFETY: `usable_on` checked that AVX2 runs; `s` and `d`
+                    // hold one chunk of `ty`.
+                    unsafe { x86::pack_chunk(ty, s, d, flip) };
+                }
+            });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    pack_scalar(ty, data, flip, &mut out);
+    out
+}
+
+/// [`pack_rows_on`]'s layout, byte by byte (the reference of the vector
+/// version).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn pack_scalar(ty: GgmlType, data: &[u8], flip: bool, out: &mut [u8]) {
+    let bs = ty.block_bytes();
+    let cb = 8 * bs;
+    for (src, dst) in data.chunks_exact(cb).zip(out.chunks_exact_mut(cb)) {
+        let code_bytes = cb - 16;
+        let step_src = code_bytes / 8 / 4; // dwords per block: Q4_0 4, Q8_0 8
+        for b in 0..8 {
+            let blk = &src[b * bs..(b + 1) * bs];
+            dst[code_bytes + 2 * b..code_bytes + 2 * b + 2].copy_from_slice(&blk[..2]);
+            for j in 0..step_src {
+                for k in 0..4 {
+                    let v = blk[2 + 4 * j + k];
+                    dst[32 * j + 4 * b + k] = if flip { v ^ 0x80 } else { v };
+                }
+            }
+        }
+    }
+}
+
+/// `out[i]` = the dot product of packed row `i` ([`pack_rows`] on the
+/// active instruction set) with the arranged activations: the bits of
+/// [`super::dot`] on the original row.
+///
+/// # Panics
+/// If the activations are not arranged, or `rows` does not hold
+/// `out.len()` packed rows of their width.
+pub fn dot_rows_packed(ty: GgmlType, rows: &[u8], acts: &Q8Acts, out: &mut [f32]) {
+    let isa = Isa::active();
+    assert!(
+        usable_on(isa, ty, acts.len()),
+        "{ty} rows of {} are not packed here",
+        acts.len()
+    );
+    assert!(acts.arranged(), "activations not arranged");
+    let rb = acts.len() / QK * ty.block_bytes();
+    assert_eq!(
+        rows.len(),
+        rb * out.len(),
+        "{ty} packed rows do not match the activations"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `usable_on` checked that the CPU runs `isa`; the shapes were
+    // checked above.
+    unsafe {
+        match (isa, ty) {
+            (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
+            (_, GgmlType::Q8_0) => x86::packed_avx2::<true>(ty, rows, rb, acts, out),
+            _ => x86::packed_avx2::<false>(ty, rows, rb, acts, out),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+#[cfg(test)]
+mod tests;

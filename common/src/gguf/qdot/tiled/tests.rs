@@ -1,0 +1,207 @@
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::*;
+use crate::gguf::dot::tests::random_row;
+use crate::gguf::qdot::dot_on;
+
+#[test]
+fn arranged_products_equal_the_row_dot_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut ran = false;
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !isa.runs() {
+            continue;
+        }
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+            for case in 0..12 {
+                let cols = CHUNK * rng.gen_range(1..=8);
+                let row = random_row(&mut rng, ty, cols);
+                let mut acts: Vec<Q8Acts> = (0..4)
+                    .map(|n| {
+                        let x: Vec<f32> = (0..cols)
+                            .map(|i| match (case + n) % 4 {
+                                // Extreme codes: ±127 everywhere.
+                                0 => {
+                                    if i % 3 == 0 {
+                                        -1.0
+                                    } else {
+                                        1.0
+                                    }
+                                }
+                                _ => rng.gen_range(-1.0f32..1.0) * 10f32.powi(n - 2),
+                            })
+                            .collect();
+                        Q8Acts::new(&x)
+                    })
+                    .collect();
+                for a in &mut acts {
+                    a.arrange();
+                }
+                let mut arranged = ArrangedRow::default();
+                arrange_row_on(isa, ty, &row, &mut arranged);
+                let got = dot4_arranged(&arranged, [&acts[0], &acts[1], &acts[2], &acts[3]]);
+                for (n, a) in acts.iter().enumerate() {
+                    let want = dot_on(Isa::Scalar, ty, &row, a);
+                    assert_eq!(got[n].to_bits(), want.to_bits(), "{isa:?} {ty} cols {cols} act {n}");
+                }
+                // Many rows per call (quads, then the rest): the same bits.
+                let many: Vec<&Q8Acts> = [0, 1, 2, 3, 0, 2, 1].iter().map(|&i| &acts[i]).collect();
+                let mut out = vec![0.0f32; many.len()];
+                dot_many_arranged(&arranged, &many, &mut out);
+                for (o, &i) in out.iter().zip(&[0usize, 1, 2, 3, 0, 2, 1]) {
+                    assert_eq!(o.to_bits(), got[i].to_bits());
+                }
+                // Fewer rows per call: the same bits.
+                assert_eq!(dot_arranged(&arranged, [&acts[1]])[0].to_bits(), got[1].to_bits());
+                let two = dot_arranged(&arranged, [&acts[2], &acts[0]]);
+                assert_eq!(two.map(f32::to_bits), [got[2].to_bits(), got[0].to_bits()]);
+                let three = dot_arranged(&arranged, [&acts[3], &acts[1], &acts[2]]);
+                assert_eq!(three.map(f32::to_bits), [got[3], got[1], got[2]].map(f32::to_bits));
+                ran = true;
+            }
+        }
+    }
+    if !ran {
+        eprintln!("no AVX2 here: arranged products not exercised");
+    }
+}
+
+#[test]
+fn extreme_weight_codes_stay_exact() {
+    // Q8_0 codes of -128 and 127 (the AVX2 sign trick's edge) against
+    // ±127 activations.
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !isa.runs() {
+            continue;
+        }
+        let mut row = Vec::new();
+        for b in 0..8 {
+            row.extend(half::f16::from_f32(0.5).to_bits().to_le_bytes());
+            row.extend((0..32).map(|i| if (i + b) % 2 == 0 { 0x80u8 } else { 0x7f }));
+        }
+        let x: Vec<f32> = (0..CHUNK).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        let mut a = Q8Acts::new(&x);
+        a.arrange();
+        let mut arranged = ArrangedRow::default();
+        arrange_row_on(isa, GgmlType::Q8_0, &row, &mut arranged);
+        let got = dot4_arranged(&arranged, [&a, &a, &a, &a]);
+        let want = dot_on(Isa::Scalar, GgmlType::Q8_0, &row, &a);
+        assert_eq!(got.map(f32::to_bits), [want.to_bits(); 4], "{isa:?}");
+    }
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn vector_arrangement_equals_the_scalar_one() {
+    if !Isa::Avx2.runs() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        for offset in [false, true] {
+            let cols = CHUNK * 3;
+            let row = random_row(&mut rng, ty, cols);
+            let (mut want_c, mut want_d) = (vec![0u8; cols], vec![0.0f32; cols / QK]);
+            arrange_scalar(ty, &row, offset, &mut want_c, &mut want_d);
+            let (mut got_c, mut got_d) = (vec![0u8; cols], vec![0.0f32; cols / QK]);
+            // SAFETY: AVX2 (and F16C with it on every CPU charm runs) is present.
+            unsafe { x86::arrange(ty, &row, offset, &mut got_c, &mut got_d) };
+            assert_eq!(got_c, want_c, "{ty} offset {offset}");
+            assert_eq!(
+                got_d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want_d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+    let x: Vec<f32> = (0..2 * CHUNK).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let mut a = Q8Acts::new(&x);
+    a.arrange();
+    let src: Vec<u8> = a.qs.iter().map(|&q| q as u8).collect();
+    let mut want = vec![0u8; src.len()];
+    transpose_scalar(&src, &mut want);
+    assert_eq!(a.qt.iter().map(|&q| q as u8).collect::<Vec<_>>(), want);
+}
+
+#[test]
+fn packed_rows_give_the_row_dot_bits() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    // Only the active instruction set multiplies packed rows (the layout
+    // is chosen at load); the AVX2 layout is checked through `pack_rows_on`.
+    let isa = Isa::active();
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        for &chunks in &[1usize, 3, 8] {
+            let cols = CHUNK * chunks;
+            if !usable_on(isa, ty, cols) {
+                return;
+            }
+            let rows = 5;
+            let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            let packed = pack_rows(ty, &data, rows, cols);
+            assert_eq!(packed.len(), data.len());
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let mut a = Q8Acts::new(&x);
+            a.arrange();
+            let mut got = vec![0.0f32; rows];
+            dot_rows_packed(ty, &packed, &a, &mut got);
+            let rb = data.len() / rows;
+            for (r, g) in got.iter().enumerate() {
+                let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &a);
+                assert_eq!(g.to_bits(), want.to_bits(), "{ty} {cols} row {r}");
+            }
+            if isa == Isa::Avx512Vnni {
+                // The AVX2 layout differs only by Q8_0's offset.
+                let avx2 = pack_rows_on(Isa::Avx2, ty, &data, rows, cols);
+                let flipped: Vec<u8> = avx2
+                    .chunks_exact(8 * ty.block_bytes())
+                    .flat_map(|c| {
+                        let n = c.len() - 16;
+                        let f = if ty == GgmlType::Q8_0 { 0x80 } else { 0 };
+                        c[..n].iter().map(move |v| v ^ f).chain(c[n..].iter().copied())
+                    })
+                    .collect();
+                assert_eq!(flipped, packed);
+            }
+        }
+    }
+}
+
+#[test]
+fn vector_packing_equals_the_scalar_one() {
+    if !Isa::Avx2.runs() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+            if !isa.runs() {
+                continue;
+            }
+            let (rows, cols) = (70, 3 * CHUNK);
+            let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            let mut want = vec![0u8; data.len()];
+            pack_scalar(ty, &data, isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0, &mut want);
+            assert!(pack_rows_on(isa, ty, &data, rows, cols) == want, "{ty} {isa:?}");
+        }
+    }
+}
+
+#[test]
+fn requantizing_drops_the_arrangement() {
+    let mut a = Q8Acts::new(&[0.5; CHUNK]);
+    a.arrange();
+    assert!(a.arranged());
+    a.quantize(&[0.25; CHUNK]);
+    assert!(!a.arranged());
+}
+
+#[test]
+fn only_whole_chunks_of_q8_0_and_q4_0_are_usable() {
+    assert!(!usable(GgmlType::Q4_K, 4096));
+    assert!(!usable(GgmlType::Q8_0, 32 * 9));
+    assert!(!usable(GgmlType::Q8_0, 0));
+    assert_eq!(
+        usable(GgmlType::Q8_0, 2048),
+        matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni)
+    );
+}
