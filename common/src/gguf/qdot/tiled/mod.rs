@@ -17,7 +17,8 @@
 //!   Q8_0 offset by 128 for `vpdpbusd`) and widened scales into an
 //!   [`ArrangedRow`], once per row per product, shared by every activation
 //!   row it meets.
-//! - [`dot4_arranged`]: one arranged row with four activation rows.
+//! - [`dot_many_arranged`]: one arranged row with any number of activation
+//!   rows, four at a time.
 //!
 //! - Decode: [`pack_rows`] stores whole matrices in the same transposed
 //!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
@@ -36,7 +37,7 @@ use crate::Isa;
 /// Elements per chunk: eight 32-element blocks.
 pub const CHUNK: usize = 8 * QK;
 
-/// Whether [`dot4_arranged`] runs rows of `ty` with `cols` elements here:
+/// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
 /// Q8_0 or Q4_0, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the active
 /// instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
@@ -52,7 +53,7 @@ pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
         && isa.runs()
 }
 
-/// One weight row laid out for [`dot4_arranged`] (reused between rows:
+/// One weight row laid out for [`dot_many_arranged`] (reused between rows:
 /// arranging allocates only when a row is wider than any before).
 #[derive(Clone, Debug, Default)]
 pub struct ArrangedRow {
@@ -65,7 +66,7 @@ pub struct ArrangedRow {
 }
 
 impl Q8Acts {
-    /// Adds the chunk-transposed codes and block totals [`dot4_arranged`]
+    /// Adds the chunk-transposed codes and block totals [`dot_many_arranged`]
     /// reads (requantizing clears them).
     ///
     /// # Panics
@@ -119,7 +120,7 @@ fn transpose_scalar(src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Lays out `row` (`cols` elements of `ty`) for [`dot4_arranged`] on the
+/// Lays out `row` (`cols` elements of `ty`) for [`dot_many_arranged`] on the
 /// active instruction set.
 ///
 /// # Panics
@@ -194,48 +195,16 @@ fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
     c
 }
 
-/// Dot products of one arranged row with four arranged activation rows:
-/// result `n` is the bits [`super::dot`] gives for the row and `acts[n]`.
-///
-/// # Panics
-/// If the row was never arranged, or an activation row is not arranged or
-/// does not match the row's width.
-pub fn dot4_arranged(row: &ArrangedRow, acts: [&Q8Acts; 4]) -> [f32; 4] {
-    dot_arranged(row, acts)
-}
-
-/// [`dot4_arranged`] for `N` (1 to 4) activation rows: what the rows past
-/// a multiple of four take.
-///
-/// # Panics
-/// As [`dot4_arranged`].
-pub fn dot_arranged<const N: usize>(row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
-    let ty = row.ty.expect("an arranged row");
-    for a in acts {
-        assert!(a.arranged(), "activations not arranged");
-        assert_eq!(a.len(), row.codes.len(), "activations do not match the row");
-    }
-    #[cfg(target_arch = "x86_64")]
-    match row.isa {
-        // SAFETY: rows are only arranged for an instruction set this CPU
-        // runs (`usable_on`); the widths were checked above.
-        Some(Isa::Avx512Vnni) => return unsafe { x86::dot_vnni(ty, row, acts) },
-        // SAFETY: as above.
-        Some(Isa::Avx2) => return unsafe { x86::dot_avx2(ty, row, acts) },
-        _ => {}
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = ty;
-    unreachable!("arrange_row only runs where `usable` holds")
-}
-
 /// `out[t]` = the dot product of the arranged row with `acts[t]`, for any
 /// number of activation rows: four at a time, then the rest, with one
 /// check and one dispatch for all (what matrix products call per weight
-/// row). The bits of [`dot4_arranged`].
+/// row). `out[t]` is the bits [`super::dot`] gives for the original row
+/// and `acts[t]`.
 ///
 /// # Panics
-/// As [`dot4_arranged`], or if `out` and `acts` differ in length.
+/// If the row was never arranged, an activation row is not arranged (or
+/// for another instruction set's layout) or does not match the row's
+/// width, or `out` and `acts` differ in length.
 pub fn dot_many_arranged(row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
     let ty = row.ty.expect("an arranged row");
     assert_eq!(acts.len(), out.len(), "one output per activation row");

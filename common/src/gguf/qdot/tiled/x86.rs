@@ -32,6 +32,22 @@ unsafe fn pair(src: *const u8, stride: usize, b: usize, off: usize) -> __m256i {
     }
 }
 
+/// A Q4_0 chunk's packed code bytes transposed (`src` at its first block):
+/// step `j` holds bytes `4j..4j + 4` of each block's 16, lane `b` for block
+/// `b`.
+#[inline(always)]
+unsafe fn q4_steps(src: *const u8, bs: usize) -> [__m256i; 4] {
+    // SAFETY: the caller's pointer covers a chunk of eight blocks.
+    unsafe {
+        transpose4([
+            pair(src, bs, 0, 2),
+            pair(src, bs, 1, 2),
+            pair(src, bs, 2, 2),
+            pair(src, bs, 3, 2),
+        ])
+    }
+}
+
 /// The chunk transposition of eight 32-byte code blocks `stride` bytes
 /// apart (`src` at the first code), into 256 bytes at `dst`, each byte
 /// xor 0x80 when `flip`.
@@ -71,14 +87,7 @@ pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut
             let scales = _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
             _mm256_storeu_ps(d.as_mut_ptr().add(8 * c), scales);
             if ty == GgmlType::Q4_0 {
-                let v = [
-                    pair(src, bs, 0, 2),
-                    pair(src, bs, 1, 2),
-                    pair(src, bs, 2, 2),
-                    pair(src, bs, 3, 2),
-                ];
-                let o = transpose4(v);
-                for (j, o) in o.into_iter().enumerate() {
+                for (j, o) in q4_steps(src, bs).into_iter().enumerate() {
                     let lo = _mm256_and_si256(o, low4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(o, 4), low4);
                     _mm256_storeu_si256(dst.add(32 * j) as *mut __m256i, lo);
@@ -104,13 +113,7 @@ pub(super) unsafe fn pack_chunk(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: 
             (d.add(codes + 2 * b) as *mut u16).write_unaligned((s.add(b * bs) as *const u16).read_unaligned());
         }
         if ty == GgmlType::Q4_0 {
-            let v = [
-                pair(s, bs, 0, 2),
-                pair(s, bs, 1, 2),
-                pair(s, bs, 2, 2),
-                pair(s, bs, 3, 2),
-            ];
-            for (j, o) in transpose4(v).into_iter().enumerate() {
+            for (j, o) in q4_steps(s, bs).into_iter().enumerate() {
                 _mm256_storeu_si256(d.add(32 * j) as *mut __m256i, o);
             }
         } else {
@@ -193,18 +196,6 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
             *o = crate::gguf::qdot::x86::lane_sums([acc])[0];
         }
     }
-}
-
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn dot_vnni<const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
-    // SAFETY: forwarded.
-    unsafe { dot::<true, N>(ty, row, acts) }
-}
-
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn dot_avx2<const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
-    // SAFETY: forwarded.
-    unsafe { dot::<false, N>(ty, row, acts) }
 }
 
 /// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`.
