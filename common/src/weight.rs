@@ -628,6 +628,16 @@ impl Weight {
                 }
             })
             .collect();
+        let arranged_acts: Vec<&Q8Acts> = if arranged {
+            acts.iter()
+                .map(|p| match p {
+                    Prepared::Q8(a) => a,
+                    Prepared::F32(_) => unreachable!("GGML blocks quantize activations"),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Tile-major output (`rows × n`), transposed at the end.
         let mut by_row = vec![0.0f32; self.rows * n];
         by_row.par_chunks_mut(TILE_ROWS * n).enumerate().for_each(|(tile, o)| {
@@ -643,12 +653,11 @@ impl Weight {
                 };
                 if arranged {
                     // Each row arranged once, then met by every activation row.
-                    let all: Vec<&Q8Acts> = (0..n).map(q8).collect();
                     ARRANGED.with_borrow_mut(|row| {
                         for i in 0..tile_rows {
                             let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
-                            qdot::tiled::dot_many_arranged(row, &all, &mut o[i * n..(i + 1) * n]);
+                            qdot::tiled::dot_many_arranged(row, &arranged_acts, &mut o[i * n..(i + 1) * n]);
                         }
                     });
                     t = n;
