@@ -90,18 +90,23 @@ fn quantize_blocks(x: &[f32], d: &mut [f32], qs: &mut [i8], s16: &mut [i32]) {
     }
 }
 
+/// A finite block's scale and its inverse from its largest magnitude
+/// (both 0 for an all-zero block).
+#[inline(always)]
+fn scale(amax: f32) -> (f32, f32) {
+    if amax == 0.0 {
+        (0.0, 0.0)
+    } else {
+        (amax / 127.0, 127.0 / amax)
+    }
+}
+
 /// One block: the definition in [`Q8Acts`]'s docs.
 #[inline(always)]
 fn quantize_block(xb: &[f32], d: &mut f32, qb: &mut [i8], s16: &mut [i32]) {
     let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let finite = xb.iter().all(|v| v.is_finite());
-    let (db, inv) = if !finite {
-        (f32::NAN, 0.0)
-    } else if amax == 0.0 {
-        (0.0, 0.0)
-    } else {
-        (amax / 127.0, 127.0 / amax)
-    };
+    let (db, inv) = if finite { scale(amax) } else { (f32::NAN, 0.0) };
     *d = db;
     for (q, &v) in qb.iter_mut().zip(xb) {
         *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
@@ -150,11 +155,7 @@ fn quantize_avx2(x: &[f32], d: &mut [f32], qs: &mut [i8], s16: &mut [i32]) {
             let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
             let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
             let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
-            let (db, inv) = if amax == 0.0 {
-                (0.0, 0.0)
-            } else {
-                (amax / 127.0, 127.0 / amax)
-            };
+            let (db, inv) = scale(amax);
             d[b] = db;
             let inv = _mm256_set1_ps(inv);
             let mut codes = [_mm256_setzero_si256(); 4];
