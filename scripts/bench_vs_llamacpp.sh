@@ -15,7 +15,9 @@
 #    llama.cpp's quantizer (llama_model_quantize) from a BF16 conversion.
 # 4. For each of $RUNS rounds and each type: charm (`generate --ignore-eos`)
 #    then llama.cpp (scripts/bench_llamacpp.py), alternating, on the same
-#    $PROMPT random prompt ids, $GEN decoded tokens, $THREADS threads.
+#    $PROMPT random prompt ids, $GEN decoded tokens, $THREADS threads;
+#    charm with an f16 KV cache ($KV), the cache type llama.cpp uses by
+#    default, so both engines read the same cache bytes per token.
 #    `corecheck` (scripts/lib/corecheck.c) measures memory read bandwidth
 #    with 1 and 2 threads before each round (and whether the second core is
 #    there: this VM's sometimes vanishes).
@@ -27,7 +29,7 @@
 #    Raw JSON lines and the table go to $BENCH/vs-llamacpp-<time>/.
 #
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
-# RUNS (5), PROMPT (512), GEN (128), THREADS (2), TYPES ("q8_0 q4_0"),
+# RUNS (5), PROMPT (512), GEN (128), THREADS (2), TYPES ("q8_0 q4_0"), KV (f16),
 # LLAMA_VENV (/work/llama-venv), LLAMA_SRC (/work/llama-src), BENCH_PY
 # (/work/bench-venv/bin/python: numpy, for make_bench_model.py), CONVERT_PY
 # (/work/venv/bin/python: torch, transformers, safetensors, numpy, for
@@ -42,6 +44,7 @@ PROMPT="${PROMPT:-512}"
 GEN="${GEN:-128}"
 THREADS="${THREADS:-2}"
 TYPES="${TYPES:-q8_0 q4_0}"
+KV="${KV:-f16}"
 LLAMA_VENV="${LLAMA_VENV:-/work/llama-venv}"
 LLAMA_SRC="${LLAMA_SRC:-/work/llama-src}"
 LLAMA_VERSION=0.3.36
@@ -129,7 +132,7 @@ for round in $(seq 1 "$RUNS"); do
   echo "== round $round: memory $1 / $2 GB/s (1T / 2T), 2T/1T compute x$4" >&2
   for ty in $TYPES; do
     G="$BENCH/olmoe-w.$ty.gguf"
-    c="$("$CHARM" --model "$G" --local --threads "$THREADS" generate --prompt-ids "$IDS" \
+    c="$("$CHARM" --model "$G" --local --threads "$THREADS" --kv-cache "$KV" generate --prompt-ids "$IDS" \
       --max-tokens "$GEN" --ignore-eos --json)"
     l="$("$LLAMA_VENV/bin/python" "$ROOT/scripts/bench_llamacpp.py" "$G" --threads "$THREADS" \
       --prompt-ids "$IDS" --max-tokens "$GEN")"

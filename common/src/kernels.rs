@@ -116,6 +116,40 @@ mod float_x86 {
         finish(acc, w, x, |v| v)
     }
 
+    /// [`super::dots_f16`]: one dispatch for many rows.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
+        for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
+            *o = dot_f16(r, x);
+        }
+    }
+
+    /// [`super::add_weighted_rows_f16`]: eight columns per register, a
+    /// separate multiply and add per element as in the portable body.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
+        let n = out.len();
+        assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
+        let full = n / 8 * 8;
+        for (&p, r) in weights.iter().zip(rows.chunks_exact(n)) {
+            // SAFETY: the callers enable AVX2 and F16C; every load and store
+            // covers 8 elements below `full` of `r` and `out` (both `n` long).
+            unsafe {
+                let pv = _mm256_set1_ps(p);
+                let mut i = 0;
+                while i < full {
+                    let v = _mm256_cvtph_ps(_mm_loadu_si128(r.as_ptr().add(i) as *const __m128i));
+                    let o = _mm256_loadu_ps(out.as_ptr().add(i));
+                    _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_add_ps(o, _mm256_mul_ps(pv, v)));
+                    i += 8;
+                }
+            }
+            for (o, &v) in out[full..].iter_mut().zip(&r[full..]) {
+                *o += p * f16_to_f32(v);
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2,f16c")]
     pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
         assert_eq!(w.len(), x.len());
@@ -240,6 +274,50 @@ fn add_weighted_rows_body(out: &mut [f32], weights: &[f32], rows: &[f32]) {
     for (&p, r) in weights.iter().zip(rows.chunks_exact(out.len())) {
         for (o, v) in out.iter_mut().zip(r) {
             *o += p * v;
+        }
+    }
+}
+
+/// `out[j] = dot_f16(rows[j], x)`: [`dots_f32`] over an f16 KV cache's
+/// keys, with the bits of [`dot_f16`] per row.
+pub fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
+    dots_f16_on(Isa::active(), rows, x, out)
+}
+
+/// [`dots_f16`] on a chosen instruction set (the portable build when this
+/// CPU lacks it).
+pub fn dots_f16_on(isa: Isa, rows: &[u16], x: &[f32], out: &mut [f32]) {
+    assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        return unsafe { float_x86::dots_f16(rows, x, out) };
+    }
+    let _ = isa;
+    for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
+        *o = dot_f16_body(r, x);
+    }
+}
+
+/// [`add_weighted_rows`] over f16 rows (an f16 KV cache's values): each
+/// element widened exactly, then multiplied and added in order of `j`.
+pub fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
+    add_weighted_rows_f16_on(Isa::active(), out, weights, rows)
+}
+
+/// [`add_weighted_rows_f16`] on a chosen instruction set (the portable
+/// build when this CPU lacks it).
+pub fn add_weighted_rows_f16_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        return unsafe { float_x86::add_weighted_rows_f16(out, weights, rows) };
+    }
+    let _ = isa;
+    assert_eq!(rows.len(), weights.len() * out.len(), "rows do not match the weights");
+    for (&p, r) in weights.iter().zip(rows.chunks_exact(out.len())) {
+        for (o, &v) in out.iter_mut().zip(r) {
+            *o += p * f16_to_f32(v);
         }
     }
 }
@@ -501,6 +579,35 @@ mod tests {
             }
             let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
             assert!((want.0 as f64 - exact).abs() < 1e-4, "{} vs {exact}", want.0);
+        }
+    }
+
+    #[test]
+    fn f16_cache_kernels_give_the_same_bits_on_every_instruction_set() {
+        for (rows, width) in [(1usize, 8usize), (3, 7), (5, 64), (17, 128), (9, 131)] {
+            let x: Vec<f32> = (0..width)
+                .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
+                .collect();
+            let m: Vec<f32> = (0..rows * width)
+                .map(|i| ((i * 104729 % 997) as f32 / 997.0 - 0.5) * 4.0)
+                .collect();
+            let m16: Vec<u16> = m.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let widened: Vec<f32> = m16.iter().map(|&v| f16_to_f32(v)).collect();
+            let p: Vec<f32> = (0..rows).map(|j| 1.0 / (j as f32 + 1.5)).collect();
+            // The reference: the f32 kernels on the exactly widened rows.
+            let mut want_dots = vec![0.0; rows];
+            dots_f32(&widened, &x, &mut want_dots);
+            let mut want_sum = vec![0.25; width];
+            add_weighted_rows_on(Isa::Scalar, &mut want_sum, &p, &widened);
+            for &isa in Isa::available() {
+                let mut dots = vec![0.0; rows];
+                dots_f16_on(isa, &m16, &x, &mut dots);
+                let mut sum = vec![0.25; width];
+                add_weighted_rows_f16_on(isa, &mut sum, &p, &m16);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dots), bits(&want_dots), "dots {isa:?} {rows}x{width}");
+                assert_eq!(bits(&sum), bits(&want_sum), "weighted rows {isa:?} {rows}x{width}");
+            }
         }
     }
 

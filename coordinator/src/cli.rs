@@ -27,6 +27,7 @@ use crate::engine::{Engine, EngineOptions, FinishReason, GenStats, GenerateParam
 use crate::sampler::SamplingParams;
 use crate::text::TextCodec;
 use charm_common::container::Quant;
+use charm_models::KvDtype;
 use charm_worker::io::Backend;
 
 /// charm: Mixture-of-Experts models across the machines you own.
@@ -55,6 +56,10 @@ pub struct Cli {
     /// Disk reader: auto (io_uring on Linux when available), io-uring, pread.
     #[arg(long, global = true, value_enum, default_value_t = IoChoice::Auto)]
     pub io: IoChoice,
+    /// KV cache element type: f32 (exact, the default) or f16 (half the
+    /// memory and the bytes read per token, as llama.cpp's default cache).
+    #[arg(long, global = true, default_value = "f32")]
+    pub kv_cache: String,
     /// Where learned routing history is kept (default: <model>/state).
     #[arg(long, global = true)]
     pub state_dir: Option<PathBuf>,
@@ -254,6 +259,7 @@ pub fn run(cli: Cli) -> Result<()> {
         let (model, service) = crate::cluster::cli::start(&dir, &cli.cluster, &opts)?;
         let mut engine = Engine::new(model, service);
         engine.prefetch = opts.prefetch;
+        engine.model.kv_dtype = opts.kv_dtype;
         (engine, LoadInfo::default())
     };
     if info.container {
@@ -286,6 +292,10 @@ fn engine_options(cli: &Cli) -> Result<EngineOptions> {
             IoChoice::Pread => Some(Backend::Pread),
         },
         state_dir: cli.state_dir.clone(),
+        kv_dtype: cli
+            .kv_cache
+            .parse::<KvDtype>()
+            .map_err(|e| anyhow::anyhow!("--kv-cache: {e}"))?,
     })
 }
 

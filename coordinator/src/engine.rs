@@ -8,7 +8,7 @@ use std::time::Instant;
 use charm_common::container::{is_container, Manifest, Quant};
 use charm_common::TensorFiles;
 use charm_models::gguf::GgufModel;
-use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, Model, ModelConfig, ModelError};
+use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, KvDtype, Model, ModelConfig, ModelError};
 use charm_worker::io::{Backend, ReaderOptions};
 use charm_worker::sysmem;
 use charm_worker::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
@@ -113,6 +113,11 @@ impl Session {
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
+
+    /// Bytes the KV cache holds.
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
 }
 
 impl Engine {
@@ -125,6 +130,12 @@ impl Engine {
     /// directory keeps every expert memory-mapped; a charm container streams
     /// experts from disk through a RAM cache with the given budget.
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<(Self, LoadInfo), ModelError> {
+        let (mut engine, info) = Self::open(dir, opts)?;
+        engine.model.kv_dtype = opts.kv_dtype;
+        Ok((engine, info))
+    }
+
+    fn open(dir: &Path, opts: &EngineOptions) -> Result<(Self, LoadInfo), ModelError> {
         if is_gguf(dir) {
             // A lone GGUF file: dense part and experts mapped from it, blocks as stored.
             let gguf = GgufModel::open(dir)?;
@@ -411,6 +422,8 @@ pub struct EngineOptions {
     /// Where routing history is kept (`None`: `<model>/state`, else the
     /// user's state directory).
     pub state_dir: Option<PathBuf>,
+    /// What the KV cache stores keys and values in.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for EngineOptions {
@@ -421,6 +434,7 @@ impl Default for EngineOptions {
             direct_io: false,
             io_backend: None,
             state_dir: None,
+            kv_dtype: KvDtype::F32,
         }
     }
 }

@@ -98,6 +98,25 @@ fn generate_json_has_the_contract_fields_and_reference_ids() {
 }
 
 #[test]
+fn f16_kv_cache_flag_keeps_the_reference_ids() {
+    // Measured in tests/gguf_parity.rs: the f16 cache moves this fixture's
+    // logits by ~3e-3, well inside every greedy margin of the reference.
+    let r = reference("olmoe");
+    let args = [
+        "generate",
+        "--prompt-ids",
+        &csv(&ids(&r["prompt_ids"])),
+        "--max-tokens",
+        "16",
+    ];
+    let f16 = json_run(
+        &fixture("olmoe"),
+        &[&["--kv-cache", "f16"], &args[..], &["--ignore-eos", "--json"]].concat(),
+    );
+    assert_eq!(ids(&f16["ids"]), ids(&r["greedy_ids"]));
+}
+
+#[test]
 fn chat_flag_renders_the_template_and_generates_reference_ids() {
     let dir = fixture("qwen3moe-chat");
     assert!(
@@ -411,6 +430,8 @@ fn bad_requests_are_clear_errors() {
         .output()
         .unwrap();
     assert_clean_failure(&out, &["--local"]);
+    let out = coordinator(&dir, &["--kv-cache", "f8", "generate", "--prompt-ids", "1"]);
+    assert_clean_failure(&out, &["f8", "f32 or f16"]);
     let long: Vec<u64> = (0..600).map(|i| 3 + i % 500).collect();
     let out = coordinator(&dir, &["generate", "--prompt-ids", &csv(&long), "--max-tokens", "1"]);
     assert_clean_failure(&out, &["context"]);

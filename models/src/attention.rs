@@ -2,7 +2,7 @@
 //! an optional sliding window; keys and values go through the layer's
 //! [`LayerKv`] so decode cost grows only with context length.
 
-use charm_common::kernels::{add_weighted_rows, dots_f32, rms_norm, rms_norm_rows, softmax};
+use charm_common::kernels::{rms_norm, rms_norm_rows, softmax};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 
@@ -144,16 +144,14 @@ impl Attention {
                 None => 0,
             };
             let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let (keys, values) = (kv_ref.keys(h / group), kv_ref.values(h / group));
-            let (keys, values) = (&keys[start * hd..(pos + 1) * hd], &values[start * hd..(pos + 1) * hd]);
             let mut scores = vec![0.0f32; pos + 1 - start];
-            dots_f32(keys, qh, &mut scores);
+            kv_ref.keys(h / group, start, pos + 1).dots(qh, &mut scores);
             for s in &mut scores {
                 *s *= scale;
             }
             softmax(&mut scores);
             o.fill(0.0);
-            add_weighted_rows(o, &scores, values);
+            kv_ref.values(h / group, start, pos + 1).add_weighted(&scores, o);
         });
         self.o_proj.matmul(&ctx, n, out);
     }

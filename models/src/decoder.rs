@@ -17,7 +17,7 @@ use crate::attention::Attention;
 use crate::config::ModelConfig;
 use crate::error::{ExpertError, ModelError};
 use crate::ffn::SwiGlu;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvDtype};
 use crate::rope::Rope;
 use crate::router::{batch_union, Router};
 
@@ -32,6 +32,8 @@ pub struct Model {
     /// `[vocab, hidden]`; `None` when tied to `embed`.
     lm_head: Option<Weight>,
     rope: Rope,
+    /// What [`Model::new_cache`] stores keys and values in.
+    pub kv_dtype: KvDtype,
 }
 
 struct Layer {
@@ -131,12 +133,18 @@ impl Model {
             layers,
             lm_head,
             cfg,
+            kv_dtype: KvDtype::default(),
         })
     }
 
     /// An empty KV cache for one sequence.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim)
+        KvCache::new(
+            self.cfg.num_layers,
+            self.cfg.num_kv_heads,
+            self.cfg.head_dim,
+            self.kv_dtype,
+        )
     }
 
     /// Embeds `tokens` at positions `start..start + tokens.len()`.

@@ -4,25 +4,147 @@
 //! different kinds (full, sliding, later MLA or recurrent state) can keep
 //! different shapes.
 
+use std::fmt;
+use std::str::FromStr;
+
+use charm_common::kernels::{add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32};
+
+/// The element type the cache stores keys and values in. Not a placement
+/// choice: it is part of what the model computes (f16 rounds every cached
+/// key and value), chosen once per engine and the same on every worker
+/// count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// Exact: the projections' f32 outputs (the oracle's arithmetic).
+    #[default]
+    F32,
+    /// Half the memory and half the bytes read per decoded token; each
+    /// value rounded to nearest-even f16 (llama.cpp's default cache type).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per cached element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        })
+    }
+}
+
+impl FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            _ => Err(format!("unknown KV cache type {s:?} (expected f32 or f16)")),
+        }
+    }
+}
+
+/// One KV head's cached rows, `len × head_dim`, in the cache's dtype.
+#[derive(Clone, Debug)]
+enum Rows {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+}
+
+impl Rows {
+    fn new(dtype: KvDtype) -> Self {
+        match dtype {
+            KvDtype::F32 => Rows::F32(Vec::new()),
+            KvDtype::F16 => Rows::F16(Vec::new()),
+        }
+    }
+
+    fn extend(&mut self, xs: &[f32]) {
+        match self {
+            Rows::F32(v) => v.extend_from_slice(xs),
+            Rows::F16(v) => v.extend(xs.iter().map(|&x| half::f16::from_f32(x).to_bits())),
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Rows::F32(v) => v.truncate(n),
+            Rows::F16(v) => v.truncate(n),
+        }
+    }
+
+    fn elements(&self) -> usize {
+        match self {
+            Rows::F32(v) => v.len(),
+            Rows::F16(v) => v.len(),
+        }
+    }
+
+    fn view(&self, from: usize, to: usize) -> CachedRows<'_> {
+        match self {
+            Rows::F32(v) => CachedRows::F32(&v[from..to]),
+            Rows::F16(v) => CachedRows::F16(&v[from..to]),
+        }
+    }
+}
+
+/// A run of one KV head's cached keys or values, row-major, `head_dim`
+/// wide, with the two products attention needs.
+#[derive(Clone, Copy, Debug)]
+pub enum CachedRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+}
+
+impl CachedRows<'_> {
+    /// `out[j] = rows[j] · q` (attention scores).
+    pub fn dots(self, q: &[f32], out: &mut [f32]) {
+        match self {
+            CachedRows::F32(r) => dots_f32(r, q, out),
+            CachedRows::F16(r) => dots_f16(r, q, out),
+        }
+    }
+
+    /// `out += Σ_j weights[j] rows[j]` (attention's weighted values).
+    pub fn add_weighted(self, weights: &[f32], out: &mut [f32]) {
+        match self {
+            CachedRows::F32(r) => add_weighted_rows(out, weights, r),
+            CachedRows::F16(r) => add_weighted_rows_f16(out, weights, r),
+        }
+    }
+}
+
 /// Keys and values of one attention layer, stored head-major: per KV head,
 /// `len × head_dim` keys (and values) in one contiguous run, so a head's
 /// attention reads its cache front to back instead of striding across
 /// every head's row (a page per position at long contexts).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LayerKv {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Rows>,
+    v: Vec<Rows>,
     head_dim: usize,
     len: usize,
+    dtype: KvDtype,
 }
 
 impl LayerKv {
-    fn new(kv_heads: usize, head_dim: usize) -> Self {
+    fn new(kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
         LayerKv {
-            k: vec![Vec::new(); kv_heads],
-            v: vec![Vec::new(); kv_heads],
+            k: (0..kv_heads).map(|_| Rows::new(dtype)).collect(),
+            v: (0..kv_heads).map(|_| Rows::new(dtype)).collect(),
             head_dim,
             len: 0,
+            dtype,
         }
     }
 
@@ -41,26 +163,31 @@ impl LayerKv {
         self.k.len() * self.head_dim
     }
 
+    /// The element type keys and values are stored in.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
     /// Appends one position's key and value rows (`kv_dim` each, head after
-    /// head, as the projections produce them).
+    /// head, as the projections produce them), rounded to the cache's dtype.
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
         debug_assert_eq!((k.len(), v.len()), (self.kv_dim(), self.kv_dim()));
         for (h, (kh, vh)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            self.k[h].extend_from_slice(kh);
-            self.v[h].extend_from_slice(vh);
+            self.k[h].extend(kh);
+            self.v[h].extend(vh);
         }
         self.len += 1;
     }
 
-    /// KV head `h`'s keys, `len × head_dim`.
-    pub fn keys(&self, h: usize) -> &[f32] {
-        &self.k[h]
+    /// KV head `h`'s keys of positions `from..to`.
+    pub fn keys(&self, h: usize, from: usize, to: usize) -> CachedRows<'_> {
+        self.k[h].view(from * self.head_dim, to * self.head_dim)
     }
 
-    /// KV head `h`'s values, `len × head_dim`.
-    pub fn values(&self, h: usize) -> &[f32] {
-        &self.v[h]
+    /// KV head `h`'s values of positions `from..to`.
+    pub fn values(&self, h: usize, from: usize, to: usize) -> CachedRows<'_> {
+        self.v[h].view(from * self.head_dim, to * self.head_dim)
     }
 
     /// Forgets every position from `len` on.
@@ -75,7 +202,11 @@ impl LayerKv {
 
     /// Bytes held.
     fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|x| x.len() * 4).sum()
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(|x| x.elements() * self.dtype.size())
+            .sum()
     }
 }
 
@@ -87,10 +218,12 @@ pub struct KvCache {
 
 impl KvCache {
     /// An empty cache for `num_layers` layers of `kv_heads` heads of
-    /// `head_dim`.
-    pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize) -> Self {
+    /// `head_dim`, stored as `dtype`.
+    pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
         KvCache {
-            layers: (0..num_layers).map(|_| LayerKv::new(kv_heads, head_dim)).collect(),
+            layers: (0..num_layers)
+                .map(|_| LayerKv::new(kv_heads, head_dim, dtype))
+                .collect(),
         }
     }
 
@@ -114,5 +247,63 @@ impl KvCache {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(LayerKv::bytes).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filled(dtype: KvDtype) -> KvCache {
+        let mut c = KvCache::new(2, 2, 4, dtype);
+        for pos in 0..3 {
+            let k: Vec<f32> = (0..8).map(|i| pos as f32 + i as f32 / 3.0).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            for l in &mut c.layers {
+                l.push(&k, &v);
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn f16_cache_rounds_to_nearest_and_holds_half_the_bytes() {
+        let (exact, half) = (filled(KvDtype::F32), filled(KvDtype::F16));
+        assert_eq!((exact.len(), half.len()), (3, 3));
+        assert_eq!(exact.bytes(), 2 * 2 * 2 * 3 * 4 * 4);
+        assert_eq!(2 * half.bytes(), exact.bytes());
+        // Head 1's keys of positions 1..3 against q = 1: each row's sum.
+        let (mut a, mut b) = ([0.0; 2], [0.0; 2]);
+        exact.layers[0].keys(1, 1, 3).dots(&[1.0; 4], &mut a);
+        half.layers[0].keys(1, 1, 3).dots(&[1.0; 4], &mut b);
+        let rounded = |x: f32| half::f16::from_f32(x).to_f32();
+        for (pos, (&a, &b)) in a.iter().zip(&b).enumerate() {
+            let row: Vec<f32> = (4..8).map(|i| (pos + 1) as f32 + i as f32 / 3.0).collect();
+            assert_eq!(a, row.iter().sum::<f32>());
+            assert_eq!(b, row.iter().map(|&x| rounded(x)).sum::<f32>());
+            assert_ne!(a, b, "1/3 steps are not f16 numbers");
+        }
+        let mut out = [0.0; 4];
+        half.layers[1].values(0, 0, 1).add_weighted(&[2.0], &mut out);
+        assert_eq!(out, [0.0, rounded(-2.0 / 3.0), rounded(-4.0 / 3.0), -2.0]);
+    }
+
+    #[test]
+    fn truncate_forgets_positions_in_either_dtype() {
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let mut c = filled(dtype);
+            let full = c.bytes();
+            c.truncate(1);
+            assert_eq!(c.len(), 1);
+            assert_eq!(3 * c.bytes(), full);
+            assert_eq!(c.layers[0].dtype(), dtype);
+        }
+    }
+
+    #[test]
+    fn dtype_names_parse_and_print() {
+        assert_eq!("F16".parse::<KvDtype>(), Ok(KvDtype::F16));
+        assert_eq!(KvDtype::F32.to_string(), "f32");
+        assert!("q8".parse::<KvDtype>().unwrap_err().contains("f32 or f16"));
     }
 }

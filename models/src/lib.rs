@@ -42,4 +42,4 @@ pub use error::{ExpertError, ModelError};
 pub use expert::{ExpertService, ExpertStats, WorkerReport};
 pub use family::Family;
 pub use ffn::SwiGlu;
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvDtype};

@@ -11,6 +11,7 @@ use charm_common::container::{Manifest, Quant};
 use charm_common::gguf::GgufFile;
 use charm_coordinator::convert::convert;
 use charm_coordinator::{Engine, EngineOptions, GenerateParams, SamplingParams};
+use charm_models::KvDtype;
 use charm_tests::{fixture, repo_root, Reference};
 
 fn gguf(name: &str) -> PathBuf {
@@ -70,6 +71,52 @@ fn q8_0_gguf_is_measured_against_the_reference() {
         let top1 = agree as f64 / seq.len() as f64;
         println!("| {file} | {top1:.3} |");
         assert!(top1 >= 0.5, "{file}: top-1 agreement {top1}");
+    }
+}
+
+/// The f16 KV cache rounds every cached key and value: measured against
+/// the reference (teacher-forced top-1 agreement, largest logit change
+/// against the f32 cache), half the cache bytes, and the same ids on every
+/// run.
+#[test]
+fn f16_kv_cache_is_measured_against_the_reference() {
+    println!("| model | KV | top-1 agreement (teacher-forced) | max |Δ logit| vs f32 KV |");
+    for (path, name) in [(gguf("olmoe-f32.gguf"), "olmoe"), (fixture("qwen3moe"), "qwen3moe")] {
+        let r = Reference::load(name);
+        let seq = r.full_sequence();
+        let f32_kv = Engine::local(&path).unwrap();
+        let opts = EngineOptions {
+            kv_dtype: KvDtype::F16,
+            ..EngineOptions::default()
+        };
+        let f16_kv = Engine::load(&path, &opts).unwrap().0;
+        let exact = f32_kv.logits_all(&seq).unwrap();
+        let rounded = f16_kv.logits_all(&seq).unwrap();
+        let vocab = rounded.len() / seq.len();
+        let agree = rounded
+            .chunks(vocab)
+            .zip(&r.teacher_forced_argmax)
+            .filter(|(row, &want)| charm_tests::argmax(row) == want)
+            .count();
+        let top1 = agree as f64 / seq.len() as f64;
+        let drift = charm_tests::max_abs_diff(&rounded, &exact);
+        println!("| {name} | f16 | {top1:.3} | {drift:.2e} |");
+        assert!(top1 >= 0.9, "{name}: top-1 agreement {top1} with an f16 KV cache");
+        assert!(drift > 0.0, "{name}: the f16 cache changed nothing: is it used?");
+        assert!(drift < 0.05, "{name}: logits moved by {drift} with an f16 KV cache");
+
+        let ids = greedy_ids(&f16_kv, &r.prompt_ids);
+        assert_eq!(ids, greedy_ids(&f16_kv, &r.prompt_ids), "{name}: f16 KV runs differ");
+        let (mut a, mut b) = (f32_kv.session(), f16_kv.session());
+        let params = GenerateParams {
+            max_tokens: 4,
+            sampling: SamplingParams::default(),
+            ignore_eos: true,
+        };
+        f32_kv.generate(&mut a, &r.prompt_ids, &params, |_| true).unwrap();
+        f16_kv.generate(&mut b, &r.prompt_ids, &params, |_| true).unwrap();
+        assert!(b.kv_bytes() > 0);
+        assert_eq!(2 * b.kv_bytes(), a.kv_bytes(), "{name}: f16 cache bytes");
     }
 }
 
