@@ -84,6 +84,20 @@ fn main() {
         report(ty.name(), &|isa| {
             data.chunks_exact(rb).map(|row| qdot::dot_on(isa, ty, row, &acts)).sum()
         });
+        if qdot::tiled::usable(ty, cols) {
+            // Decode's repacked rows (`Weight::pack_for_cpu`), active set only.
+            let packed = qdot::tiled::pack_rows(ty, &data, rows, cols);
+            let mut arranged = acts.clone();
+            arranged.arrange();
+            let mut out = vec![0.0f32; rows];
+            let rate = time(&|| {
+                let mut o = out.clone();
+                qdot::tiled::dot_rows_packed(ty, &packed, &arranged, &mut o);
+                o[rows - 1]
+            });
+            out.clear();
+            println!("{:>6} {:<11} {rate:>9.0}  (packed rows, decode)", ty.name(), Isa::active().name());
+        }
     }
 
     let w: Vec<f32> = (0..rows * cols).map(|_| (next() % 2000) as f32 / 1e5).collect();
