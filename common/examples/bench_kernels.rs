@@ -96,7 +96,11 @@ fn main() {
                 o[rows - 1]
             });
             out.clear();
-            println!("{:>6} {:<11} {rate:>9.0}  (packed rows, decode)", ty.name(), Isa::active().name());
+            println!(
+                "{:>6} {:<11} {rate:>9.0}  (packed rows, decode)",
+                ty.name(),
+                Isa::active().name()
+            );
         }
     }
 

@@ -22,6 +22,8 @@
 //!   BF16, F16 and charm's INT8 / INT4.
 //! - [`gguf::qdot`]: integer dot products of GGML quantized blocks with
 //!   8-bit activations (scalar reference, AVX2, AVX-512 VNNI, NEON).
+//! - [`hugemem`]: read-only buffers on transparent huge pages, for the
+//!   repacked weight copies decode streams.
 //! - [`isa`]: the instruction sets the kernels are compiled for, detected
 //!   at run time (`CHARM_ISA` picks one); every one gives the same bits.
 
@@ -29,6 +31,7 @@ pub mod container;
 pub mod dtype;
 pub mod error;
 pub mod gguf;
+pub mod hugemem;
 pub mod isa;
 pub mod kernels;
 pub mod quant;

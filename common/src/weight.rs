@@ -24,6 +24,7 @@ use rayon::prelude::*;
 use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::gguf::qdot::{self, Q8Acts};
 use crate::gguf::{self, GgmlType};
+use crate::hugemem::HugeBuf;
 use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
 use crate::quant::{
     check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, gguf_bytes, quantize_int4,
@@ -267,7 +268,7 @@ pub struct Weight {
     data: WeightData,
     /// Q8_0 / Q4_0 rows repacked for this CPU's matrix-vector products
     /// ([`Weight::pack_for_cpu`]); `data` stays for everything else.
-    packed: Option<Box<[u8]>>,
+    packed: Option<Buf<u8>>,
 }
 
 /// Rows per rayon task: small enough to spread a 2-core or 16-core machine,
@@ -434,14 +435,38 @@ impl Weight {
     /// ([`qdot::tiled::pack_rows`]: the same size, the same bits) that
     /// matrix-vector products read instead of the GGUF rows; other formats,
     /// widths and CPUs are left as they are. Costs one copy of the matrix
-    /// in memory.
-    pub fn pack_for_cpu(mut self) -> Self {
-        if let WeightData::Gguf { ty, data } = &self.data {
-            if qdot::tiled::usable(*ty, self.cols) {
-                self.packed =
-                    Some(qdot::tiled::pack_rows(*ty, data.as_slice(), self.rows, self.cols).into_boxed_slice());
+    /// in memory ([`HugeBuf`]: on huge pages where the OS has them; left
+    /// unpacked if the OS refuses the memory).
+    pub fn pack_for_cpu(self) -> Self {
+        match &self.data {
+            WeightData::Gguf { ty, data } if qdot::tiled::usable(*ty, self.cols) => {
+                let (ty, rows, cols, src) = (*ty, self.rows, self.cols, data.as_slice());
+                match HugeBuf::filled(src.len(), |out| qdot::tiled::pack_rows_into(ty, src, rows, cols, out)) {
+                    Ok(buf) => self.with_packed(Arc::new(buf), 0),
+                    Err(_) => self,
+                }
             }
+            _ => self,
         }
+    }
+
+    /// Uses the packed copy of this matrix's rows that starts at byte
+    /// `start` of `src` (a copy of a whole tensor, made once for all the
+    /// matrices sliced from it: [`crate::gguf::GgufFile`]).
+    ///
+    /// # Panics
+    /// If this is not a Q8_0 / Q4_0 matrix [`qdot::tiled::usable`] here,
+    /// or `src` does not hold its bytes from `start`.
+    pub fn with_packed(mut self, src: Arc<dyn ByteSource>, start: usize) -> Self {
+        let WeightData::Gguf { ty, data } = &self.data else {
+            panic!("only GGML block rows have a packed copy");
+        };
+        assert!(
+            qdot::tiled::usable(*ty, self.cols),
+            "{ty} rows of {} are not packed here",
+            self.cols
+        );
+        self.packed = Some(Buf::shared(src, start, data.len()));
         self
     }
 
@@ -537,7 +562,7 @@ impl Weight {
         if let (WeightData::Gguf { ty, data }, Prepared::Q8(a)) = (&self.data, p) {
             let rb = data.len() / self.rows.max(1);
             if let (Some(packed), true) = (&self.packed, a.arranged()) {
-                let rows = &packed[base * rb..(base + out.len()) * rb];
+                let rows = &packed.as_slice()[base * rb..(base + out.len()) * rb];
                 return qdot::tiled::dot_rows_packed(*ty, rows, a, out);
             }
             let rows = &data.as_slice()[base * rb..(base + out.len()) * rb];

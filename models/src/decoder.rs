@@ -46,7 +46,7 @@ struct Layer {
 }
 
 enum Mlp {
-    Dense(SwiGlu),
+    Dense(Box<SwiGlu>),
     Moe {
         router: Router,
         /// Qwen2-MoE's shared expert and its `[1, hidden]` sigmoid gate.
@@ -112,7 +112,7 @@ impl Model {
                 }
             } else {
                 let n = ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.{x}.weight"));
-                Mlp::Dense(SwiGlu::load(files, &n, h, cfg.intermediate_size)?)
+                Mlp::Dense(Box::new(SwiGlu::load(files, &n, h, cfg.intermediate_size)?))
             };
             layers.push(Layer {
                 input_norm: files.vector(&format!("{p}.input_layernorm.weight"), h)?,

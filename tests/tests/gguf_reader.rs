@@ -155,6 +155,58 @@ fn every_type_dequantizes_bit_for_bit() {
     assert_no_huge_allocation();
 }
 
+/// Repacked copies (decode's layout, one per tensor on huge pages) change
+/// no bit: every matrix and expert slice of the fixture, packed or not,
+/// gives the same products.
+#[test]
+fn repacked_weights_give_the_same_bits() {
+    let fx = Fixture::load();
+    let mut plain = fx.open();
+    plain.set_repack(false);
+    let mut packed = fx.open();
+    packed.set_repack(true);
+    let x = fx.x();
+    let mut any_packed = false;
+    for name in ["t.q8_0", "t.q4_0", "t.q6_k"] {
+        let t = plain.tensors().iter().find(|t| t.name == name).unwrap();
+        let (rows, cols) = matrix(&t.dims);
+        let (a, b) = (
+            plain.weight(name, rows, cols).unwrap(),
+            packed.weight(name, rows, cols).unwrap(),
+        );
+        assert!(!a.is_packed());
+        let usable = charm_common::gguf::qdot::tiled::usable(t.ty, cols);
+        assert_eq!(b.is_packed(), usable, "{name}");
+        any_packed |= usable;
+        let (mut ya, mut yb) = (vec![0.0; rows], vec![0.0; rows]);
+        a.matvec(&x[..cols], &mut ya);
+        b.matvec(&x[..cols], &mut yb);
+        assert_eq!(bits(&ya), bits(&yb), "{name}");
+    }
+    let down = "blk.0.ffn_down_exps.weight";
+    for e in 0..3 {
+        let (a, b) = (
+            plain.weight_slice(down, e, 4, 256).unwrap(),
+            packed.weight_slice(down, e, 4, 256).unwrap(),
+        );
+        assert_eq!(
+            b.is_packed(),
+            charm_common::gguf::qdot::tiled::usable(GgmlType::Q8_0, 256)
+        );
+        let xs: Vec<f32> = x[..256].iter().chain(&x[..256]).map(|v| v * 0.5).collect();
+        let (mut ya, mut yb) = (vec![0.0; 8], vec![0.0; 8]);
+        a.matmul(&xs, 2, &mut ya);
+        b.matmul(&xs, 2, &mut yb);
+        assert_eq!(bits(&ya), bits(&yb), "expert {e}");
+        a.matvec(&xs[..256], &mut ya[..4]);
+        b.matvec(&xs[..256], &mut yb[..4]);
+        assert_eq!(bits(&ya), bits(&yb), "expert {e}");
+    }
+    if cfg!(target_arch = "x86_64") && charm_common::Isa::active() != charm_common::Isa::Scalar {
+        assert!(any_packed, "an AVX2 CPU repacks Q8_0 / Q4_0");
+    }
+}
+
 #[test]
 fn vectors_dequantize_any_type() {
     let fx = Fixture::load();

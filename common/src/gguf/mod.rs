@@ -42,7 +42,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -52,6 +52,7 @@ pub use error::GgufError;
 pub use meta::MetaValue;
 pub use types::GgmlType;
 
+use crate::hugemem::HugeBuf;
 use crate::weight::{Buf, ByteSource, Weight, WeightData};
 
 /// The magic at the start of every GGUF file.
@@ -100,6 +101,10 @@ pub struct GgufFile {
     data_offset: u64,
     /// Whether weights get a packed copy for this CPU ([`repack_policy`]).
     repack: bool,
+    /// Per tensor, its packed copy once a matrix was made from it (one
+    /// copy per tensor, on huge pages, shared by every expert sliced from
+    /// it); `None` when it has none.
+    packed: Vec<OnceLock<Option<Arc<HugeBuf>>>>,
 }
 
 /// Whether a file's Q8_0 / Q4_0 weights (`packable` bytes of them) get a
@@ -279,6 +284,7 @@ impl GgufFile {
                 }
             }
         }
+        let n_tensors = tensors.len();
         let packable = tensors
             .iter()
             .filter(|t| matches!(t.ty, GgmlType::Q8_0 | GgmlType::Q4_0))
@@ -295,7 +301,14 @@ impl GgufFile {
             alignment,
             data_offset,
             repack: repack_policy(packable),
+            packed: (0..n_tensors).map(|_| OnceLock::new()).collect(),
         })
+    }
+
+    /// Overrides [`repack_policy`]: whether matrices made from now on get
+    /// a packed copy (where the type, width and CPU allow one).
+    pub fn set_repack(&mut self, on: bool) {
+        self.repack = on;
     }
 
     /// The file's path (as given to [`GgufFile::open`]).
@@ -429,7 +442,30 @@ impl GgufFile {
             tensor: t.name.clone(),
             reason: e.to_string(),
         })?;
-        Ok(if self.repack { w.pack_for_cpu() } else { w })
+        match self.packed_copy(t, cols) {
+            Some(copy) => Ok(w.with_packed(copy, start - t.offset as usize)),
+            None => Ok(w),
+        }
+    }
+
+    /// `t`'s rows (`cols` wide) repacked for this CPU ([`Weight::with_packed`]),
+    /// made on first use when the file repacks and the type and width allow;
+    /// `None` otherwise, or if the OS refused the memory.
+    fn packed_copy(&self, t: &GgufTensor, cols: usize) -> Option<Arc<dyn ByteSource>> {
+        if !self.repack || !qdot::tiled::usable(t.ty, cols) {
+            return None;
+        }
+        let i = *self.tensor_index.get(&t.name)?;
+        let copy = self.packed[i].get_or_init(|| {
+            let bytes = self.tensor_bytes(t);
+            let rows = bytes.len() / t.ty.row_bytes(cols)?;
+            HugeBuf::filled(bytes.len(), |out| {
+                qdot::tiled::pack_rows_into(t.ty, bytes, rows, cols, out)
+            })
+            .ok()
+            .map(Arc::new)
+        });
+        copy.clone().map(|c| c as Arc<dyn ByteSource>)
     }
 
     /// A 1-D tensor of `len` elements (norms, biases) as f32, dequantized

@@ -241,6 +241,21 @@ pub fn pack_rows(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8>
 
 /// [`pack_rows`] for a chosen instruction set.
 pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = vec![0u8; data.len()];
+    pack_rows_into_on(isa, ty, data, rows, cols, &mut out);
+    out
+}
+
+/// [`pack_rows`] into `out` (as long as `data`), e.g. memory advised for
+/// huge pages.
+///
+/// # Panics
+/// As [`pack_rows`], and if `out` is not as long as `data`.
+pub fn pack_rows_into(ty: GgmlType, data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
+    pack_rows_into_on(Isa::active(), ty, data, rows, cols, out)
+}
+
+fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     assert!(
         usable_on(isa, ty, cols),
         "{ty} rows of {cols} cannot be packed on {isa:?}"
@@ -251,8 +266,8 @@ pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usiz
         rows * cols / QK * bs,
         "{ty} data does not hold {rows} rows of {cols}"
     );
+    assert_eq!(out.len(), data.len(), "the packed copy is as long as the rows");
     let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
-    let mut out = vec![0u8; data.len()];
     #[cfg(target_arch = "x86_64")]
     {
         use rayon::prelude::*;
@@ -269,8 +284,7 @@ pub fn pack_rows_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usiz
             });
     }
     #[cfg(not(target_arch = "x86_64"))]
-    pack_scalar(ty, data, flip, &mut out);
-    out
+    pack_scalar(ty, data, flip, out);
 }
 
 /// [`pack_rows_on`]'s layout, byte by byte (the reference of the vector
