@@ -54,12 +54,18 @@ fn dot_with<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
 /// in order: the end of every float dot, whichever build formed the lanes.
 #[inline(always)]
 fn finish<T: Copy>(acc: [f32; LANES], w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
+    reduce(acc) + tail(w, x, cvt)
+}
+
+/// The columns past the last full chunk, summed in order.
+#[inline(always)]
+fn tail<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
     let full = w.len() / LANES * LANES;
     let mut tail = 0.0f32;
     for (a, b) in w[full..].iter().zip(&x[full..]) {
         tail += cvt(*a) * b;
     }
-    reduce(acc) + tail
+    tail
 }
 
 /// The float dots' lane sums in explicit AVX2 (the compiler's own
@@ -71,11 +77,25 @@ fn finish<T: Copy>(acc: [f32; LANES], w: &[T], x: &[f32], cvt: impl Fn(T) -> f32
 mod float_x86 {
     use std::arch::x86_64::*;
 
-    use super::{finish, LANES};
+    use super::{tail, LANES};
     use crate::dtype::{bf16_to_f32, f16_to_f32};
 
+    /// [`super::reduce`] in registers: lane `i` of register `r` is lane
+    /// `8r + i` of the array, and every add pairs the same two values in
+    /// the same order.
     #[inline(always)]
-    unsafe fn lane_sums(n: usize, x: &[f32], load8: impl Fn(usize) -> __m256) -> [f32; LANES] {
+    unsafe fn reduce(a: [__m256; 4]) -> f32 {
+        // a[i] = (acc[i] + acc[i + 16]) + (acc[i + 8] + acc[i + 24])
+        let v = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        // h = [a0 + a4, a1 + a5, a2 + a6, a3 + a7]
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        // p0 = h0 + h1, p2 = h2 + h3 (the odd lanes hold the same sums swapped)
+        let p = _mm_add_ps(h, _mm_shuffle_ps(h, h, 0b10_11_00_01));
+        _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)))
+    }
+
+    #[inline(always)]
+    unsafe fn lane_sums(n: usize, x: &[f32], load8: impl Fn(usize) -> __m256) -> f32 {
         let mut a = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         // SAFETY: `x` and the row behind `load8` hold `n` elements.
@@ -87,11 +107,7 @@ mod float_x86 {
                 }
                 i += LANES;
             }
-            let mut out = [0.0f32; LANES];
-            for (j, aj) in a.iter().enumerate() {
-                _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), *aj);
-            }
-            out
+            reduce(a)
         }
     }
 
@@ -112,8 +128,8 @@ mod float_x86 {
     fn f32_row(w: &[f32], x: &[f32]) -> f32 {
         assert_eq!(w.len(), x.len());
         // SAFETY: the callers enable AVX2; loads stay within `w` and `x`.
-        let acc = unsafe { lane_sums(w.len(), x, |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
-        finish(acc, w, x, |v| v)
+        let sum = unsafe { lane_sums(w.len(), x, |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
+        sum + tail(w, x, |v| v)
     }
 
     /// [`super::dots_f16`]: one dispatch for many rows.
@@ -124,29 +140,79 @@ mod float_x86 {
         }
     }
 
-    /// [`super::add_weighted_rows_f16`]: eight columns per register, a
-    /// separate multiply and add per element as in the portable body.
+    /// `out += Σ_j weights[j] row_j` with the output held in registers:
+    /// blocks of up to 64 columns stay in eight registers while every row
+    /// passes (`load8(j, i)`: row `j`'s columns `i..i + 8`); columns past
+    /// the last 8 go through `at(j, i)`. Each element takes the same
+    /// separate multiply and add, in order of `j`, as the portable body.
+    #[inline(always)]
+    unsafe fn weighted_rows(
+        out: &mut [f32],
+        weights: &[f32],
+        load8: impl Fn(usize, usize) -> __m256,
+        at: impl Fn(usize, usize) -> f32,
+    ) {
+        let n = out.len();
+        let full = n / 8 * 8;
+        let mut c = 0;
+        // SAFETY: every load and store covers 8 columns below `full` of
+        // `out` and (through the caller's closures) of each row.
+        unsafe {
+            while c < full {
+                let k = ((full - c) / 8).min(8);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for (b, a) in acc.iter_mut().enumerate().take(k) {
+                    *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * b));
+                }
+                for (j, &p) in weights.iter().enumerate() {
+                    let pv = _mm256_set1_ps(p);
+                    for (b, a) in acc.iter_mut().enumerate().take(k) {
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, load8(j, c + 8 * b)));
+                    }
+                }
+                for (b, a) in acc.iter().enumerate().take(k) {
+                    _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * b), *a);
+                }
+                c += 8 * k;
+            }
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(full) {
+            for (j, &p) in weights.iter().enumerate() {
+                *o += p * at(j, i);
+            }
+        }
+    }
+
+    /// [`super::add_weighted_rows`] with the output in registers.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+        let n = out.len();
+        assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
+        // SAFETY: AVX2 is enabled; row `j` is `rows[j * n..(j + 1) * n]`.
+        unsafe {
+            weighted_rows(
+                out,
+                weights,
+                |j, i| _mm256_loadu_ps(rows.as_ptr().add(j * n + i)),
+                |j, i| rows[j * n + i],
+            )
+        }
+    }
+
+    /// [`super::add_weighted_rows_f16`]: [`add_weighted_rows`] on rows
+    /// widened exactly by F16C.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
         let n = out.len();
         assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
-        let full = n / 8 * 8;
-        for (&p, r) in weights.iter().zip(rows.chunks_exact(n)) {
-            // SAFETY: the callers enable AVX2 and F16C; every load and store
-            // covers 8 elements below `full` of `r` and `out` (both `n` long).
-            unsafe {
-                let pv = _mm256_set1_ps(p);
-                let mut i = 0;
-                while i < full {
-                    let v = _mm256_cvtph_ps(_mm_loadu_si128(r.as_ptr().add(i) as *const __m128i));
-                    let o = _mm256_loadu_ps(out.as_ptr().add(i));
-                    _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_add_ps(o, _mm256_mul_ps(pv, v)));
-                    i += 8;
-                }
-            }
-            for (o, &v) in out[full..].iter_mut().zip(&r[full..]) {
-                *o += p * f16_to_f32(v);
-            }
+        // SAFETY: AVX2 and F16C are enabled; row `j` is `rows[j * n..(j + 1) * n]`.
+        unsafe {
+            weighted_rows(
+                out,
+                weights,
+                |j, i| _mm256_cvtph_ps(_mm_loadu_si128(rows.as_ptr().add(j * n + i) as *const __m128i)),
+                |j, i| f16_to_f32(rows[j * n + i]),
+            )
         }
     }
 
@@ -160,7 +226,7 @@ mod float_x86 {
                 _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
             })
         };
-        finish(acc, w, x, bf16_to_f32)
+        acc + tail(w, x, bf16_to_f32)
     }
 
     #[target_feature(enable = "avx2,f16c")]
@@ -172,7 +238,7 @@ mod float_x86 {
                 _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i) as *const __m128i))
             })
         };
-        finish(acc, w, x, f16_to_f32)
+        acc + tail(w, x, f16_to_f32)
     }
 }
 
@@ -260,13 +326,24 @@ pub fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
     }
 }
 
-multiversion!(
-    /// `out += Σ_j weights[j] rows[j]` in order of `j` (`rows`: row-major,
-    /// `out.len()` wide): attention's weighted sum of a head's cached
-    /// values. Each element sums in the same order on every build.
-    add_weighted_rows, add_weighted_rows_on, add_weighted_rows_body,
-    (out: &mut [f32], weights: &[f32], rows: &[f32]) -> ()
-);
+/// `out += Σ_j weights[j] rows[j]` in order of `j` (`rows`: row-major,
+/// `out.len()` wide): attention's weighted sum of a head's cached values.
+/// Each element sums in the same order on every build.
+pub fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    add_weighted_rows_on(Isa::active(), out, weights, rows)
+}
+
+/// [`add_weighted_rows`] on a chosen instruction set (the portable build
+/// when this CPU lacks it).
+pub fn add_weighted_rows_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        return unsafe { float_x86::add_weighted_rows(out, weights, rows) };
+    }
+    let _ = isa;
+    add_weighted_rows_body(out, weights, rows)
+}
 
 #[inline(always)]
 fn add_weighted_rows_body(out: &mut [f32], weights: &[f32], rows: &[f32]) {
@@ -583,8 +660,8 @@ mod tests {
     }
 
     #[test]
-    fn f16_cache_kernels_give_the_same_bits_on_every_instruction_set() {
-        for (rows, width) in [(1usize, 8usize), (3, 7), (5, 64), (17, 128), (9, 131)] {
+    fn attention_kernels_give_the_same_bits_on_every_instruction_set() {
+        for (rows, width) in [(1usize, 8usize), (3, 7), (5, 64), (4, 72), (17, 128), (9, 131), (3, 203)] {
             let x: Vec<f32> = (0..width)
                 .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
                 .collect();
@@ -604,9 +681,12 @@ mod tests {
                 dots_f16_on(isa, &m16, &x, &mut dots);
                 let mut sum = vec![0.25; width];
                 add_weighted_rows_f16_on(isa, &mut sum, &p, &m16);
+                let mut sum32 = vec![0.25; width];
+                add_weighted_rows_on(isa, &mut sum32, &p, &widened);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&dots), bits(&want_dots), "dots {isa:?} {rows}x{width}");
                 assert_eq!(bits(&sum), bits(&want_sum), "weighted rows {isa:?} {rows}x{width}");
+                assert_eq!(bits(&sum32), bits(&want_sum), "f32 weighted rows {isa:?} {rows}x{width}");
             }
         }
     }

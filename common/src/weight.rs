@@ -629,22 +629,42 @@ impl Weight {
     /// split across rayon and each tile meets every activation row while it
     /// is in cache, so the weights are read from memory once per product.
     pub fn matmul(&self, xs: &[f32], n: usize, out: &mut [f32]) {
-        debug_assert_eq!(xs.len(), n * self.cols);
-        debug_assert_eq!(out.len(), n * self.rows);
-        if n == 1 {
-            return self.matvec(xs, out);
+        Self::matmul_many(&[self], xs, n, &mut [out]);
+    }
+
+    /// [`Weight::matmul`] of several matrices with the same input (a
+    /// layer's q/k/v, an FFN's gate and up): the activation rows are
+    /// quantized (and arranged) once for all of them, on every core. The
+    /// same bits as one [`Weight::matmul`] per matrix.
+    ///
+    /// # Panics
+    /// If the counts or shapes do not match.
+    pub fn matmul_many(ws: &[&Weight], xs: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), outs.len(), "one output per matrix");
+        let Some(first) = ws.first() else { return };
+        for (w, o) in ws.iter().zip(outs.iter()) {
+            assert_eq!((xs.len(), o.len()), (n * w.cols, n * w.rows), "matrix shape");
         }
+        if n == 1 {
+            return Self::matvec_many(ws, xs, outs);
+        }
+        // One preparation serves all only when every matrix wants the same kind.
+        if ws.len() > 1 && ws.iter().any(|w| w.int8_activations() != first.int8_activations()) {
+            for (w, o) in ws.iter().zip(outs.iter_mut()) {
+                w.matmul(xs, n, o);
+            }
+            return;
+        }
+        let int8 = first.int8_activations();
         // Q8_0 / Q4_0 on x86: both sides chunk-transposed (same bits).
-        let arranged = match &self.data {
-            WeightData::Gguf { ty, .. } => n >= 4 && qdot::tiled::usable(*ty, self.cols),
-            _ => false,
-        };
+        let arrange = int8 && n >= 4 && ws.iter().any(|w| w.tiled());
         let acts: Vec<Prepared<'_>> = xs
-            .chunks_exact(self.cols)
+            .par_chunks_exact(first.cols)
+            .with_min_len(4)
             .map(|x| {
-                if self.int8_activations() {
+                if int8 {
                     let mut a = Q8Acts::new(x);
-                    if arranged {
+                    if arrange {
                         a.arrange();
                     }
                     Prepared::Q8(a)
@@ -653,7 +673,7 @@ impl Weight {
                 }
             })
             .collect();
-        let arranged_acts: Vec<&Q8Acts> = if arranged {
+        let arranged_acts: Vec<&Q8Acts> = if arrange {
             acts.iter()
                 .map(|p| match p {
                     Prepared::Q8(a) => a,
@@ -663,6 +683,22 @@ impl Weight {
         } else {
             Vec::new()
         };
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            let arranged = if w.tiled() { &arranged_acts[..] } else { &[] };
+            w.matmul_prepared(&acts, arranged, n, o);
+        }
+    }
+
+    /// Whether products with four or more activation rows take the
+    /// chunk-transposed path ([`qdot::tiled`]).
+    fn tiled(&self) -> bool {
+        matches!(&self.data, WeightData::Gguf { ty, .. } if qdot::tiled::usable(*ty, self.cols))
+    }
+
+    /// The tiles of [`Weight::matmul_many`] for one matrix: `acts` prepared
+    /// for it, `arranged_acts` the same rows arranged (empty: not tiled).
+    fn matmul_prepared(&self, acts: &[Prepared<'_>], arranged_acts: &[&Q8Acts], n: usize, out: &mut [f32]) {
+        let arranged = !arranged_acts.is_empty();
         // Tile-major output (`rows × n`), transposed at the end.
         let mut by_row = vec![0.0f32; self.rows * n];
         by_row.par_chunks_mut(TILE_ROWS * n).enumerate().for_each(|(tile, o)| {
@@ -682,7 +718,7 @@ impl Weight {
                         for i in 0..tile_rows {
                             let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
-                            qdot::tiled::dot_many_arranged(row, &arranged_acts, &mut o[i * n..(i + 1) * n]);
+                            qdot::tiled::dot_many_arranged(row, arranged_acts, &mut o[i * n..(i + 1) * n]);
                         }
                     });
                     t = n;
@@ -774,6 +810,55 @@ mod tests {
             plain.matmul(&xs, 5, &mut e);
             packed.matmul(&xs, 5, &mut f);
             assert_eq!(bits(&e), bits(&f), "{ty} matmul");
+        }
+    }
+
+    #[test]
+    fn matmul_many_equals_one_matmul_per_matrix() {
+        use rand::SeedableRng;
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let cols = 512;
+        let mut make = |ty: GgmlType, rows: usize| {
+            let bytes: Vec<u8> = (0..rows)
+                .flat_map(|_| gguf::dot::tests::random_row(&mut rng, ty, cols))
+                .collect();
+            let data = WeightData::Gguf {
+                ty,
+                data: Buf::owned(bytes),
+            };
+            Weight::try_new(rows, cols, data).unwrap()
+        };
+        // Tiled (Q8_0, Q4_0, packed or not) next to untiled (Q4_K) rows.
+        let ws = [
+            make(GgmlType::Q8_0, 24),
+            make(GgmlType::Q4_0, 40).pack_for_cpu(),
+            make(GgmlType::Q4_K, 17),
+        ];
+        let f = Weight::from_f32(9, cols, (0..9 * cols).map(|i| (i % 13) as f32 * 0.01).collect());
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for n in [1, 2, 5, 9] {
+            let xs = gguf::dot::tests::acts(&mut rng, n * cols);
+            // The definition: one row dot per (activation row, weight row).
+            let want: Vec<Vec<f32>> = ws
+                .iter()
+                .map(|w| {
+                    let x = |t: usize| &xs[t * cols..(t + 1) * cols];
+                    (0..n).flat_map(|t| (0..w.rows()).map(move |r| w.row_dot(r, x(t)))).collect()
+                })
+                .collect();
+            let mut got: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; n * w.rows()]).collect();
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
+            Weight::matmul_many(&[&ws[0], &ws[1], &ws[2]], &xs, n, &mut outs);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(bits(g), bits(w), "n={n}");
+            }
+            // Mixed with f32 activations: each matrix on its own, same bits.
+            let mut of = vec![0.0; n * 9];
+            let mut fo = vec![0.0; n * 9];
+            f.matmul(&xs, n, &mut fo);
+            let mut oq = vec![0.0; n * 24];
+            Weight::matmul_many(&[&f, &ws[0]], &xs, n, &mut [&mut of, &mut oq]);
+            assert_eq!((bits(&of), bits(&oq)), (bits(&fo), bits(&want[0])), "n={n}");
         }
     }
 

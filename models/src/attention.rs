@@ -82,17 +82,12 @@ impl Attention {
         let mut q = vec![0.0; n * qd];
         let mut k = vec![0.0; n * kvd];
         let mut v = vec![0.0; n * kvd];
-        if n == 1 {
-            Weight::matvec_many(
-                &[&self.q_proj, &self.k_proj, &self.v_proj],
-                xs,
-                &mut [&mut q, &mut k, &mut v],
-            );
-        } else {
-            self.q_proj.matmul(xs, n, &mut q);
-            self.k_proj.matmul(xs, n, &mut k);
-            self.v_proj.matmul(xs, n, &mut v);
-        }
+        Weight::matmul_many(
+            &[&self.q_proj, &self.k_proj, &self.v_proj],
+            xs,
+            n,
+            &mut [&mut q, &mut k, &mut v],
+        );
         if let Some([bq, bk, bv]) = &self.qkv_bias {
             add_rows(&mut q, bq);
             add_rows(&mut k, bk);

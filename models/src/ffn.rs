@@ -56,8 +56,7 @@ impl SwiGlu {
         if n == 1 && parallel {
             Weight::matvec_many(&[&self.gate, &self.up], xs, &mut [&mut g, &mut u]);
         } else if n > 1 {
-            self.gate.matmul(xs, n, &mut g);
-            self.up.matmul(xs, n, &mut u);
+            Weight::matmul_many(&[&self.gate, &self.up], xs, n, &mut [&mut g, &mut u]);
         } else {
             self.gate.matvec_seq(xs, &mut g);
             self.up.matvec_seq(xs, &mut u);
