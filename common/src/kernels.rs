@@ -661,7 +661,15 @@ mod tests {
 
     #[test]
     fn attention_kernels_give_the_same_bits_on_every_instruction_set() {
-        for (rows, width) in [(1usize, 8usize), (3, 7), (5, 64), (4, 72), (17, 128), (9, 131), (3, 203)] {
+        for (rows, width) in [
+            (1usize, 8usize),
+            (3, 7),
+            (5, 64),
+            (4, 72),
+            (17, 128),
+            (9, 131),
+            (3, 203),
+        ] {
             let x: Vec<f32> = (0..width)
                 .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
                 .collect();
@@ -686,7 +694,11 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&dots), bits(&want_dots), "dots {isa:?} {rows}x{width}");
                 assert_eq!(bits(&sum), bits(&want_sum), "weighted rows {isa:?} {rows}x{width}");
-                assert_eq!(bits(&sum32), bits(&want_sum), "f32 weighted rows {isa:?} {rows}x{width}");
+                assert_eq!(
+                    bits(&sum32),
+                    bits(&want_sum),
+                    "f32 weighted rows {isa:?} {rows}x{width}"
+                );
             }
         }
     }

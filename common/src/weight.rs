@@ -279,6 +279,10 @@ const ROWS_PER_TASK: usize = 32;
 /// cache while every activation row passes over it.
 const TILE_ROWS: usize = 16;
 
+/// Activation rows per block of a tiled product: eight 2048-wide rows and
+/// their block sums (~20 KiB) share L1 with a tile's weight rows.
+const ACT_BLOCK: usize = 8;
+
 /// One activation row prepared for a matrix's format.
 enum Prepared<'a> {
     /// Formats multiplied with f32 activations.
@@ -292,8 +296,8 @@ thread_local! {
     /// the decode loop allocates nothing (taken while in use: a nested
     /// product on the same thread simply allocates its own).
     static Q8_SCRATCH: Cell<Q8Acts> = Cell::new(Q8Acts::default());
-    /// The weight row a tiled matrix product arranges for its activations.
-    static ARRANGED: RefCell<qdot::tiled::ArrangedRow> = RefCell::new(qdot::tiled::ArrangedRow::default());
+    /// The weight rows of a tile a matrix product arranges for its activations.
+    static ARRANGED: RefCell<Vec<qdot::tiled::ArrangedRow>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Weight {
@@ -699,6 +703,7 @@ impl Weight {
     /// for it, `arranged_acts` the same rows arranged (empty: not tiled).
     fn matmul_prepared(&self, acts: &[Prepared<'_>], arranged_acts: &[&Q8Acts], n: usize, out: &mut [f32]) {
         let arranged = !arranged_acts.is_empty();
+        let batch = qdot::tiled::ArrangedActs::new(arranged_acts);
         // Tile-major output (`rows × n`), transposed at the end.
         let mut by_row = vec![0.0f32; self.rows * n];
         by_row.par_chunks_mut(TILE_ROWS * n).enumerate().for_each(|(tile, o)| {
@@ -712,13 +717,35 @@ impl Weight {
                     Prepared::Q8(a) => a,
                     Prepared::F32(_) => unreachable!("GGML blocks quantize activations"),
                 };
-                if arranged {
-                    // Each row arranged once, then met by every activation row.
-                    ARRANGED.with_borrow_mut(|row| {
+                // Blocks of activation rows small enough to stay in L1 while
+                // every weight row of the tile meets them (all the rows at
+                // once would stream them from L2 for each weight row).
+                let blocks = (0..n).step_by(ACT_BLOCK).map(|b| b..(b + ACT_BLOCK).min(n));
+                if let (true, Some(packed)) = (arranged, &self.packed) {
+                    for b in blocks {
+                        let acts = batch.range(b.clone());
                         for i in 0..tile_rows {
                             let r = r0 + i;
+                            let row = &packed.as_slice()[r * rb..(r + 1) * rb];
+                            let o = &mut o[i * n + b.start..i * n + b.end];
+                            qdot::tiled::dot_many_packed(*ty, row, &acts, o);
+                        }
+                    }
+                    t = n;
+                } else if arranged {
+                    // The tile's rows arranged once, then met by every block.
+                    ARRANGED.with_borrow_mut(|rows| {
+                        rows.resize_with(tile_rows.max(rows.len()), Default::default);
+                        for (i, row) in rows.iter_mut().enumerate().take(tile_rows) {
+                            let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
-                            qdot::tiled::dot_many_arranged(row, arranged_acts, &mut o[i * n..(i + 1) * n]);
+                        }
+                        for b in blocks {
+                            let acts = batch.range(b.clone());
+                            for (i, row) in rows.iter().enumerate().take(tile_rows) {
+                                let o = &mut o[i * n + b.start..i * n + b.end];
+                                qdot::tiled::dot_many_arranged(row, &acts, o);
+                            }
                         }
                     });
                     t = n;
@@ -843,7 +870,9 @@ mod tests {
                 .iter()
                 .map(|w| {
                     let x = |t: usize| &xs[t * cols..(t + 1) * cols];
-                    (0..n).flat_map(|t| (0..w.rows()).map(move |r| w.row_dot(r, x(t)))).collect()
+                    (0..n)
+                        .flat_map(|t| (0..w.rows()).map(move |r| w.row_dot(r, x(t))))
+                        .collect()
                 })
                 .collect();
             let mut got: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; n * w.rows()]).collect();

@@ -18,7 +18,8 @@
 //!   [`ArrangedRow`], once per row per product, shared by every activation
 //!   row it meets.
 //! - [`dot_many_arranged`]: one arranged row with any number of activation
-//!   rows, four at a time.
+//!   rows ([`ArrangedActs`], checked once), four at a time;
+//!   [`dot_many_packed`] the same from a row of a packed copy.
 //!
 //! - Decode: [`pack_rows`] stores whole matrices in the same transposed
 //!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
@@ -195,35 +196,112 @@ fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
     c
 }
 
-/// `out[t]` = the dot product of the arranged row with `acts[t]`, for any
-/// number of activation rows: four at a time, then the rest, with one
-/// check and one dispatch for all (what matrix products call per weight
-/// row). `out[t]` is the bits [`super::dot`] gives for the original row
-/// and `acts[t]`.
+/// Arranged activation rows of one width, checked once for every weight
+/// row of a product to meet them.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrangedActs<'a> {
+    acts: &'a [&'a Q8Acts],
+    width: usize,
+}
+
+impl<'a> ArrangedActs<'a> {
+    /// # Panics
+    /// If a row is not arranged ([`Q8Acts::arrange`]), or the rows differ
+    /// in width.
+    pub fn new(acts: &'a [&'a Q8Acts]) -> Self {
+        let width = acts.first().map_or(0, |a| a.len());
+        for a in acts {
+            assert!(a.arranged(), "activations not arranged");
+            assert_eq!(a.len(), width, "activation rows of different widths");
+        }
+        ArrangedActs { acts, width }
+    }
+
+    /// Rows `range` (checked when the whole batch was).
+    ///
+    /// # Panics
+    /// If `range` lies outside the rows.
+    pub fn range(&self, range: std::ops::Range<usize>) -> ArrangedActs<'a> {
+        ArrangedActs {
+            acts: &self.acts[range],
+            width: self.width,
+        }
+    }
+
+    /// Rows.
+    pub fn len(&self) -> usize {
+        self.acts.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.acts.is_empty()
+    }
+}
+
+/// `out[t]` = the dot product of the arranged row with activation row `t`,
+/// for any number of rows: four at a time, then the rest, with one check
+/// and one dispatch for all (what matrix products call per weight row).
+/// `out[t]` is the bits [`super::dot`] gives for the original row and
+/// activation row `t`.
 ///
 /// # Panics
-/// If the row was never arranged, an activation row is not arranged (or
-/// for another instruction set's layout) or does not match the row's
-/// width, or `out` and `acts` differ in length.
-pub fn dot_many_arranged(row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+/// If the row was never arranged, the activations were arranged for
+/// another width, or `out` and `acts` differ in length.
+pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [f32]) {
     let ty = row.ty.expect("an arranged row");
     assert_eq!(acts.len(), out.len(), "one output per activation row");
-    for a in acts {
-        assert!(a.arranged(), "activations not arranged");
-        assert_eq!(a.len(), row.codes.len(), "activations do not match the row");
+    if acts.is_empty() {
+        return;
     }
+    assert_eq!(acts.width, row.codes.len(), "activations do not match the row");
     #[cfg(target_arch = "x86_64")]
     match row.isa {
         // SAFETY: rows are only arranged for an instruction set this CPU
         // runs (`usable_on`); the widths were checked above.
-        Some(Isa::Avx512Vnni) => return unsafe { x86::many_vnni(ty, row, acts, out) },
+        Some(Isa::Avx512Vnni) => return unsafe { x86::many_vnni(ty, row, acts.acts, out) },
         // SAFETY: as above.
-        Some(Isa::Avx2) => return unsafe { x86::many_avx2(ty, row, acts, out) },
+        Some(Isa::Avx2) => return unsafe { x86::many_avx2(ty, row, acts.acts, out) },
         _ => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = ty;
     unreachable!("arrange_row only runs where `usable` holds")
+}
+
+/// [`dot_many_arranged`] for one row of a packed copy ([`pack_rows`] on
+/// the active instruction set): the prefill of a repacked matrix, with no
+/// arranging per row and the same bits.
+///
+/// # Panics
+/// If [`usable`] is false for `ty` and the activations' width, `row` is
+/// not one packed row of that width, or `out` and `acts` differ in length.
+pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &mut [f32]) {
+    assert_eq!(acts.len(), out.len(), "one output per activation row");
+    if acts.is_empty() {
+        return;
+    }
+    let isa = Isa::active();
+    assert!(
+        usable_on(isa, ty, acts.width),
+        "{ty} rows of {} are not packed here",
+        acts.width
+    );
+    assert_eq!(
+        row.len(),
+        acts.width / QK * ty.block_bytes(),
+        "{ty} packed row does not match the activations"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `usable_on` checked that the CPU runs `isa`; the widths were
+    // checked above.
+    unsafe {
+        if isa == Isa::Avx512Vnni {
+            x86::many_packed_vnni(ty, row, acts.acts, out)
+        } else {
+            x86::many_packed_avx2(ty, row, acts.acts, out)
+        }
+    }
 }
 
 /// `rows` rows of `ty` × `cols` (`data`: GGUF row order) in the packed

@@ -41,7 +41,15 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                 let mut arranged = ArrangedRow::default();
                 arrange_row_on(isa, ty, &row, &mut arranged);
                 let mut got = [0.0f32; 4];
-                dot_many_arranged(&arranged, &[&acts[0], &acts[1], &acts[2], &acts[3]], &mut got);
+                let quad = [&acts[0], &acts[1], &acts[2], &acts[3]];
+                dot_many_arranged(&arranged, &ArrangedActs::new(&quad), &mut got);
+                // The same row packed, where the active set packs it.
+                if isa == Isa::active() {
+                    let mut from_packed = [0.0f32; 4];
+                    let packed = pack_rows(ty, &row, 1, cols);
+                    dot_many_packed(ty, &packed, &ArrangedActs::new(&quad), &mut from_packed);
+                    assert_eq!(from_packed.map(f32::to_bits), got.map(f32::to_bits), "{ty} packed");
+                }
                 for (n, a) in acts.iter().enumerate() {
                     let want = dot_on(Isa::Scalar, ty, &row, a);
                     assert_eq!(got[n].to_bits(), want.to_bits(), "{isa:?} {ty} cols {cols} act {n}");
@@ -52,7 +60,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                     let idx: Vec<usize> = (0..len).map(|k| (3 * k + 1) % 4).collect();
                     let many: Vec<&Q8Acts> = idx.iter().map(|&i| &acts[i]).collect();
                     let mut out = vec![0.0f32; len];
-                    dot_many_arranged(&arranged, &many, &mut out);
+                    dot_many_arranged(&arranged, &ArrangedActs::new(&many), &mut out);
                     for (o, &i) in out.iter().zip(&idx) {
                         assert_eq!(o.to_bits(), got[i].to_bits(), "{len} rows");
                     }
@@ -85,7 +93,7 @@ fn extreme_weight_codes_stay_exact() {
         let mut arranged = ArrangedRow::default();
         arrange_row_on(isa, GgmlType::Q8_0, &row, &mut arranged);
         let mut got = [0.0f32; 4];
-        dot_many_arranged(&arranged, &[&a, &a, &a, &a], &mut got);
+        dot_many_arranged(&arranged, &ArrangedActs::new(&[&a, &a, &a, &a]), &mut got);
         let want = dot_on(Isa::Scalar, GgmlType::Q8_0, &row, &a);
         assert_eq!(got.map(f32::to_bits), [want.to_bits(); 4], "{isa:?}");
     }

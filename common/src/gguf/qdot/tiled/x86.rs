@@ -214,47 +214,133 @@ unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w: __m256i, q
     }
 }
 
+/// One weight row's chunk `c` as the chunk loop takes it: eight steps of
+/// codes (lane `b` = block `b`, Q4_0's nibbles unpacked) and the eight
+/// block scales widened.
+type Chunk = ([__m256i; 8], __m256);
+
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_vnni(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<true>(ty, row, acts, out) }
+    unsafe { many::<true>(ty, row.codes.len() / CHUNK, |c| arranged_chunk(row, c), acts, out) }
 }
 
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<false>(ty, row, acts, out) }
+    unsafe { many::<false>(ty, row.codes.len() / CHUNK, |c| arranged_chunk(row, c), acts, out) }
+}
+
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
+    let cb = 8 * ty.block_bytes();
+    // SAFETY: forwarded; `row` holds whole chunks of `cb` bytes.
+    unsafe {
+        many::<true>(
+            ty,
+            row.len() / cb,
+            |c| packed_chunk(ty, row.as_ptr().add(c * cb)),
+            acts,
+            out,
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
+    let cb = 8 * ty.block_bytes();
+    // SAFETY: as above.
+    unsafe {
+        many::<false>(
+            ty,
+            row.len() / cb,
+            |c| packed_chunk(ty, row.as_ptr().add(c * cb)),
+            acts,
+            out,
+        )
+    }
+}
+
+/// Chunk `c` of an arranged row.
+#[inline(always)]
+unsafe fn arranged_chunk(row: &ArrangedRow, c: usize) -> Chunk {
+    // SAFETY: the caller's `c` is below the row's chunk count; codes hold
+    // 256 bytes and `d` eight floats per chunk.
+    unsafe {
+        let w0 = row.codes.as_ptr().add(c * CHUNK);
+        let mut w = [_mm256_setzero_si256(); 8];
+        for (j, w) in w.iter_mut().enumerate() {
+            *w = _mm256_loadu_si256(w0.add(32 * j) as *const __m256i);
+        }
+        (w, _mm256_loadu_ps(row.d.as_ptr().add(8 * c)))
+    }
+}
+
+/// The packed chunk at `p` ([`super::pack_rows_on`]'s layout): Q4_0's
+/// four steps of nibble pairs split into the low (steps 0..4) and high
+/// (4..8) codes, as [`super::arrange_row_on`] lays them out.
+#[inline(always)]
+unsafe fn packed_chunk(ty: GgmlType, p: *const u8) -> Chunk {
+    let codes = 8 * ty.block_bytes() - 16;
+    // SAFETY: the caller's pointer covers one packed chunk of `ty`.
+    unsafe {
+        let mut w = [_mm256_setzero_si256(); 8];
+        if ty == GgmlType::Q4_0 {
+            let low4 = _mm256_set1_epi8(0x0f);
+            for j in 0..4 {
+                let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+                w[j] = _mm256_and_si256(v, low4);
+                w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            }
+        } else {
+            for (j, w) in w.iter_mut().enumerate() {
+                *w = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+            }
+        }
+        (w, _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i)))
+    }
 }
 
 /// Quads of activation rows, then the one to three left.
 #[inline(always)]
-unsafe fn many<const VNNI: bool>(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+unsafe fn many<const VNNI: bool>(
+    ty: GgmlType,
+    chunks: usize,
+    row: impl Fn(usize) -> Chunk + Copy,
+    acts: &[&Q8Acts],
+    out: &mut [f32],
+) {
     let n = acts.len();
     let mut t = 0;
     // SAFETY (every call): forwarded; `t + N <= n` indexes `acts` and `out`.
     unsafe {
         while t + 4 <= n {
-            let v = dot::<VNNI, 4>(ty, row, [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]]);
+            let v = dot::<VNNI, 4>(ty, chunks, row, [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]]);
             out[t..t + 4].copy_from_slice(&v);
             t += 4;
         }
         match n - t {
-            1 => out[t..].copy_from_slice(&dot::<VNNI, 1>(ty, row, [acts[t]])),
-            2 => out[t..].copy_from_slice(&dot::<VNNI, 2>(ty, row, [acts[t], acts[t + 1]])),
-            3 => out[t..].copy_from_slice(&dot::<VNNI, 3>(ty, row, [acts[t], acts[t + 1], acts[t + 2]])),
+            1 => out[t..].copy_from_slice(&dot::<VNNI, 1>(ty, chunks, row, [acts[t]])),
+            2 => out[t..].copy_from_slice(&dot::<VNNI, 2>(ty, chunks, row, [acts[t], acts[t + 1]])),
+            3 => out[t..].copy_from_slice(&dot::<VNNI, 3>(ty, chunks, row, [acts[t], acts[t + 1], acts[t + 2]])),
             _ => {}
         }
     }
 }
 
 #[inline(always)]
-unsafe fn dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &ArrangedRow, acts: [&Q8Acts; N]) -> [f32; N] {
+unsafe fn dot<const VNNI: bool, const N: usize>(
+    ty: GgmlType,
+    chunks: usize,
+    row: impl Fn(usize) -> Chunk,
+    acts: [&Q8Acts; N],
+) -> [f32; N] {
     if ty == GgmlType::Q8_0 && !VNNI {
         // SAFETY: forwarded.
-        unsafe { body::<VNNI, true, N>(ty, row, acts) }
+        unsafe { body::<VNNI, true, N>(ty, chunks, row, acts) }
     } else {
         // SAFETY: forwarded.
-        unsafe { body::<VNNI, false, N>(ty, row, acts) }
+        unsafe { body::<VNNI, false, N>(ty, chunks, row, acts) }
     }
 }
 
@@ -264,25 +350,20 @@ unsafe fn dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &ArrangedRow,
 #[inline(always)]
 unsafe fn body<const VNNI: bool, const SIGNED: bool, const N: usize>(
     ty: GgmlType,
-    row: &ArrangedRow,
+    chunks: usize,
+    row: impl Fn(usize) -> Chunk,
     acts: [&Q8Acts; N],
 ) -> [f32; N] {
     // Q4_0's offset 8, VNNI's Q8_0 offset 128 (AVX2's signed Q8_0 has none).
     let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
     let count = _mm_cvtsi32_si128(shift);
     let mut acc = [_mm256_setzero_ps(); N];
-    // SAFETY: every pointer below stays inside `row.codes`, `row.d` and
-    // the activations' `qt`, `tot`, `d`, whose lengths the caller
-    // checked equal (codes and `qt` one byte per element, the others one
-    // entry per block).
+    // SAFETY: `row` yields `chunks` chunks, and the activations' `qt`,
+    // `tot`, `d` hold as many (the caller checked the widths: codes and
+    // `qt` one byte per element, the others one entry per block).
     unsafe {
-        for c in 0..row.codes.len() / CHUNK {
-            let w0 = row.codes.as_ptr().add(c * CHUNK);
-            let mut w = [_mm256_setzero_si256(); 8];
-            for (j, w) in w.iter_mut().enumerate() {
-                *w = _mm256_loadu_si256(w0.add(32 * j) as *const __m256i);
-            }
-            let dw = _mm256_loadu_ps(row.d.as_ptr().add(8 * c));
+        for c in 0..chunks {
+            let (w, dw) = row(c);
             for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                 let q0 = a.qt.as_ptr().add(c * CHUNK) as *const u8;
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
