@@ -78,7 +78,9 @@ impl Rows {
                 // (the same bits as `f16::from_f32` per element).
                 let start = v.len();
                 v.resize(start + xs.len(), 0);
-                v[start..].reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(xs);
+                v[start..]
+                    .reinterpret_cast_mut::<half::f16>()
+                    .convert_from_f32_slice(xs);
             }
         }
     }

@@ -7,7 +7,8 @@
 //!   logits at every position and 16 greedy ids, in-process engines over
 //!   the cluster service (no local experts), equal bit for bit to
 //!   `Engine::local`; with 3 workers every worker served experts and the
-//!   network counters are non-zero; the ids equal transformers' reference.
+//!   network counters are non-zero; the ids equal transformers' reference;
+//!   with an f16 KV cache the logits equal `--local`'s f16 run too.
 //! - `cli_generate_over_three_workers`: `coordinator generate --json` with
 //!   `--workers` gives the reference ids and reports the network fields and
 //!   one entry per worker; `coordinator plan --json` places every expert.
@@ -23,8 +24,8 @@ mod cluster_support;
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use charm_coordinator::Engine;
-use charm_models::ExpertService;
+use charm_coordinator::{Engine, EngineOptions};
+use charm_models::{ExpertService, KvDtype};
 use charm_tests::{fixture, Reference};
 use cluster_support::*;
 
@@ -43,6 +44,13 @@ fn hf_dir_local_one_and_three_workers_are_bit_identical() {
     let want_logits = bits(&local.logits_all(&seq).unwrap());
     let want_ids = greedy(&local, &r.prompt_ids, 16);
     assert_eq!(want_ids, r.greedy_ids, "local run against transformers");
+    // An f16 KV cache is the coordinator's arithmetic: the same bits on any worker count.
+    let f16_opts = EngineOptions {
+        kv_dtype: KvDtype::F16,
+        ..EngineOptions::default()
+    };
+    let want_f16 = bits(&Engine::load(&dir, &f16_opts).unwrap().0.logits_all(&seq).unwrap());
+    assert_ne!(want_f16, want_logits, "the f16 cache rounds");
 
     for n in [1, 3] {
         let addrs: Vec<_> = workers[..n].iter().map(|w| w.addr).collect();
@@ -63,6 +71,13 @@ fn hf_dir_local_one_and_three_workers_are_bit_identical() {
         // Every routed expert was computed by exactly one worker.
         let served: u64 = s.workers.iter().map(|w| w.experts_served).sum();
         assert_eq!(served, s.expert_hits, "{s:?}");
+        let mut e16 = engine(&dir, svc.clone());
+        e16.model.kv_dtype = KvDtype::F16;
+        assert_eq!(
+            bits(&e16.logits_all(&seq).unwrap()),
+            want_f16,
+            "{n} workers: f16 KV logits"
+        );
     }
 }
 
