@@ -84,6 +84,8 @@ pub struct GenStats {
     pub decode_tok_s: f64,
     /// Prompt tokens served from the session's KV cache (not recomputed).
     pub cached_prompt_tokens: usize,
+    /// Bytes the session's KV cache holds at the end (`--kv-cache` type).
+    pub kv_cache_bytes: usize,
     /// Expert store counters of this generation.
     #[serde(flatten)]
     pub experts: ExpertStats,
@@ -385,6 +387,7 @@ impl Engine {
             prefill_tok_s: rate(computed, prefill_s),
             decode_tok_s: rate(ids.len().saturating_sub(1), decode_s),
             cached_prompt_tokens: common,
+            kv_cache_bytes: session.cache.bytes(),
             prefetch_accuracy: experts.prefetch_accuracy(),
             experts,
             profile: prof,

@@ -95,6 +95,21 @@ fn generate_json_has_the_contract_fields_and_reference_ids() {
     for k in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
         assert!(s[k].as_f64().unwrap() > 0.0, "{k} = {}", s[k]);
     }
+    // Keys and values of every cached position (prompt + all but the last
+    // generated token), each layer's kv_dim wide, in f32.
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("olmoe").join("config.json")).unwrap()).unwrap();
+    let (layers, kv_heads, heads, hidden) = (
+        cfg["num_hidden_layers"].as_u64().unwrap(),
+        cfg.get("num_key_value_heads")
+            .and_then(Value::as_u64)
+            .unwrap_or(cfg["num_attention_heads"].as_u64().unwrap()),
+        cfg["num_attention_heads"].as_u64().unwrap(),
+        cfg["hidden_size"].as_u64().unwrap(),
+    );
+    let positions = (prompt.len() + 15) as u64;
+    let want = positions * layers * 2 * kv_heads * (hidden / heads) * 4;
+    assert_eq!(s["kv_cache_bytes"].as_u64(), Some(want));
 }
 
 #[test]
@@ -114,6 +129,9 @@ fn f16_kv_cache_flag_keeps_the_reference_ids() {
         &[&["--kv-cache", "f16"], &args[..], &["--ignore-eos", "--json"]].concat(),
     );
     assert_eq!(ids(&f16["ids"]), ids(&r["greedy_ids"]));
+    let f32 = json_run(&fixture("olmoe"), &[&args[..], &["--ignore-eos", "--json"]].concat());
+    let bytes = |v: &Value| v["stats"]["kv_cache_bytes"].as_u64().unwrap();
+    assert_eq!(2 * bytes(&f16), bytes(&f32));
 }
 
 #[test]
