@@ -89,13 +89,11 @@ fn main() {
             let packed = qdot::tiled::pack_rows(ty, &data, rows, cols);
             let mut arranged = acts.clone();
             arranged.arrange();
-            let mut out = vec![0.0f32; rows];
             let rate = time(&|| {
-                let mut o = out.clone();
-                qdot::tiled::dot_rows_packed(ty, &packed, &arranged, &mut o);
-                o[rows - 1]
+                let mut out = vec![0.0f32; rows];
+                qdot::tiled::dot_rows_packed(ty, &packed, &arranged, &mut out);
+                out[rows - 1]
             });
-            out.clear();
             println!(
                 "{:>6} {:<11} {rate:>9.0}  (packed rows, decode)",
                 ty.name(),

@@ -458,7 +458,12 @@ impl GgufFile {
         let i = *self.tensor_index.get(&t.name)?;
         let copy = self.packed[i].get_or_init(|| {
             let bytes = self.tensor_bytes(t);
-            let rows = bytes.len() / t.ty.row_bytes(cols)?;
+            let row_bytes = t.ty.row_bytes(cols)?;
+            // Whole rows (checked at open); anything else stays unpacked.
+            let rows = bytes.len() / row_bytes;
+            if rows * row_bytes != bytes.len() {
+                return None;
+            }
             HugeBuf::filled(bytes.len(), |out| {
                 qdot::tiled::pack_rows_into(t.ty, bytes, rows, cols, out)
             })
