@@ -14,7 +14,10 @@
 //! [`Isa::active`]; on AArch64 the baseline build is already NEON). The
 //! order of every operation is fixed by the source and Rust never fuses a
 //! multiply and an add, so all builds give the same bits on every CPU
-//! (`*_on` runs a chosen build; tests compare them).
+//! (`*_on` runs a chosen build; tests compare them). The float dots and
+//! attention's weighted value sums (`dots_f32` / `dots_f16`,
+//! `add_weighted_rows` / `_f16`) have explicit AVX2 lanes (`float_x86`)
+//! that perform the portable body's operations in its order.
 
 use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::isa::Isa;

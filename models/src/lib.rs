@@ -11,7 +11,8 @@
 //! - [`decoder`]: the shared decoder, stepped layer by layer
 //!   ([`Model::pre_experts`] → expert service → [`Model::post_experts`]).
 //! - [`attention`], [`rope`], [`kv_cache`]: attention with GQA, QK-norm,
-//!   biases, sliding windows; rotary embeddings; per-layer KV cache.
+//!   biases, sliding windows; rotary embeddings; per-layer KV cache (f32, or
+//!   f16 with [`KvDtype::F16`]).
 //! - [`router`]: softmax top-k routing and the batch-union.
 //! - [`ffn`]: the SwiGLU block, the one place for expert / MLP math.
 //! - [`gguf`]: GGUF files as models: config from metadata, tensors by
