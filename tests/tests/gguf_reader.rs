@@ -155,9 +155,9 @@ fn every_type_dequantizes_bit_for_bit() {
     assert_no_huge_allocation();
 }
 
-/// Repacked copies (decode's layout, one per tensor on huge pages) change
-/// no bit: every matrix and expert slice of the fixture, packed or not,
-/// gives the same products.
+/// Copies on huge pages (Q8_0 / Q4_0 in decode's packed layout, other
+/// quantized types as stored; one per tensor) change no bit: every matrix
+/// and expert slice of the fixture, copied or not, gives the same products.
 #[test]
 fn repacked_weights_give_the_same_bits() {
     let fx = Fixture::load();
@@ -201,6 +201,23 @@ fn repacked_weights_give_the_same_bits() {
         a.matvec(&xs[..256], &mut ya[..4]);
         b.matvec(&xs[..256], &mut yb[..4]);
         assert_eq!(bits(&ya), bits(&yb), "expert {e}");
+    }
+    // Q4_K expert slices: copied onto huge pages as stored, the same bits.
+    let gate = "blk.0.ffn_gate_exps.weight";
+    for e in 0..3 {
+        let (a, b) = (
+            plain.weight_slice(gate, e, 4, 512).unwrap(),
+            packed.weight_slice(gate, e, 4, 512).unwrap(),
+        );
+        assert!(!b.is_packed());
+        let (mut ya, mut yb) = (vec![0.0; 4], vec![0.0; 4]);
+        a.matvec(&x[..512], &mut ya);
+        b.matvec(&x[..512], &mut yb);
+        assert_eq!(bits(&ya), bits(&yb), "Q4_K expert {e}");
+        let (mut ra, mut rb) = (vec![0.0; 512], vec![0.0; 512]);
+        a.row_into(3, &mut ra);
+        b.row_into(3, &mut rb);
+        assert_eq!(bits(&ra), bits(&rb), "Q4_K expert {e} row");
     }
     if cfg!(target_arch = "x86_64") && charm_common::Isa::active() != charm_common::Isa::Scalar {
         assert!(any_packed, "an AVX2 CPU repacks Q8_0 / Q4_0");

@@ -99,27 +99,30 @@ pub struct GgufFile {
     tensor_index: HashMap<String, usize>,
     alignment: u64,
     data_offset: u64,
-    /// Whether weights get a packed copy for this CPU ([`repack_policy`]).
+    /// Whether quantized weights get a copy on huge pages, packed for this
+    /// CPU where it can be ([`repack_policy`]).
     repack: bool,
-    /// Per tensor, its packed copy once a matrix was made from it (one
-    /// copy per tensor, on huge pages, shared by every expert sliced from
-    /// it); `None` when it has none.
-    packed: Vec<OnceLock<Option<Arc<HugeBuf>>>>,
+    /// Per tensor, its copy on huge pages once a matrix was made from it
+    /// (packed for Q8_0 / Q4_0, as stored for the other quantized types; one
+    /// copy per tensor, shared by every expert sliced from it); `None` when
+    /// it has none.
+    copies: Vec<OnceLock<Option<Arc<HugeBuf>>>>,
 }
 
-/// Whether a file's Q8_0 / Q4_0 weights (`packable` bytes of them) get a
-/// packed copy for faster decode ([`Weight::pack_for_cpu`]): the copy
-/// doubles their memory while the mapped pages stay in the page cache, so
-/// only when it takes at most half of the memory available now (Linux's
+/// Whether a file's quantized weights (`copied` bytes of them) get a copy
+/// on huge pages for faster decode — Q8_0 / Q4_0 packed for this CPU
+/// ([`Weight::pack_for_cpu`]), the other types as stored: the copy doubles
+/// their memory while the mapped pages stay in the page cache, so only
+/// when it takes at most half of the memory available now (Linux's
 /// `MemAvailable`; elsewhere never). `CHARM_GGUF_REPACK=0` / `=1` forces
 /// it off / on.
-pub fn repack_policy(packable: u64) -> bool {
+pub fn repack_policy(copied: u64) -> bool {
     match std::env::var("CHARM_GGUF_REPACK").as_deref() {
         Ok("0") => return false,
         Ok("1") => return true,
         _ => {}
     }
-    if packable == 0 {
+    if copied == 0 {
         return false;
     }
     let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
@@ -128,7 +131,7 @@ pub fn repack_policy(packable: u64) -> bool {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .map(|kb| kb * 1024)
     });
-    available.is_some_and(|a| packable <= a / 2)
+    available.is_some_and(|a| copied <= a / 2)
 }
 
 impl fmt::Debug for GgufFile {
@@ -285,11 +288,7 @@ impl GgufFile {
             }
         }
         let n_tensors = tensors.len();
-        let packable = tensors
-            .iter()
-            .filter(|t| matches!(t.ty, GgmlType::Q8_0 | GgmlType::Q4_0))
-            .map(|t| t.size)
-            .sum();
+        let copied = tensors.iter().filter(|t| qdot::supports(t.ty)).map(|t| t.size).sum();
         Ok(GgufFile {
             path,
             version,
@@ -300,8 +299,8 @@ impl GgufFile {
             tensor_index,
             alignment,
             data_offset,
-            repack: repack_policy(packable),
-            packed: (0..n_tensors).map(|_| OnceLock::new()).collect(),
+            repack: repack_policy(copied),
+            copies: (0..n_tensors).map(|_| OnceLock::new()).collect(),
         })
     }
 
@@ -431,10 +430,11 @@ impl GgufFile {
             ty => {
                 // Whole blocks (checked at open), so `row_bytes` is `Some`.
                 let bytes = rows * ty.row_bytes(cols).unwrap_or(0);
-                WeightData::Gguf {
-                    ty,
-                    data: Buf::shared(src, start, bytes),
-                }
+                let data = match self.plain_copy(t, cols) {
+                    Some(copy) => Buf::shared(copy, start - t.offset as usize, bytes),
+                    None => Buf::shared(src, start, bytes),
+                };
+                WeightData::Gguf { ty, data }
             }
         };
         let w = Weight::try_new(rows, cols, data).map_err(|e| GgufError::BadTensor {
@@ -448,6 +448,28 @@ impl GgufFile {
         }
     }
 
+    /// `t`'s bytes copied as they are onto huge pages, for the quantized
+    /// tensors that get no packed copy (K-quants, Q4_1, Q5_x, Q6_K output
+    /// heads...): decode streams them too, and the file's mapping is on
+    /// huge pages only when the page cache happens to hold them in large
+    /// folios (the Q6_K output head of the Q4_0 benchmark file took 5 ms
+    /// per token from the mapping in one state of the page cache and 7 ms
+    /// in another). Made on first use when the file repacks; `None`
+    /// otherwise, or if the OS refused the memory.
+    fn plain_copy(&self, t: &GgufTensor, cols: usize) -> Option<Arc<dyn ByteSource>> {
+        if !self.repack || qdot::tiled::usable(t.ty, cols) || !qdot::supports(t.ty) {
+            return None;
+        }
+        let i = *self.tensor_index.get(&t.name)?;
+        let copy = self.copies[i].get_or_init(|| {
+            let bytes = self.tensor_bytes(t);
+            HugeBuf::filled(bytes.len(), |out| out.copy_from_slice(bytes))
+                .ok()
+                .map(Arc::new)
+        });
+        copy.clone().map(|c| c as Arc<dyn ByteSource>)
+    }
+
     /// `t`'s rows (`cols` wide) repacked for this CPU ([`Weight::with_packed`]),
     /// made on first use when the file repacks and the type and width allow;
     /// `None` otherwise, or if the OS refused the memory.
@@ -456,7 +478,7 @@ impl GgufFile {
             return None;
         }
         let i = *self.tensor_index.get(&t.name)?;
-        let copy = self.packed[i].get_or_init(|| {
+        let copy = self.copies[i].get_or_init(|| {
             let bytes = self.tensor_bytes(t);
             let row_bytes = t.ty.row_bytes(cols)?;
             // Whole rows (checked at open); anything else stays unpacked.
