@@ -345,15 +345,16 @@ pub fn add_weighted_rows_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[
         return unsafe { float_x86::add_weighted_rows(out, weights, rows) };
     }
     let _ = isa;
-    add_weighted_rows_body(out, weights, rows)
+    add_weighted_with(out, weights, rows, |v| v)
 }
 
+/// The portable weighted row sum over rows converted element-wise by `cvt`.
 #[inline(always)]
-fn add_weighted_rows_body(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+fn add_weighted_with<T: Copy>(out: &mut [f32], weights: &[f32], rows: &[T], cvt: impl Fn(T) -> f32) {
     assert_eq!(rows.len(), weights.len() * out.len(), "rows do not match the weights");
     for (&p, r) in weights.iter().zip(rows.chunks_exact(out.len())) {
-        for (o, v) in out.iter_mut().zip(r) {
-            *o += p * v;
+        for (o, &v) in out.iter_mut().zip(r) {
+            *o += p * cvt(v);
         }
     }
 }
@@ -394,12 +395,7 @@ pub fn add_weighted_rows_f16_on(isa: Isa, out: &mut [f32], weights: &[f32], rows
         return unsafe { float_x86::add_weighted_rows_f16(out, weights, rows) };
     }
     let _ = isa;
-    assert_eq!(rows.len(), weights.len() * out.len(), "rows do not match the weights");
-    for (&p, r) in weights.iter().zip(rows.chunks_exact(out.len())) {
-        for (o, &v) in out.iter_mut().zip(r) {
-            *o += p * f16_to_f32(v);
-        }
-    }
+    add_weighted_with(out, weights, rows, f16_to_f32)
 }
 
 float_dot!(
