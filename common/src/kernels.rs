@@ -245,6 +245,14 @@ mod float_x86 {
     }
 }
 
+/// Whether `isa` takes the explicit AVX2 + F16C kernels of [`float_x86`]
+/// here (both x86 sets include them; the CPU must run `isa`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn float_x86_runs(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs()
+}
+
 /// Defines `$name(args)` on [`Isa::active`] and `$name_on(isa, args)`:
 /// the explicit AVX2 lanes of [`float_x86`] on x86-64 CPUs that have them,
 /// else the portable body.
@@ -260,7 +268,7 @@ macro_rules! float_dot {
         #[inline]
         pub fn $name_on(isa: Isa, w: &[$t], x: &[f32]) -> f32 {
             #[cfg(target_arch = "x86_64")]
-            if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+            if float_x86_runs(isa) {
                 // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
                 return unsafe { float_x86::$name(w, x) };
             }
@@ -320,8 +328,8 @@ float_dot!(
 pub fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
     assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
     #[cfg(target_arch = "x86_64")]
-    if matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni) {
-        // SAFETY: the active set is one this CPU runs; both include AVX2.
+    if float_x86_runs(Isa::active()) {
+        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
         return unsafe { float_x86::dots_f32(rows, x, out) };
     }
     for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
@@ -340,7 +348,7 @@ pub fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
 /// when this CPU lacks it).
 pub fn add_weighted_rows_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+    if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
         return unsafe { float_x86::add_weighted_rows(out, weights, rows) };
     }
@@ -370,7 +378,7 @@ pub fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
 pub fn dots_f16_on(isa: Isa, rows: &[u16], x: &[f32], out: &mut [f32]) {
     assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+    if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
         return unsafe { float_x86::dots_f16(rows, x, out) };
     }
@@ -390,7 +398,7 @@ pub fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
 /// build when this CPU lacks it).
 pub fn add_weighted_rows_f16_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[u16]) {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs() {
+    if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
         return unsafe { float_x86::add_weighted_rows_f16(out, weights, rows) };
     }

@@ -107,6 +107,19 @@ impl Reference {
         all
     }
 
+    /// Share of positions of [`Reference::full_sequence`] whose argmax in
+    /// `logits` (one row per position) is the reference's teacher-forced one.
+    pub fn top1_agreement(&self, logits: &[f32]) -> f64 {
+        let n = self.teacher_forced_argmax.len();
+        assert_eq!(logits.len() % n, 0, "one logit row per position");
+        let agree = logits
+            .chunks(logits.len() / n)
+            .zip(&self.teacher_forced_argmax)
+            .filter(|(row, &want)| argmax(row) == want)
+            .count();
+        agree as f64 / n as f64
+    }
+
     /// The reference's last-position logits as `(token id, logit)` pairs:
     /// the whole vocabulary, or the stored top entries.
     pub fn last_logit_entries(&self) -> Vec<(u32, f32)> {

@@ -61,14 +61,7 @@ fn q8_0_gguf_is_measured_against_the_reference() {
         let r = Reference::load(name);
         let seq = r.full_sequence();
         let e = Engine::local(&gguf(file)).unwrap();
-        let logits = e.logits_all(&seq).unwrap();
-        let vocab = logits.len() / seq.len();
-        let agree = logits
-            .chunks(vocab)
-            .zip(&r.teacher_forced_argmax)
-            .filter(|(row, &want)| charm_tests::argmax(row) == want)
-            .count();
-        let top1 = agree as f64 / seq.len() as f64;
+        let top1 = r.top1_agreement(&e.logits_all(&seq).unwrap());
         println!("| {file} | {top1:.3} |");
         assert!(top1 >= 0.5, "{file}: top-1 agreement {top1}");
     }
@@ -92,13 +85,7 @@ fn f16_kv_cache_is_measured_against_the_reference() {
         let f16_kv = Engine::load(&path, &opts).unwrap().0;
         let exact = f32_kv.logits_all(&seq).unwrap();
         let rounded = f16_kv.logits_all(&seq).unwrap();
-        let vocab = rounded.len() / seq.len();
-        let agree = rounded
-            .chunks(vocab)
-            .zip(&r.teacher_forced_argmax)
-            .filter(|(row, &want)| charm_tests::argmax(row) == want)
-            .count();
-        let top1 = agree as f64 / seq.len() as f64;
+        let top1 = r.top1_agreement(&rounded);
         let drift = charm_tests::max_abs_diff(&rounded, &exact);
         println!("| {name} | f16 | {top1:.3} | {drift:.2e} |");
         assert!(top1 >= 0.9, "{name}: top-1 agreement {top1} with an f16 KV cache");

@@ -183,41 +183,35 @@ fn repacked_weights_give_the_same_bits() {
         b.matvec(&x[..cols], &mut yb);
         assert_eq!(bits(&ya), bits(&yb), "{name}");
     }
-    let down = "blk.0.ffn_down_exps.weight";
-    for e in 0..3 {
-        let (a, b) = (
-            plain.weight_slice(down, e, 4, 256).unwrap(),
-            packed.weight_slice(down, e, 4, 256).unwrap(),
-        );
-        assert_eq!(
-            b.is_packed(),
-            charm_common::gguf::qdot::tiled::usable(GgmlType::Q8_0, 256)
-        );
-        let xs: Vec<f32> = x[..256].iter().chain(&x[..256]).map(|v| v * 0.5).collect();
-        let (mut ya, mut yb) = (vec![0.0; 8], vec![0.0; 8]);
-        a.matmul(&xs, 2, &mut ya);
-        b.matmul(&xs, 2, &mut yb);
-        assert_eq!(bits(&ya), bits(&yb), "expert {e}");
-        a.matvec(&xs[..256], &mut ya[..4]);
-        b.matvec(&xs[..256], &mut yb[..4]);
-        assert_eq!(bits(&ya), bits(&yb), "expert {e}");
-    }
-    // Q4_K expert slices: copied onto huge pages as stored, the same bits.
-    let gate = "blk.0.ffn_gate_exps.weight";
-    for e in 0..3 {
-        let (a, b) = (
-            plain.weight_slice(gate, e, 4, 512).unwrap(),
-            packed.weight_slice(gate, e, 4, 512).unwrap(),
-        );
-        assert!(!b.is_packed());
-        let (mut ya, mut yb) = (vec![0.0; 4], vec![0.0; 4]);
-        a.matvec(&x[..512], &mut ya);
-        b.matvec(&x[..512], &mut yb);
-        assert_eq!(bits(&ya), bits(&yb), "Q4_K expert {e}");
-        let (mut ra, mut rb) = (vec![0.0; 512], vec![0.0; 512]);
-        a.row_into(3, &mut ra);
-        b.row_into(3, &mut rb);
-        assert_eq!(bits(&ra), bits(&rb), "Q4_K expert {e} row");
+    // Expert slices: Q8_0 (packed where this CPU can) and Q4_K (copied as
+    // stored), through every product.
+    for (name, ty, cols) in [
+        ("blk.0.ffn_down_exps.weight", GgmlType::Q8_0, 256),
+        ("blk.0.ffn_gate_exps.weight", GgmlType::Q4_K, 512),
+    ] {
+        for e in 0..3 {
+            let (a, b) = (
+                plain.weight_slice(name, e, 4, cols).unwrap(),
+                packed.weight_slice(name, e, 4, cols).unwrap(),
+            );
+            assert_eq!(
+                b.is_packed(),
+                charm_common::gguf::qdot::tiled::usable(ty, cols),
+                "{name}"
+            );
+            let xs: Vec<f32> = x[..cols].iter().chain(&x[..cols]).map(|v| v * 0.5).collect();
+            let (mut ya, mut yb) = (vec![0.0; 8], vec![0.0; 8]);
+            a.matmul(&xs, 2, &mut ya);
+            b.matmul(&xs, 2, &mut yb);
+            assert_eq!(bits(&ya), bits(&yb), "{name} expert {e} matmul");
+            a.matvec(&xs[..cols], &mut ya[..4]);
+            b.matvec(&xs[..cols], &mut yb[..4]);
+            assert_eq!(bits(&ya), bits(&yb), "{name} expert {e} matvec");
+            let (mut ra, mut rb) = (vec![0.0; cols], vec![0.0; cols]);
+            a.row_into(3, &mut ra);
+            b.row_into(3, &mut rb);
+            assert_eq!(bits(&ra), bits(&rb), "{name} expert {e} row");
+        }
     }
     if cfg!(target_arch = "x86_64") && charm_common::Isa::active() != charm_common::Isa::Scalar {
         assert!(any_packed, "an AVX2 CPU repacks Q8_0 / Q4_0");
