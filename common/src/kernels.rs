@@ -97,13 +97,19 @@ mod float_x86 {
         _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)))
     }
 
+    /// The chunk loop of every float dot: `load8(i)` widens the row's
+    /// elements `i..i + 8`; `row` is the row's first element (`size` bytes
+    /// each), for [`crate::prefetch`].
     #[inline(always)]
-    unsafe fn lane_sums(n: usize, x: &[f32], load8: impl Fn(usize) -> __m256) -> f32 {
+    unsafe fn lane_sums<T>(n: usize, x: &[f32], row: *const T, load8: impl Fn(usize) -> __m256) -> f32 {
+        let size = std::mem::size_of::<T>();
+        let pf = crate::prefetch::distance();
         let mut a = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         // SAFETY: `x` and the row behind `load8` hold `n` elements.
         unsafe {
             while i + LANES <= n {
+                crate::prefetch::ahead_span(row.wrapping_add(i), LANES * size, pf);
                 for (j, aj) in a.iter_mut().enumerate() {
                     let xv = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
                     *aj = _mm256_add_ps(*aj, _mm256_mul_ps(load8(i + 8 * j), xv));
@@ -131,7 +137,7 @@ mod float_x86 {
     fn f32_row(w: &[f32], x: &[f32]) -> f32 {
         assert_eq!(w.len(), x.len());
         // SAFETY: the callers enable AVX2; loads stay within `w` and `x`.
-        let sum = unsafe { lane_sums(w.len(), x, |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
+        let sum = unsafe { lane_sums(w.len(), x, w.as_ptr(), |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
         sum + tail(w, x, |v| v)
     }
 
@@ -224,7 +230,7 @@ mod float_x86 {
         assert_eq!(w.len(), x.len());
         // SAFETY: as above; a bf16 is the top half of its f32.
         let acc = unsafe {
-            lane_sums(w.len(), x, |i| {
+            lane_sums(w.len(), x, w.as_ptr(), |i| {
                 let h = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
                 _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
             })
@@ -237,7 +243,7 @@ mod float_x86 {
         assert_eq!(w.len(), x.len());
         // SAFETY: as above; F16C widens exactly, as `f16_to_f32` does.
         let acc = unsafe {
-            lane_sums(w.len(), x, |i| {
+            lane_sums(w.len(), x, w.as_ptr(), |i| {
                 _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i) as *const __m128i))
             })
         };

@@ -24,6 +24,8 @@
 //!   8-bit activations (scalar reference, AVX2, AVX-512 VNNI, NEON).
 //! - [`hugemem`]: read-only buffers on transparent huge pages, for the
 //!   repacked weight copies decode streams.
+//! - [`prefetch`]: the software prefetch decode's streaming loops issue
+//!   (a hint: never a different result).
 //! - [`isa`]: the instruction sets the kernels are compiled for, detected
 //!   at run time (`CHARM_ISA` picks one); every one gives the same bits.
 
@@ -34,6 +36,7 @@ pub mod gguf;
 pub mod hugemem;
 pub mod isa;
 pub mod kernels;
+pub mod prefetch;
 pub mod quant;
 pub mod safetensors;
 pub mod source;

@@ -412,12 +412,14 @@ unsafe fn rows_dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &[u8], a
         8 * ty.block_bytes()
     };
     let offset = VNNI && ty == GgmlType::Q8_0;
+    let pf = crate::prefetch::distance();
     // SAFETY: `row` holds `acts[n].len()` elements of `ty` (the caller's
     // promise), so every chunk's activations and sums are in bounds.
     unsafe {
         let mut acc = [_mm256_setzero_ps(); N];
         let mut b0 = 0;
         for chunk in row.chunks(chunk_bytes) {
+            crate::prefetch::ahead_span(chunk.as_ptr(), chunk.len(), pf);
             let k = if super_blocks {
                 8
             } else {

@@ -157,6 +157,7 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
     let chunks = acts.len() / CHUNK;
     let cb = rb / chunks;
     let codes = cb - 16;
+    let pf = crate::prefetch::distance();
     // SAFETY: each row holds `chunks` chunks of `cb` bytes (the caller
     // checked the sizes); the activations hold `chunks` chunks of codes
     // and eight totals and scales per chunk.
@@ -165,6 +166,7 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
             let mut acc = _mm256_setzero_ps();
             for c in 0..chunks {
                 let p = row.as_ptr().add(c * cb);
+                crate::prefetch::ahead_span(p, cb, pf);
                 let q0 = acts.qt.as_ptr().add(c * CHUNK) as *const u8;
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
                 let w = |j: usize| _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
