@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn the_distance_is_the_default_or_the_environment_s() {
         let d = distance();
-        match std::env::var("CHARM_PREFETCH").ok().and_then(|v| v.trim().parse().ok()) {
+        match std::env::var("CHARM_PREFETCH").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
             Some(n) => assert_eq!(d, n),
             None => assert_eq!(d, DISTANCE),
         }
