@@ -154,15 +154,21 @@ mod float_x86 {
     /// passes (`load8(j, i)`: row `j`'s columns `i..i + 8`); columns past
     /// the last 8 go through `at(j, i)`. Each element takes the same
     /// separate multiply and add, in order of `j`, as the portable body.
+    /// `rows` is row 0's first element (`size` bytes each), for
+    /// [`crate::prefetch`]: the block's columns [`crate::prefetch::distance`]
+    /// bytes further on are the same columns of a later row.
     #[inline(always)]
-    unsafe fn weighted_rows(
+    unsafe fn weighted_rows<T>(
         out: &mut [f32],
         weights: &[f32],
+        rows: *const T,
         load8: impl Fn(usize, usize) -> __m256,
         at: impl Fn(usize, usize) -> f32,
     ) {
         let n = out.len();
         let full = n / 8 * 8;
+        let size = std::mem::size_of::<T>();
+        let pf = crate::prefetch::distance();
         let mut c = 0;
         // SAFETY: every load and store covers 8 columns below `full` of
         // `out` and (through the caller's closures) of each row.
@@ -174,6 +180,7 @@ mod float_x86 {
                     *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * b));
                 }
                 for (j, &p) in weights.iter().enumerate() {
+                    crate::prefetch::ahead_span(rows.wrapping_add(j * n + c), 8 * k * size, pf);
                     let pv = _mm256_set1_ps(p);
                     for (b, a) in acc.iter_mut().enumerate().take(k) {
                         *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, load8(j, c + 8 * b)));
@@ -202,6 +209,7 @@ mod float_x86 {
             weighted_rows(
                 out,
                 weights,
+                rows.as_ptr(),
                 |j, i| _mm256_loadu_ps(rows.as_ptr().add(j * n + i)),
                 |j, i| rows[j * n + i],
             )
@@ -219,6 +227,7 @@ mod float_x86 {
             weighted_rows(
                 out,
                 weights,
+                rows.as_ptr(),
                 |j, i| _mm256_cvtph_ps(_mm_loadu_si128(rows.as_ptr().add(j * n + i) as *const __m128i)),
                 |j, i| f16_to_f32(rows[j * n + i]),
             )

@@ -73,7 +73,11 @@ mod tests {
     fn any_address_is_only_a_hint() {
         // Null, the end of a slice and the top of the address space: no fault.
         let v = [1u8; 100];
-        for p in [std::ptr::null(), v.as_ptr().wrapping_add(v.len()), usize::MAX as *const u8] {
+        for p in [
+            std::ptr::null(),
+            v.as_ptr().wrapping_add(v.len()),
+            usize::MAX as *const u8,
+        ] {
             ahead(p, DISTANCE);
             ahead_span(p, 300, DISTANCE);
             ahead_span(p, 300, 0);
@@ -84,7 +88,10 @@ mod tests {
     #[test]
     fn the_distance_is_the_default_or_the_environment_s() {
         let d = distance();
-        match std::env::var("CHARM_PREFETCH").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        match std::env::var("CHARM_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
             Some(n) => assert_eq!(d, n),
             None => assert_eq!(d, DISTANCE),
         }
