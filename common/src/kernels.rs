@@ -512,7 +512,9 @@ pub(crate) fn dot_int8_portable(q: &[i8], scales: &[f32], group: usize, x: &[f32
     debug_assert_eq!(q.len(), scales.len() * group);
     let mut total = [0.0f32; QLANES];
     let mut tail_total = 0.0f32;
+    let pf = crate::prefetch::distance();
     for ((qg, xg), &scale) in q.chunks_exact(group).zip(x.chunks_exact(group)).zip(scales) {
+        crate::prefetch::ahead_span(qg.as_ptr(), qg.len(), pf);
         let mut acc = [0.0f32; QLANES];
         let qc = qg.chunks_exact(QLANES);
         let xc = xg.chunks_exact(QLANES);
@@ -543,7 +545,9 @@ pub(crate) fn dot_int4_portable(packed: &[u8], scales: &[f32], group: usize, x: 
     debug_assert_eq!(x.len(), scales.len() * group);
     let mut total = [0.0f32; QLANES];
     let mut tail_total = 0.0f32;
+    let pf = crate::prefetch::distance();
     for ((pg, xg), &scale) in packed.chunks_exact(group / 2).zip(x.chunks_exact(group)).zip(scales) {
+        crate::prefetch::ahead_span(pg.as_ptr(), pg.len(), pf);
         let mut acc = [0.0f32; QLANES];
         let pc = pg.chunks_exact(QLANES / 2);
         let xc = xg.chunks_exact(QLANES);
