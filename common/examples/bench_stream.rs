@@ -16,6 +16,8 @@ use charm_common::gguf::GgmlType;
 use charm_common::hugemem::HugeBuf;
 use charm_common::quant::{quantize_int4, quantize_int8};
 use charm_common::{Buf, ByteSource, Weight, WeightData};
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
 const COLS: usize = 2048;
@@ -28,13 +30,7 @@ fn main() {
         charm_common::prefetch::distance()
     );
     let x: Vec<f32> = (0..COLS).map(|i| ((i * 37 % 200) as f32) / 100.0 - 1.0).collect();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
     // Bytes per row of each format; the buffer's contents only need to be
     // finite numbers where the format keeps floats.
     let formats: &[(&str, usize)] = &[
@@ -50,7 +46,7 @@ fn main() {
     ];
     for &(name, rb) in formats {
         let rows = (mib << 20) / rb / 32 * 32;
-        let (subject, bytes) = build(name, rows, &mut next);
+        let (subject, bytes) = build(name, rows, &mut rng);
         let gb = bytes as f64 / 1e9;
         let mut out = vec![0.0f32; rows];
         let mut runs = Vec::new();
@@ -93,26 +89,20 @@ fn read_all(buf: &HugeBuf) -> f32 {
 
 /// One `rows × COLS` matrix of `name` on huge pages (or, for `read`, a
 /// buffer of f32 size), and its size in bytes.
-fn build(name: &str, rows: usize, next: &mut impl FnMut() -> u64) -> (Subject, usize) {
+fn build(name: &str, rows: usize, rng: &mut ChaCha8Rng) -> (Subject, usize) {
     let huge = |len: usize, fill: &mut dyn FnMut(&mut [u8])| -> Arc<HugeBuf> {
         Arc::new(HugeBuf::filled(len, |b| fill(b)).expect("huge-page buffer"))
-    };
-    let random = |b: &mut [u8], next: &mut dyn FnMut() -> u64| {
-        for c in b.chunks_mut(8) {
-            let v = next().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
     };
     let n = rows * COLS;
     let data = match name {
         "read" => {
-            return (Subject::Read(huge(n * 4, &mut |b| random(b, next))), n * 4);
+            return (Subject::Read(huge(n * 4, &mut |b| rng.fill_bytes(b))), n * 4);
         }
         "f32" | "bf16" => {
             let size = if name == "f32" { 4 } else { 2 };
             // Small finite values: the top bits of each element fixed.
             let buf = huge(n * size, &mut |b| {
-                random(b, next);
+                rng.fill_bytes(b);
                 for e in b.chunks_exact_mut(size) {
                     e[size - 1] = 0x3c;
                 }
@@ -163,7 +153,7 @@ fn build(name: &str, rows: usize, next: &mut impl FnMut() -> u64) -> (Subject, u
                 _ => (ty.block_bytes(), &[0, 2]),
             };
             let buf = huge(rows * rb, &mut |b| {
-                random(b, next);
+                rng.fill_bytes(b);
                 for blk in b.chunks_exact_mut(bb) {
                     for &at in f16_at {
                         blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
