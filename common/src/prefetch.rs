@@ -28,12 +28,12 @@ pub const DISTANCE: usize = 2048;
 /// line.
 pub fn distance() -> usize {
     static DIST: OnceLock<usize> = OnceLock::new();
-    *DIST.get_or_init(|| {
-        std::env::var("CHARM_PREFETCH")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DISTANCE)
-    })
+    *DIST.get_or_init(|| parse_distance(std::env::var("CHARM_PREFETCH").ok().as_deref()))
+}
+
+/// `CHARM_PREFETCH`'s value as a distance: a byte count, else [`DISTANCE`].
+fn parse_distance(value: Option<&str>) -> usize {
+    value.and_then(|v| v.trim().parse().ok()).unwrap_or(DISTANCE)
 }
 
 /// Asks for the cache line `dist` bytes after `p` (`dist` from
@@ -86,14 +86,11 @@ mod tests {
     }
 
     #[test]
-    fn the_distance_is_the_default_or_the_environment_s() {
-        let d = distance();
-        match std::env::var("CHARM_PREFETCH")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-        {
-            Some(n) => assert_eq!(d, n),
-            None => assert_eq!(d, DISTANCE),
-        }
+    fn the_environment_sets_the_distance_or_leaves_the_default() {
+        assert_eq!(parse_distance(None), DISTANCE);
+        assert_eq!(parse_distance(Some("0")), 0);
+        assert_eq!(parse_distance(Some(" 1024 ")), 1024);
+        assert_eq!(parse_distance(Some("lots")), DISTANCE);
+        assert_eq!(parse_distance(Some("-64")), DISTANCE);
     }
 }
