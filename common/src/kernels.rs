@@ -23,6 +23,9 @@ use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::isa::Isa;
 use crate::quant::unpack_int4;
 
+#[cfg(target_arch = "x86_64")]
+mod attention_x512;
+
 /// Lanes of the float dots: four 8-wide (or two 16-wide, or eight 4-wide)
 /// vectors of independent sums, enough to hide the add latency on every
 /// build (with 8 lanes an AVX2 build had one dependency chain and ran
@@ -149,14 +152,20 @@ mod float_x86 {
         }
     }
 
+    /// Rows a weighted sum takes per block (see [`weighted_rows`]).
+    const BLOCK_ROWS: usize = 32;
+
     /// `out += Σ_j weights[j] row_j` with the output held in registers:
-    /// blocks of up to 64 columns stay in eight registers while every row
-    /// passes (`load8(j, i)`: row `j`'s columns `i..i + 8`); columns past
+    /// blocks of up to 64 columns stay in eight registers while the rows
+    /// pass (`load8(j, i)`: row `j`'s columns `i..i + 8`); columns past
     /// the last 8 go through `at(j, i)`. Each element takes the same
     /// separate multiply and add, in order of `j`, as the portable body.
-    /// `rows` is row 0's first element (`size` bytes each), for
-    /// [`crate::prefetch`]: the block's columns [`crate::prefetch::distance`]
-    /// bytes further on are the same columns of a later row.
+    /// Rows go by in blocks of [`BLOCK_ROWS`]: a row wider than 64 columns
+    /// is met once per column block while its block is still in L1, and
+    /// the first column block asks for the whole of a later row
+    /// ([`crate::prefetch::distance`] bytes on), so memory sees one stream
+    /// read front to back rather than parts of every row in turn. `rows` is
+    /// row 0's first element (`size` bytes each).
     #[inline(always)]
     unsafe fn weighted_rows<T>(
         out: &mut [f32],
@@ -169,27 +178,34 @@ mod float_x86 {
         let full = n / 8 * 8;
         let size = std::mem::size_of::<T>();
         let pf = crate::prefetch::distance();
-        let mut c = 0;
+        let mut r0 = 0;
         // SAFETY: every load and store covers 8 columns below `full` of
         // `out` and (through the caller's closures) of each row.
         unsafe {
-            while c < full {
-                let k = ((full - c) / 8).min(8);
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for (b, a) in acc.iter_mut().enumerate().take(k) {
-                    *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * b));
-                }
-                for (j, &p) in weights.iter().enumerate() {
-                    crate::prefetch::ahead_span(rows.wrapping_add(j * n + c), 8 * k * size, pf);
-                    let pv = _mm256_set1_ps(p);
+            while r0 < weights.len() {
+                let r1 = (r0 + BLOCK_ROWS).min(weights.len());
+                let mut c = 0;
+                while c < full {
+                    let k = ((full - c) / 8).min(8);
+                    let mut acc = [_mm256_setzero_ps(); 8];
                     for (b, a) in acc.iter_mut().enumerate().take(k) {
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, load8(j, c + 8 * b)));
+                        *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * b));
                     }
+                    for (j, &p) in weights.iter().enumerate().take(r1).skip(r0) {
+                        if c == 0 {
+                            crate::prefetch::ahead_span(rows.wrapping_add(j * n), n * size, pf);
+                        }
+                        let pv = _mm256_set1_ps(p);
+                        for (b, a) in acc.iter_mut().enumerate().take(k) {
+                            *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, load8(j, c + 8 * b)));
+                        }
+                    }
+                    for (b, a) in acc.iter().enumerate().take(k) {
+                        _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * b), *a);
+                    }
+                    c += 8 * k;
                 }
-                for (b, a) in acc.iter().enumerate().take(k) {
-                    _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * b), *a);
-                }
-                c += 8 * k;
+                r0 = r1;
             }
         }
         for (i, o) in out.iter_mut().enumerate().skip(full) {
@@ -268,6 +284,14 @@ fn float_x86_runs(isa: Isa) -> bool {
     matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs()
 }
 
+/// Whether `isa` takes attention's explicit AVX-512 kernels
+/// ([`attention_x512`]) here.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn attention_x512_runs(isa: Isa) -> bool {
+    isa == Isa::Avx512Vnni && isa.runs()
+}
+
 /// Defines `$name(args)` on [`Isa::active`] and `$name_on(isa, args)`:
 /// the explicit AVX2 lanes of [`float_x86`] on x86-64 CPUs that have them,
 /// else the portable body.
@@ -341,12 +365,24 @@ float_dot!(
 /// (row-major, `x.len()` wide): attention's scores against a head's cached
 /// keys. The bits of [`dot_f32`] per row, with one dispatch for all.
 pub fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
+    dots_f32_on(Isa::active(), rows, x, out)
+}
+
+/// [`dots_f32`] on a chosen instruction set (the portable build when this
+/// CPU lacks it).
+pub fn dots_f32_on(isa: Isa, rows: &[f32], x: &[f32], out: &mut [f32]) {
     assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
     #[cfg(target_arch = "x86_64")]
-    if float_x86_runs(Isa::active()) {
+    if attention_x512_runs(isa) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        return unsafe { attention_x512::dots_f32(rows, x, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
         return unsafe { float_x86::dots_f32(rows, x, out) };
     }
+    let _ = isa;
     for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
         *o = dot_f32_body(r, x);
     }
@@ -362,6 +398,11 @@ pub fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
 /// [`add_weighted_rows`] on a chosen instruction set (the portable build
 /// when this CPU lacks it).
 pub fn add_weighted_rows_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if attention_x512_runs(isa) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        return unsafe { attention_x512::add_weighted_rows(out, weights, rows) };
+    }
     #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
@@ -393,6 +434,11 @@ pub fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
 pub fn dots_f16_on(isa: Isa, rows: &[u16], x: &[f32], out: &mut [f32]) {
     assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
     #[cfg(target_arch = "x86_64")]
+    if attention_x512_runs(isa) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        return unsafe { attention_x512::dots_f16(rows, x, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
         return unsafe { float_x86::dots_f16(rows, x, out) };
@@ -412,6 +458,11 @@ pub fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
 /// [`add_weighted_rows_f16`] on a chosen instruction set (the portable
 /// build when this CPU lacks it).
 pub fn add_weighted_rows_f16_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if attention_x512_runs(isa) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        return unsafe { attention_x512::add_weighted_rows_f16(out, weights, rows) };
+    }
     #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
         // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
@@ -695,6 +746,8 @@ mod tests {
             (17, 128),
             (9, 131),
             (3, 203),
+            (70, 136),
+            (33, 256),
         ] {
             let x: Vec<f32> = (0..width)
                 .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 3.0)
@@ -707,18 +760,21 @@ mod tests {
             let p: Vec<f32> = (0..rows).map(|j| 1.0 / (j as f32 + 1.5)).collect();
             // The reference: the f32 kernels on the exactly widened rows.
             let mut want_dots = vec![0.0; rows];
-            dots_f32(&widened, &x, &mut want_dots);
+            dots_f32_on(Isa::Scalar, &widened, &x, &mut want_dots);
             let mut want_sum = vec![0.25; width];
             add_weighted_rows_on(Isa::Scalar, &mut want_sum, &p, &widened);
             for &isa in Isa::available() {
                 let mut dots = vec![0.0; rows];
                 dots_f16_on(isa, &m16, &x, &mut dots);
+                let mut dots32 = vec![0.0; rows];
+                dots_f32_on(isa, &widened, &x, &mut dots32);
                 let mut sum = vec![0.25; width];
                 add_weighted_rows_f16_on(isa, &mut sum, &p, &m16);
                 let mut sum32 = vec![0.25; width];
                 add_weighted_rows_on(isa, &mut sum32, &p, &widened);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&dots), bits(&want_dots), "dots {isa:?} {rows}x{width}");
+                assert_eq!(bits(&dots32), bits(&want_dots), "f32 dots {isa:?} {rows}x{width}");
                 assert_eq!(bits(&sum), bits(&want_sum), "weighted rows {isa:?} {rows}x{width}");
                 assert_eq!(
                     bits(&sum32),

@@ -1,0 +1,187 @@
+//! Decode attention's two products over cached rows in explicit AVX-512:
+//! scores against many keys (`dots`) and the weighted sum of the values
+//! (`add_weighted`), for f32 and f16 caches.
+//!
+//! Each performs the portable body's operations in its order, so the bits
+//! are those of every other build (tests in `kernels.rs` compare them):
+//! - a key's score keeps the [`super::LANES`] lane sums of `dot_with` in two
+//!   16-wide registers (lane `i` of the pair is lane `i` of the array), with
+//!   a separate multiply and add, and reduces them in `reduce`'s pairing;
+//! - a weighted sum keeps up to 128 output columns in eight registers
+//!   while every row passes (one pass over a 128-wide head: each row is read
+//!   front to back, which the hardware prefetchers follow; AVX2's sixteen
+//!   registers need two 64-column passes, each reading half of every row),
+//!   adding `weights[j] * row_j` to each element in order of `j`.
+
+use std::arch::x86_64::*;
+
+use super::{tail, LANES};
+use crate::prefetch;
+
+/// `super::reduce` over lanes `0..16` (`lo`) and `16..32` (`hi`): the same
+/// pairs added in the same order as the portable and AVX2 builds.
+#[inline(always)]
+unsafe fn reduce(lo: __m512, hi: __m512) -> f32 {
+    // t[i] = acc[i] + acc[i + 16] for i < 16.
+    let t = _mm512_add_ps(lo, hi);
+    // v[i] = (acc[i] + acc[i + 16]) + (acc[i + 8] + acc[i + 24]) for i < 8.
+    let t_hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(t)));
+    let v = _mm256_add_ps(_mm512_castps512_ps256(t), t_hi);
+    // h = [v0 + v4, v1 + v5, v2 + v6, v3 + v7]
+    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    // p0 = h0 + h1, p2 = h2 + h3
+    let p = _mm_add_ps(h, _mm_shuffle_ps::<0b10_11_00_01>(h, h));
+    _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)))
+}
+
+/// `out[r] = row_r · x` with `load16(r, i)` widening row `r`'s elements
+/// `i..i + 16` and `row_tail(r)` its elements past the last full chunk;
+/// `base` is row 0's first element (`size` bytes each), for prefetching.
+/// One row at a time: the rows are read as one stream front to back
+/// (scoring two to eight rows together, interleaving their reads, measured
+/// slower in `bench_attention`).
+#[inline(always)]
+unsafe fn dots<T>(
+    out: &mut [f32],
+    x: &[f32],
+    base: *const T,
+    load16: impl Fn(usize, usize) -> __m512,
+    row_tail: impl Fn(usize) -> f32,
+) {
+    let n = x.len();
+    let size = std::mem::size_of::<T>();
+    let pf = prefetch::distance();
+    let full = n / LANES * LANES;
+    // SAFETY: every load covers elements below `full` of `x` and (through
+    // the caller's closure) of rows below `out.len()`.
+    unsafe {
+        for (r, o) in out.iter_mut().enumerate() {
+            let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut i = 0;
+            while i < full {
+                prefetch::ahead_span(base.wrapping_add(r * n + i), LANES * size, pf);
+                lo = _mm512_add_ps(lo, _mm512_mul_ps(load16(r, i), _mm512_loadu_ps(x.as_ptr().add(i))));
+                hi = _mm512_add_ps(
+                    hi,
+                    _mm512_mul_ps(load16(r, i + 16), _mm512_loadu_ps(x.as_ptr().add(i + 16))),
+                );
+                i += LANES;
+            }
+            *o = reduce(lo, hi) + row_tail(r);
+        }
+    }
+}
+
+/// [`super::dots_f32`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
+    let n = x.len();
+    assert_eq!(rows.len(), out.len() * n, "rows do not match the outputs");
+    // SAFETY: AVX-512F is enabled; row `r` is `rows[r * n..(r + 1) * n]`.
+    unsafe {
+        dots(
+            out,
+            x,
+            rows.as_ptr(),
+            |r, i| _mm512_loadu_ps(rows.as_ptr().add(r * n + i)),
+            |r| tail(&rows[r * n..(r + 1) * n], x, |v| v),
+        )
+    }
+}
+
+/// [`super::dots_f16`]: keys widened exactly (`vcvtph2ps`, as F16C and
+/// `f16_to_f32` do).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
+    let n = x.len();
+    assert_eq!(rows.len(), out.len() * n, "rows do not match the outputs");
+    // SAFETY: AVX-512F is enabled; row `r` is `rows[r * n..(r + 1) * n]`.
+    unsafe {
+        dots(
+            out,
+            x,
+            rows.as_ptr(),
+            |r, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(r * n + i) as *const __m256i)),
+            |r| tail(&rows[r * n..(r + 1) * n], x, crate::dtype::f16_to_f32),
+        )
+    }
+}
+
+/// `out += Σ_j weights[j] row_j`, up to 128 columns in registers per pass;
+/// `load16(j, i)` widens row `j`'s columns `i..i + 16`, `at(j, i)` one
+/// column past the last 16; `rows` is row 0's first element.
+#[inline(always)]
+unsafe fn weighted<T>(
+    out: &mut [f32],
+    weights: &[f32],
+    rows: *const T,
+    load16: impl Fn(usize, usize) -> __m512,
+    at: impl Fn(usize, usize) -> f32,
+) {
+    let n = out.len();
+    let full = n / 16 * 16;
+    let size = std::mem::size_of::<T>();
+    let pf = prefetch::distance();
+    let mut c = 0;
+    // SAFETY: every load and store covers 16 columns below `full` of `out`
+    // and (through the caller's closure) of each row.
+    unsafe {
+        while c < full {
+            let k = ((full - c) / 16).min(8);
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for (b, a) in acc.iter_mut().enumerate().take(k) {
+                *a = _mm512_loadu_ps(out.as_ptr().add(c + 16 * b));
+            }
+            for (j, &p) in weights.iter().enumerate() {
+                prefetch::ahead_span(rows.wrapping_add(j * n + c), 16 * k * size, pf);
+                let pv = _mm512_set1_ps(p);
+                for (b, a) in acc.iter_mut().enumerate().take(k) {
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, load16(j, c + 16 * b)));
+                }
+            }
+            for (b, a) in acc.iter().enumerate().take(k) {
+                _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * b), *a);
+            }
+            c += 16 * k;
+        }
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(full) {
+        for (j, &p) in weights.iter().enumerate() {
+            *o += p * at(j, i);
+        }
+    }
+}
+
+/// [`super::add_weighted_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
+    let n = out.len();
+    assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
+    // SAFETY: AVX-512F is enabled; row `j` is `rows[j * n..(j + 1) * n]`.
+    unsafe {
+        weighted(
+            out,
+            weights,
+            rows.as_ptr(),
+            |j, i| _mm512_loadu_ps(rows.as_ptr().add(j * n + i)),
+            |j, i| rows[j * n + i],
+        )
+    }
+}
+
+/// [`super::add_weighted_rows_f16`]: rows widened exactly.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
+    let n = out.len();
+    assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
+    // SAFETY: AVX-512F is enabled; row `j` is `rows[j * n..(j + 1) * n]`.
+    unsafe {
+        weighted(
+            out,
+            weights,
+            rows.as_ptr(),
+            |j, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(j * n + i) as *const __m256i)),
+            |j, i| crate::dtype::f16_to_f32(rows[j * n + i]),
+        )
+    }
+}
