@@ -366,12 +366,14 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
         let total = _mm256_add_epi32(s.0, s.1);
         match ty {
             GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-                let off = match ty {
-                    GgmlType::Q8_0 => 0,
-                    GgmlType::Q4_0 => 8,
-                    _ => 16,
+                // raw - off * total with off = 0, 8 or 16: the product as
+                // a shift (the same wrapping i32 result, without
+                // `vpmulld`'s two uops and ten-cycle latency).
+                let i = match ty {
+                    GgmlType::Q8_0 => raw,
+                    GgmlType::Q4_0 => _mm256_sub_epi32(raw, _mm256_slli_epi32::<3>(total)),
+                    _ => _mm256_sub_epi32(raw, _mm256_slli_epi32::<4>(total)),
                 };
-                let i = _mm256_sub_epi32(raw, _mm256_mullo_epi32(total, _mm256_set1_epi32(off)));
                 _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i))
             }
             GgmlType::Q4_1 | GgmlType::Q5_1 => _mm256_add_ps(
@@ -387,10 +389,10 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
                 )
             }
             GgmlType::Q6_K => {
-                let t = _mm256_set1_epi32(32);
+                // sc₀ (lo - 32 Σq₀) + sc₁ (hi - 32 Σq₁), the 32 as a shift.
                 let i = _mm256_add_epi32(
-                    _mm256_mullo_epi32(w.sc, _mm256_sub_epi32(lo, _mm256_mullo_epi32(t, s.0))),
-                    _mm256_mullo_epi32(w.mn, _mm256_sub_epi32(hi, _mm256_mullo_epi32(t, s.1))),
+                    _mm256_mullo_epi32(w.sc, _mm256_sub_epi32(lo, _mm256_slli_epi32::<5>(s.0))),
+                    _mm256_mullo_epi32(w.mn, _mm256_sub_epi32(hi, _mm256_slli_epi32::<5>(s.1))),
                 );
                 _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i))
             }
