@@ -17,7 +17,9 @@
 //! (`*_on` runs a chosen build; tests compare them). The float dots and
 //! attention's weighted value sums (`dots_f32` / `dots_f16`,
 //! `add_weighted_rows` / `_f16`) have explicit AVX2 lanes (`float_x86`)
-//! that perform the portable body's operations in its order.
+//! that perform the portable body's operations in its order; attention's
+//! four also have AVX-512 bodies (`attention_x512`: a 128-wide head's
+//! values in one pass) with the same bits.
 
 use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::isa::Isa;

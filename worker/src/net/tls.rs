@@ -27,6 +27,15 @@ pub const SERVER_NAME: &str = "charm-worker";
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Keep-alive interval, well inside [`IDLE_TIMEOUT`].
 pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+/// UDP receive (and send) buffer an endpoint asks for. A layer's replies
+/// arrive as one burst from every worker at once (a decode step's 32 KiB
+/// per worker is two dozen datagrams; a prefill chunk's are megabytes),
+/// and Linux's default of 208 KiB holds only about fifty loopback
+/// datagrams (each is charged its buffer's true size): on a busy box the
+/// overflow was dropped datagrams every decode step, each costing the
+/// reply a loss timer and a resend. The kernel caps the request at
+/// `net.core.rmem_max` (`wmem_max`), so this is a ceiling, not a demand.
+pub const SOCKET_BUFFER: usize = 8 << 20;
 /// Streams a peer may have open at once, each way.
 pub const MAX_STREAMS: u32 = 64;
 
@@ -64,7 +73,14 @@ pub fn server_endpoint(addr: SocketAddr) -> Result<Endpoint, NetError> {
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls).map_err(tls_err)?));
     config.transport_config(transport());
-    Endpoint::server(config, addr).map_err(|source| NetError::Bind { addr, source })
+    let socket = udp_socket(addr).map_err(|source| NetError::Bind { addr, source })?;
+    Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(|source| NetError::Bind { addr, source })
 }
 
 /// A client endpoint bound to `bind` (port 0: any).
@@ -78,9 +94,37 @@ pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, NetError> {
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).map_err(tls_err)?));
     config.transport_config(transport());
-    let mut endpoint = Endpoint::client(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
+    let socket = udp_socket(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
+    let mut endpoint = Endpoint::new(
+        quinn::EndpointConfig::default(),
+        None,
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(|source| NetError::Bind { addr: bind, source })?;
     endpoint.set_default_client_config(config);
     Ok(endpoint)
+}
+
+/// A UDP socket bound to `addr` with buffers of up to [`SOCKET_BUFFER`]
+/// (what the kernel grants is logged at debug level; a refusal only
+/// leaves the default).
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if let Err(e) = socket.set_recv_buffer_size(SOCKET_BUFFER) {
+        tracing::debug!("UDP receive buffer of {SOCKET_BUFFER} B refused: {e}");
+    }
+    if let Err(e) = socket.set_send_buffer_size(SOCKET_BUFFER) {
+        tracing::debug!("UDP send buffer of {SOCKET_BUFFER} B refused: {e}");
+    }
+    tracing::debug!(
+        "UDP buffers on {addr}: receive {:?} B, send {:?} B",
+        socket.recv_buffer_size(),
+        socket.send_buffer_size()
+    );
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
 }
 
 /// Accepts any server certificate, but verifies the handshake signature
@@ -120,5 +164,31 @@ impl ServerCertVerifier for AnyCertificate {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An endpoint's socket gets a larger receive buffer than a plain one
+    /// (Linux grants up to twice `net.core.rmem_max`, which is never below
+    /// the default), so a layer's burst of replies is not dropped.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn endpoint_sockets_get_larger_buffers_than_the_default() {
+        let addr: SocketAddr = "127.0.0.1:0".parse().expect("valid address");
+        let plain = socket2::Socket::from(std::net::UdpSocket::bind(addr).expect("bind"));
+        let ours = socket2::Socket::from(udp_socket(addr).expect("bind"));
+        let (p, o) = (
+            plain.recv_buffer_size().expect("size"),
+            ours.recv_buffer_size().expect("size"),
+        );
+        assert!(o > p, "receive buffer {o} B, a plain socket's {p} B");
+        assert!(ours
+            .local_addr()
+            .expect("bound")
+            .as_socket()
+            .is_some_and(|a| a.port() != 0));
     }
 }
