@@ -199,19 +199,25 @@ unsafe fn decode<const VNNI: bool>(ty: GgmlType, chunk: &[u8], nblocks: usize) -
                 }
             }
             GgmlType::Q6_K => {
-                let three = _mm256_set1_epi8(3);
+                // Bits 2k, 2k + 1 of each `qh` byte are the top bits of
+                // register k's codes: moved straight to bits 4-5 by one
+                // 16-bit shift (bits that cross into the neighbouring
+                // byte land outside 4-5) and masked.
+                let top = _mm256_set1_epi8(0x30);
                 for h in 0..2 {
                     let ql0 = load32(c.add(64 * h));
                     let ql1 = load32(c.add(64 * h + 32));
                     let qh = load32(c.add(128 + 32 * h));
-                    let high = |s: i32| {
-                        let x = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(s));
-                        _mm256_slli_epi16(_mm256_and_si256(x, three), 4)
-                    };
-                    v[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low4), high(0));
-                    v[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), high(2));
-                    v[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4), high(4));
-                    v[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4), high(6));
+                    let high = [
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), top),
+                        _mm256_and_si256(qh, top),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
+                    ];
+                    v[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, low4), high[0]);
+                    v[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(ql1, low4), high[1]);
+                    v[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), low4), high[2]);
+                    v[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), low4), high[3]);
                 }
             }
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer sums"),
