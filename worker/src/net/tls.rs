@@ -112,6 +112,12 @@ pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, NetError> {
 fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        // `[::]` serves IPv4 peers too (as quinn's own endpoints do).
+        if let Err(e) = socket.set_only_v6(false) {
+            tracing::debug!("IPv6 socket on {addr} stays IPv6-only: {e}");
+        }
+    }
     if let Err(e) = socket.set_recv_buffer_size(SOCKET_BUFFER) {
         tracing::debug!("UDP receive buffer of {SOCKET_BUFFER} B refused: {e}");
     }
@@ -190,5 +196,24 @@ mod tests {
             .expect("bound")
             .as_socket()
             .is_some_and(|a| a.port() != 0));
+    }
+
+    /// An endpoint bound to `[::]` also talks to IPv4 peers.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn an_ipv6_wildcard_socket_also_reaches_ipv4() {
+        let Ok(ours) = udp_socket("[::]:0".parse().expect("valid address")) else {
+            eprintln!("note: no IPv6 on this machine; skipped");
+            return;
+        };
+        let port = ours.local_addr().expect("bound").port();
+        let peer = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        peer.send_to(b"hi", ("127.0.0.1", port)).expect("send");
+        ours.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut buf = [0u8; 8];
+        let (n, _) = ours
+            .recv_from(&mut buf)
+            .expect("an IPv4 datagram reaches the [::] socket");
+        assert_eq!(&buf[..n], b"hi");
     }
 }
