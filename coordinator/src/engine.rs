@@ -244,7 +244,7 @@ impl Engine {
     /// [`Engine::forward`], adding each phase's time to `prof`.
     ///
     /// The layers run on a thread of rayon's compute pool: each parallel
-    /// product of the step (a dozen or more per layer in decode) then
+    /// product of the step (about five per layer in decode) then
     /// starts on that thread at once and only wakes the others, instead of
     /// the caller handing every product to the pool and sleeping until it
     /// is done (a wake-up per product, measured as scheduler time in
