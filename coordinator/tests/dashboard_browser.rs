@@ -210,8 +210,9 @@ fn dashboard_shows_the_worker_chats_and_lights_the_grid() {
         "return document.getElementById('grid-total').dataset.routed;",
         |v| v == routed.to_string().as_str(),
     );
-    let after = d.js(GRID_PIXELS);
-    assert_ne!(before, after, "the expert grid's pixels did not change");
+    // The count is set at once; the canvas repaints on the next animation
+    // frame, so its pixels are polled (a grid that never repaints times out).
+    d.wait_for("the expert grid's pixels to change", GRID_PIXELS, |v| *v != before);
     // The profile panel lists the request.
     d.wait_for(
         "the profile row",
