@@ -84,7 +84,7 @@ fn main() {
         report(ty.name(), &|isa| {
             data.chunks_exact(rb).map(|row| qdot::dot_on(isa, ty, row, &acts)).sum()
         });
-        if qdot::tiled::usable(ty, cols) {
+        if qdot::tiled::packable(ty, cols) {
             // Decode's repacked rows (`Weight::pack_for_cpu`), active set only.
             let packed = qdot::tiled::pack_rows(ty, &data, rows, cols);
             let mut arranged = acts.clone();

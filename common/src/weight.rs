@@ -435,7 +435,7 @@ impl Weight {
         }
     }
 
-    /// Adds a copy of Q8_0 / Q4_0 rows in the packed transposed layout
+    /// Adds a copy of Q8_0 / Q4_0 / Q6_K rows in the packed transposed layout
     /// ([`qdot::tiled::pack_rows`]: the same size, the same bits) that
     /// matrix-vector products read instead of the GGUF rows; other formats,
     /// widths and CPUs are left as they are. Costs one copy of the matrix
@@ -443,7 +443,7 @@ impl Weight {
     /// unpacked if the OS refuses the memory).
     pub fn pack_for_cpu(self) -> Self {
         match &self.data {
-            WeightData::Gguf { ty, data } if qdot::tiled::usable(*ty, self.cols) => {
+            WeightData::Gguf { ty, data } if qdot::tiled::packable(*ty, self.cols) => {
                 let (ty, rows, cols, src) = (*ty, self.rows, self.cols, data.as_slice());
                 match HugeBuf::filled(src.len(), |out| qdot::tiled::pack_rows_into(ty, src, rows, cols, out)) {
                     Ok(buf) => self.with_packed(Arc::new(buf), 0),
@@ -459,14 +459,14 @@ impl Weight {
     /// matrices sliced from it: [`crate::gguf::GgufFile`]).
     ///
     /// # Panics
-    /// If this is not a Q8_0 / Q4_0 matrix [`qdot::tiled::usable`] here,
+    /// If this is not a matrix [`qdot::tiled::packable`] here,
     /// or `src` does not hold its bytes from `start`.
     pub fn with_packed(mut self, src: Arc<dyn ByteSource>, start: usize) -> Self {
         let WeightData::Gguf { ty, data } = &self.data else {
             panic!("only GGML block rows have a packed copy");
         };
         assert!(
-            qdot::tiled::usable(*ty, self.cols),
+            qdot::tiled::packable(*ty, self.cols),
             "{ty} rows of {} are not packed here",
             self.cols
         );
@@ -803,7 +803,7 @@ mod tests {
     fn packed_copies_change_no_bit() {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q4_K] {
             let (rows, cols) = (40, 512);
             let bytes: Vec<u8> = (0..rows)
                 .flat_map(|_| gguf::dot::tests::random_row(&mut rng, ty, cols))
@@ -816,9 +816,9 @@ mod tests {
                 Weight::try_new(rows, cols, data).unwrap()
             };
             let (plain, packed) = (make(), make().pack_for_cpu());
-            // Packed where this CPU multiplies the layout (Q8_0 / Q4_0 on
-            // AVX2 or VNNI), left alone elsewhere.
-            assert_eq!(packed.is_packed(), qdot::tiled::usable(ty, cols), "{ty}");
+            // Packed where this CPU multiplies the layout (Q8_0 / Q4_0 /
+            // Q6_K on AVX2 or VNNI), left alone elsewhere.
+            assert_eq!(packed.is_packed(), qdot::tiled::packable(ty, cols), "{ty}");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let x = gguf::dot::tests::acts(&mut rng, cols);
             let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);

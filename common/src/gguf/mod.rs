@@ -449,15 +449,14 @@ impl GgufFile {
     }
 
     /// `t`'s bytes copied as they are onto huge pages, for the quantized
-    /// tensors that get no packed copy (K-quants, Q4_1, Q5_x, Q6_K output
-    /// heads...): decode streams them too, and the file's mapping is on
+    /// tensors that get no packed copy (Q4_K, Q5_K, Q4_1, Q5_x...): decode streams them too, and the file's mapping is on
     /// huge pages only when the page cache happens to hold them in large
     /// folios (the Q6_K output head of the Q4_0 benchmark file took 5 ms
     /// per token from the mapping in one state of the page cache and 7 ms
     /// in another). Made on first use when the file repacks; `None`
     /// otherwise, or if the OS refused the memory.
     fn plain_copy(&self, t: &GgufTensor, cols: usize) -> Option<Arc<dyn ByteSource>> {
-        if !self.repack || qdot::tiled::usable(t.ty, cols) || !qdot::supports(t.ty) {
+        if !self.repack || qdot::tiled::packable(t.ty, cols) || !qdot::supports(t.ty) {
             return None;
         }
         let i = *self.tensor_index.get(&t.name)?;
@@ -474,7 +473,7 @@ impl GgufFile {
     /// made on first use when the file repacks and the type and width allow;
     /// `None` otherwise, or if the OS refused the memory.
     fn packed_copy(&self, t: &GgufTensor, cols: usize) -> Option<Arc<dyn ByteSource>> {
-        if !self.repack || !qdot::tiled::usable(t.ty, cols) {
+        if !self.repack || !qdot::tiled::packable(t.ty, cols) {
             return None;
         }
         let i = *self.tensor_index.get(&t.name)?;

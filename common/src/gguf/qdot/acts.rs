@@ -23,6 +23,9 @@ pub struct Q8Acts {
     /// [`Q8Acts::arrange`] (`tiled`), cleared by every quantization.
     pub qt: Vec<i8>,
     pub tot: Vec<i32>,
+    /// Per chunk, `32 s16[2b]` of its eight blocks then `32 s16[2b + 1]`:
+    /// what packed Q6_K rows subtract (`tiled::q6k`), set with `qt`.
+    pub off6: Vec<i32>,
 }
 
 impl Q8Acts {
@@ -62,6 +65,7 @@ impl Q8Acts {
         self.s16.resize(2 * nb, 0);
         self.qt.clear();
         self.tot.clear();
+        self.off6.clear();
         #[cfg(target_arch = "x86_64")]
         if matches!(crate::Isa::active(), crate::Isa::Avx2 | crate::Isa::Avx512Vnni) {
             // SAFETY: the active instruction set is one this CPU runs, and

@@ -24,7 +24,10 @@
 //! - Decode: [`pack_rows`] stores whole matrices in the same transposed
 //!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
 //!   a chunk after its codes: the GGUF row size exactly), once at load;
-//!   [`dot_rows_packed`] multiplies them with one activation row.
+//!   [`dot_rows_packed`] multiplies them with one activation row. Q6_K
+//!   (the output head of llama.cpp's Q4_0 files) is packed the same way
+//!   for decode only ([`q6k`]: its 6-bit codes split into nibble and
+//!   top-bit steps); its prefill keeps the GGUF rows.
 //!
 //! Integer sums are exact in any order and the float part is
 //! [`super::combine`]'s operations in its order, so results equal
@@ -37,6 +40,24 @@ use crate::Isa;
 
 /// Elements per chunk: eight 32-element blocks.
 pub const CHUNK: usize = 8 * QK;
+
+pub mod q6k;
+
+/// Whether [`pack_rows`] and [`dot_rows_packed`] (decode) take rows of `ty`
+/// with `cols` elements here: what [`usable`] takes, and Q6_K.
+pub fn packable(ty: GgmlType, cols: usize) -> bool {
+    packable_on(Isa::active(), ty, cols)
+}
+
+/// [`packable`] for a chosen instruction set (which this CPU must run).
+pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
+    usable_on(isa, ty, cols)
+        || (ty == GgmlType::Q6_K
+            && cols > 0
+            && cols.is_multiple_of(CHUNK)
+            && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+            && isa.runs())
+}
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
 /// Q8_0 or Q4_0, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the active
@@ -101,6 +122,7 @@ impl Q8Acts {
         transpose_scalar(src, dst);
         self.tot.clear();
         self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
+        q6k::half_offsets(&self.s16, &mut self.off6);
     }
 
     /// Whether [`Q8Acts::arrange`] ran since the last quantization.
@@ -309,10 +331,10 @@ pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &
 /// chunk, the codes' eight steps (Q4_0: four steps of packed nibble bytes,
 /// low nibbles the elements `4j..4j + 4` of each block and high nibbles
 /// `16 + 4j..`; Q8_0: eight steps of code bytes, offset by 128 for VNNI),
-/// then the chunk's eight f16 scales.
+/// then the chunk's eight f16 scales. Q6_K: [`q6k`]'s layout.
 ///
 /// # Panics
-/// If [`usable`] is false or `data` does not hold `rows` rows.
+/// If [`packable`] is false or `data` does not hold `rows` rows.
 pub fn pack_rows(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     pack_rows_on(Isa::active(), ty, data, rows, cols)
 }
@@ -335,16 +357,19 @@ pub fn pack_rows_into(ty: GgmlType, data: &[u8], rows: usize, cols: usize, out: 
 
 fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usize, out: &mut [u8]) {
     assert!(
-        usable_on(isa, ty, cols),
+        packable_on(isa, ty, cols),
         "{ty} rows of {cols} cannot be packed on {isa:?}"
     );
     let bs = ty.block_bytes();
     assert_eq!(
-        data.len(),
-        rows * cols / QK * bs,
+        Some(data.len()),
+        ty.row_bytes(cols).map(|rb| rb * rows),
         "{ty} data does not hold {rows} rows of {cols}"
     );
     assert_eq!(out.len(), data.len(), "the packed copy is as long as the rows");
+    if ty == GgmlType::Q6_K {
+        return q6k::pack_into(data, out);
+    }
     let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
     #[cfg(target_arch = "x86_64")]
     {
@@ -395,24 +420,34 @@ fn pack_scalar(ty: GgmlType, data: &[u8], flip: bool, out: &mut [u8]) {
 /// If the activations are not arranged, or `rows` does not hold
 /// `out.len()` packed rows of their width.
 pub fn dot_rows_packed(ty: GgmlType, rows: &[u8], acts: &Q8Acts, out: &mut [f32]) {
-    let isa = Isa::active();
+    dot_rows_packed_on(Isa::active(), ty, rows, acts, out)
+}
+
+/// [`dot_rows_packed`] on a chosen instruction set, for rows packed on it
+/// (tests and benchmarks; Q6_K's layout is the same on both).
+///
+/// # Panics
+/// As [`dot_rows_packed`], and if [`packable_on`] is false for `isa`.
+pub fn dot_rows_packed_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &Q8Acts, out: &mut [f32]) {
     assert!(
-        usable_on(isa, ty, acts.len()),
+        packable_on(isa, ty, acts.len()),
         "{ty} rows of {} are not packed here",
         acts.len()
     );
     assert!(acts.arranged(), "activations not arranged");
-    let rb = acts.len() / QK * ty.block_bytes();
+    let rb = ty.row_bytes(acts.len()).unwrap_or(0);
     assert_eq!(
         rows.len(),
         rb * out.len(),
         "{ty} packed rows do not match the activations"
     );
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `usable_on` checked that the CPU runs `isa`; the shapes were
+    // SAFETY: `packable_on` checked that the CPU runs `isa`; the shapes were
     // checked above.
     unsafe {
         match (isa, ty) {
+            (Isa::Avx512Vnni, GgmlType::Q6_K) => q6k::dot_rows::<true>(rows, rb, acts, out),
+            (_, GgmlType::Q6_K) => q6k::dot_rows::<false>(rows, rb, acts, out),
             (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
             (_, GgmlType::Q8_0) => x86::packed_avx2::<true>(ty, rows, rb, acts, out),
             _ => x86::packed_avx2::<false>(ty, rows, rb, acts, out),

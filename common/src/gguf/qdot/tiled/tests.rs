@@ -213,3 +213,87 @@ fn only_whole_chunks_of_q8_0_and_q4_0_are_usable() {
         matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni)
     );
 }
+
+#[test]
+fn packed_q6_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let ty = GgmlType::Q6_K;
+    let mut ran = false;
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !packable_on(isa, ty, CHUNK) {
+            continue;
+        }
+        ran = true;
+        for (case, &chunks) in [1usize, 3, 8].iter().enumerate() {
+            let cols = CHUNK * chunks;
+            let rows = 6;
+            let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            // Row 0: every code 63 (the largest) with scales ±127.
+            for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(q6k::BLOCK) {
+                sb[..192].fill(0xff);
+                for (i, s) in sb[192..208].iter_mut().enumerate() {
+                    *s = if i % 2 == 0 { 127 } else { 0x81 };
+                }
+            }
+            let x: Vec<f32> = (0..cols)
+                .map(|i| match case {
+                    // ±127 codes everywhere (the sums' largest magnitudes).
+                    0 => {
+                        if i % 5 == 0 {
+                            -1.0
+                        } else {
+                            1.0
+                        }
+                    }
+                    _ => rng.gen_range(-1.0f32..1.0),
+                })
+                .collect();
+            let mut a = Q8Acts::new(&x);
+            a.arrange();
+            let packed = pack_rows_on(isa, ty, &data, rows, cols);
+            assert_eq!(packed.len(), data.len());
+            let mut got = vec![0.0f32; rows];
+            dot_rows_packed_on(isa, ty, &packed, &a, &mut got);
+            let rb = data.len() / rows;
+            for (r, g) in got.iter().enumerate() {
+                let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &a);
+                assert_eq!(g.to_bits(), want.to_bits(), "{isa:?} {cols} row {r}: {g} vs {want}");
+            }
+        }
+    }
+    assert_eq!(ran, Isa::Avx2.runs());
+}
+
+#[test]
+fn the_q6_k_layout_holds_every_code_once() {
+    // Unpack the packed bytes as the module docs describe them and compare
+    // with the GGUF codes.
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    let src = random_row(&mut rng, GgmlType::Q6_K, CHUNK);
+    let mut p = vec![0u8; q6k::BLOCK];
+    q6k::pack_block(&src, &mut p);
+    for b in 0..8 {
+        let want = crate::gguf::qdot::reference::codes(GgmlType::Q6_K, &src, b);
+        for (e, &w) in want.iter().enumerate() {
+            let (half, i) = (e / 16, e % 16);
+            let (r, k) = (i / 4, i % 4);
+            let nib = p[32 * r + 4 * b + k] >> (4 * half) & 0x0f;
+            let (m, h) = ((e % 16) / 4, e / 16);
+            let top = p[128 + 32 * h + 4 * b + k] >> (2 * m) & 3;
+            assert_eq!((nib | top << 4) as i16, w, "sub-block {b} element {e}");
+        }
+        assert_eq!(p[192 + b], src[192 + 2 * b]);
+        assert_eq!(p[200 + b], src[193 + 2 * b]);
+    }
+    assert_eq!(p[208..210], src[208..210]);
+}
+
+#[test]
+fn q6_k_whole_chunks_pack_but_have_no_arranged_prefill() {
+    let x86 = matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni);
+    assert_eq!(packable(GgmlType::Q6_K, 2048), x86);
+    assert!(!usable(GgmlType::Q6_K, 2048));
+    assert!(!packable(GgmlType::Q4_K, 2048));
+    assert!(!packable(GgmlType::Q6_K, 0));
+    assert_eq!(packable(GgmlType::Q4_0, 2048), usable(GgmlType::Q4_0, 2048));
+}
