@@ -20,12 +20,20 @@
 #    default, so both engines read the same cache bytes per token.
 #    `corecheck` (scripts/lib/corecheck.c) measures memory read bandwidth
 #    with 1 and 2 threads before each round (and whether the second core is
-#    there: this VM's sometimes vanishes).
+#    there: this VM's sometimes vanishes), on a 512 MiB buffer; `replay`
+#    (scripts/lib/replay.c) reads exactly a decoded token's bytes of each
+#    GGUF (its dense tensors, one embedding row, top-k random experts of
+#    each expert tensor per layer) from the file's layout in memory with
+#    the same plain loop, 64 tokens, $THREADS threads: the rate those bytes
+#    can be read at with the caches in play.
 # 5. Prints medians per engine and type, the median of the per-round ratios
 #    charm / llama.cpp, whether both engines produced the same ids, and the
 #    decode roofline: bytes of weights one decoded token reads (every dense
 #    tensor, one embedding row, top-k / experts of each expert tensor, from
-#    the GGUF's tensor table) divided by the 2-thread read bandwidth.
+#    the GGUF's tensor table) divided by the 2-thread read bandwidth, and
+#    divided by the replay's rate (the roofline with the caches: on a CPU
+#    whose last-level cache holds a good part of those bytes between tokens
+#    the first exceeds 100 %).
 #    Raw JSON lines and the table go to $BENCH/vs-llamacpp-<time>/.
 #
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
@@ -116,6 +124,30 @@ CHECK="$BENCH/corecheck"
 if [ ! -x "$CHECK" ]; then
   cc -O2 -pthread -o "$CHECK" "$ROOT/scripts/lib/corecheck.c"
 fi
+REPLAY="$BENCH/replay"
+if [ ! -x "$REPLAY" ] || [ "$ROOT/scripts/lib/replay.c" -nt "$REPLAY" ]; then
+  cc -O2 -pthread -o "$REPLAY" "$ROOT/scripts/lib/replay.c"
+fi
+# Each GGUF's per-token reads for `replay`, from its tensor table.
+for ty in $TYPES; do
+  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/olmoe-w.$ty.gguf" >"$BENCH/olmoe-w.$ty.ranges" <<'EOF'
+import re, sys
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+val = lambda k: int(r.fields[f"{arch}.{k}"].parts[-1][0])
+experts = val("expert_count")
+print("used", val("expert_used_count"))
+for t in r.tensors:
+    off, n = int(t.data_offset), int(t.n_bytes)
+    if "_exps" in t.name:
+        print("experts", int(re.match(r"blk\.(\d+)\.", t.name).group(1)), off, n, experts)
+    elif t.name == "token_embd.weight":
+        print("rows", off, n, int(t.shape[-1]))
+    else:
+        print("dense", off, n)
+EOF
+done
 
 OUT="$BENCH/vs-llamacpp-$(date -u +%Y%m%d-%H%M%S)"
 mkdir -p "$OUT"
@@ -132,6 +164,9 @@ for round in $(seq 1 "$RUNS"); do
   echo "== round $round: memory $1 / $2 GB/s (1T / 2T), 2T/1T compute x$4" >&2
   for ty in $TYPES; do
     G="$BENCH/olmoe-w.$ty.gguf"
+    set -- $("$REPLAY" "$G" 64 "$THREADS" <"$BENCH/olmoe-w.$ty.ranges")
+    echo "{\"round\":$round,\"type\":\"$ty\",\"replay\":{\"gbs\":$1,\"tok_s\":$2,\"bytes_per_token\":$3}}" >>"$RAW"
+    echo "   $ty replay of a token's bytes: $1 GB/s, $2 tok/s" >&2
     c="$("$CHARM" --model "$G" --local --threads "$THREADS" --kv-cache "$KV" generate --prompt-ids "$IDS" \
       --max-tokens "$GEN" --ignore-eos --json)"
     l="$("$LLAMA_VENV/bin/python" "$ROOT/scripts/bench_llamacpp.py" "$G" --threads "$THREADS" \
@@ -183,22 +218,25 @@ rows = [json.loads(l) for l in open(raw)]
 checks = [r["check"] for r in rows if "check" in r]
 bw = statistics.median(c["mem_gbs_2t"] for c in checks)
 runs = [r for r in rows if "engine" in r]
+replays = [r for r in rows if "replay" in r]
 sizes = {r["type"]: r for r in rows if "bytes_per_token" in r}
 med = statistics.median
 print(f"{prompt}-token prompt, {gen} decoded tokens, {threads} threads; medians of {len(checks)} alternating rounds.")
 print(f"Memory read bandwidth (2 threads, median): {bw:.1f} GB/s; 2T/1T compute ratios: "
       + ", ".join(f"{c['compute_ratio']:.2f}" for c in checks) + "\n")
-print("| type | engine | prefill tok/s | decode tok/s | decode, % of roofline |")
-print("|---|---|---|---|---|")
+def replay_roof(ty):
+    return med(r["replay"]["tok_s"] for r in replays if r["type"] == ty) if replays else float("nan")
+print("| type | engine | prefill tok/s | decode tok/s | decode, % of roofline | decode, % of replay roofline |")
+print("|---|---|---|---|---|---|")
 for ty in dict.fromkeys(r["type"] for r in runs):
     roof = bw * 1e9 / sizes[ty]["bytes_per_token"]
     for eng in ("charm", "llama.cpp"):
         rs = [r for r in runs if r["type"] == ty and r["engine"] == eng]
         p, d = med(r["prefill_tok_s"] for r in rs), med(r["decode_tok_s"] for r in rs)
-        print(f"| {ty} | {eng} | {p:.1f} | {d:.1f} | {100 * d / roof:.0f} % |")
+        print(f"| {ty} | {eng} | {p:.1f} | {d:.1f} | {100 * d / roof:.0f} % | {100 * d / replay_roof(ty):.0f} % |")
 print()
-print("| type | bytes / decoded token | roofline tok/s | charm / llama.cpp prefill | charm / llama.cpp decode | same ids |")
-print("|---|---|---|---|---|---|")
+print("| type | bytes / decoded token | roofline tok/s | replay GB/s | replay roofline tok/s | charm / llama.cpp prefill | charm / llama.cpp decode | same ids |")
+print("|---|---|---|---|---|---|---|---|")
 for ty in dict.fromkeys(r["type"] for r in runs):
     roof = bw * 1e9 / sizes[ty]["bytes_per_token"]
     pairs = {}
@@ -208,7 +246,8 @@ for ty in dict.fromkeys(r["type"] for r in runs):
     pr = [p["charm"]["prefill_tok_s"] / p["llama.cpp"]["prefill_tok_s"] for p in pairs.values()]
     dr = [p["charm"]["decode_tok_s"] / p["llama.cpp"]["decode_tok_s"] for p in pairs.values()]
     same = sum(p["charm"]["ids"] == p["llama.cpp"]["ids"] for p in pairs.values())
-    print(f"| {ty} | {sizes[ty]['bytes_per_token'] / 1e6:.1f} MB | {roof:.1f} | "
+    rg = med(r["replay"]["gbs"] for r in replays if r["type"] == ty) if replays else float("nan")
+    print(f"| {ty} | {sizes[ty]['bytes_per_token'] / 1e6:.1f} MB | {roof:.1f} | {rg:.1f} | {replay_roof(ty):.1f} | "
           f"{med(pr):.2f}x ({min(pr):.2f}-{max(pr):.2f}) | {med(dr):.2f}x ({min(dr):.2f}-{max(dr):.2f}) | "
           f"{same}/{len(pairs)} |")
 print()
