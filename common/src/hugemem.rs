@@ -1,6 +1,6 @@
 //! Read-only memory filled once, backed by transparent huge pages where
 //! the OS has them: for copies of weights the decode loop streams (the
-//! repacked Q8_0 / Q4_0 rows).
+//! repacked Q8_0 / Q4_0 / Q6_K rows).
 //!
 //! A decoded token reads hundreds of megabytes spread over the experts it
 //! chose. On 4 KiB pages every page is a TLB miss and a place where the

@@ -266,7 +266,7 @@ pub struct Weight {
     rows: usize,
     cols: usize,
     data: WeightData,
-    /// Q8_0 / Q4_0 rows repacked for this CPU's matrix-vector products
+    /// Q8_0 / Q4_0 / Q6_K rows repacked for this CPU's matrix-vector products
     /// ([`Weight::pack_for_cpu`]); `data` stays for everything else.
     packed: Option<Buf<u8>>,
 }

@@ -103,14 +103,14 @@ pub struct GgufFile {
     /// CPU where it can be ([`repack_policy`]).
     repack: bool,
     /// Per tensor, its copy on huge pages once a matrix was made from it
-    /// (packed for Q8_0 / Q4_0, as stored for the other quantized types; one
+    /// (packed for Q8_0 / Q4_0 / Q6_K, as stored for the other quantized types; one
     /// copy per tensor, shared by every expert sliced from it); `None` when
     /// it has none.
     copies: Vec<OnceLock<Option<Arc<HugeBuf>>>>,
 }
 
 /// Whether a file's quantized weights (`copied` bytes of them) get a copy
-/// on huge pages for faster decode — Q8_0 / Q4_0 packed for this CPU
+/// on huge pages for faster decode — Q8_0 / Q4_0 / Q6_K packed for this CPU
 /// ([`Weight::pack_for_cpu`]), the other types as stored: the copy doubles
 /// their memory while the mapped pages stay in the page cache, so only
 /// when it takes at most half of the memory available now (Linux's

@@ -45,7 +45,8 @@
 //! - `x86`: AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) sums.
 //! - `neon`: AArch64 sums (widening multiplies).
 //! - [`tiled`]: Q8_0 and Q4_0 matrix products on x86 with both sides
-//!   chunk-transposed, so no block needs a horizontal fold (same bits).
+//!   chunk-transposed, so no block needs a horizontal fold (same bits),
+//!   and decode's packed copies of Q8_0, Q4_0 and Q6_K rows.
 
 mod acts;
 #[cfg(target_arch = "aarch64")]

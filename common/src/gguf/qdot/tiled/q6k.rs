@@ -23,6 +23,9 @@ use crate::gguf::types::{GgmlType, QK_K};
 pub const BLOCK: usize = 210;
 
 /// One super-block (`src`: its GGUF bytes) in the packed layout.
+///
+/// # Panics
+/// If `src` or `dst` is shorter than [`BLOCK`].
 pub fn pack_block(src: &[u8], dst: &mut [u8]) {
     dst[..192].fill(0);
     for b in 0..8 {
