@@ -155,7 +155,7 @@ fn every_type_dequantizes_bit_for_bit() {
     assert_no_huge_allocation();
 }
 
-/// Copies on huge pages (Q8_0 / Q4_0 in decode's packed layout, other
+/// Copies on huge pages (Q8_0 / Q4_0 / Q6_K in decode's packed layout, other
 /// quantized types as stored; one per tensor) change no bit: every matrix
 /// and expert slice of the fixture, copied or not, gives the same products.
 #[test]
@@ -175,9 +175,9 @@ fn repacked_weights_give_the_same_bits() {
             packed.weight(name, rows, cols).unwrap(),
         );
         assert!(!a.is_packed());
-        let usable = charm_common::gguf::qdot::tiled::usable(t.ty, cols);
-        assert_eq!(b.is_packed(), usable, "{name}");
-        any_packed |= usable;
+        let packable = charm_common::gguf::qdot::tiled::packable(t.ty, cols);
+        assert_eq!(b.is_packed(), packable, "{name}");
+        any_packed |= packable;
         let (mut ya, mut yb) = (vec![0.0; rows], vec![0.0; rows]);
         a.matvec(&x[..cols], &mut ya);
         b.matvec(&x[..cols], &mut yb);
@@ -196,7 +196,7 @@ fn repacked_weights_give_the_same_bits() {
             );
             assert_eq!(
                 b.is_packed(),
-                charm_common::gguf::qdot::tiled::usable(ty, cols),
+                charm_common::gguf::qdot::tiled::packable(ty, cols),
                 "{name}"
             );
             let xs: Vec<f32> = x[..cols].iter().chain(&x[..cols]).map(|v| v * 0.5).collect();
