@@ -45,7 +45,9 @@
 #    divided by ($MAX_TOKENS − 1). The bound of the lan run is
 #    local ms/token + round trips × measured UDP RTT + (bytes out + bytes
 #    in) / rate.
-# 7. Prints a markdown table; raw JSON lines go to $BENCH/cluster-<time>/.
+# 7. Prints a markdown table; raw JSON lines go to $BENCH/cluster-<time>/
+#    (each run's speeds, bytes, ids, the engine's phase timers and, per
+#    worker, its requests, average round trip and own handling time).
 #
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
 # RUNS (3), MAX_TOKENS (32), THREADS (2), DELAY_MS (0.1), RATE (1gbit),
@@ -221,7 +223,10 @@ s = out["stats"]
 print(json.dumps({"config": cfg, "tokens": n, "round": rnd, "decode_tok_s": s["decode_tok_s"],
                   "prefill_tok_s": s["prefill_tok_s"], "sent": s["network_bytes_sent"],
                   "received": s["network_bytes_received"], "round_trips": s["round_trips"],
-                  "wire_bytes": wire, "ids": out["ids"], "workers": len(s["workers"])}))
+                  "wire_bytes": wire, "ids": out["ids"], "workers": len(s["workers"]),
+                  "profile": s.get("profile"),
+                  "per_worker": [{k: w.get(k) for k in ("address", "requests", "rtt_ms", "compute_ms")}
+                                 for w in s["workers"]]}))
 EOF
 }
 
