@@ -109,6 +109,7 @@ unsafe fn rows_avx2(rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn rows_body<const VNNI: bool>(rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+    use super::x86::madd;
     use std::arch::x86_64::*;
     let supers = acts.len() / QK_K;
     let low4 = _mm256_set1_epi8(0x0f);
@@ -133,8 +134,8 @@ unsafe fn rows_body<const VNNI: bool>(rows: &[u8], rb: usize, acts: &Q8Acts, out
                     let v = w(32 * r);
                     let cl = _mm256_or_si256(_mm256_and_si256(v, low4), at4(h0, r, top));
                     let ch = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), at4(h1, r, top));
-                    lo = madd::<VNNI>(lo, cl, q(r));
-                    hi = madd::<VNNI>(hi, ch, q(4 + r));
+                    lo = madd::<VNNI, false>(lo, cl, q(r));
+                    hi = madd::<VNNI, false>(hi, ch, q(4 + r));
                 }
                 let off = acts.off6.as_ptr().add(16 * c);
                 let s0 = _mm256_loadu_si256(off as *const __m256i);
@@ -167,21 +168,4 @@ unsafe fn at4(v: std::arch::x86_64::__m256i, m: usize, top: std::arch::x86_64::_
         _ => _mm256_srli_epi16(v, 2),
     };
     _mm256_and_si256(s, top)
-}
-
-/// `acc +` the sums of four code × activation products per lane (codes
-/// 0..=63, so `vpmaddubsw`'s pair sums cannot saturate).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn madd<const VNNI: bool>(
-    acc: std::arch::x86_64::__m256i,
-    w: std::arch::x86_64::__m256i,
-    q: std::arch::x86_64::__m256i,
-) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    if VNNI {
-        _mm256_dpbusd_epi32(acc, w, q)
-    } else {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1)))
-    }
 }

@@ -202,7 +202,7 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
 
 /// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`.
 #[inline(always)]
-unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w: __m256i, q: __m256i) -> __m256i {
+pub(super) unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w: __m256i, q: __m256i) -> __m256i {
     if VNNI {
         _mm256_dpbusd_epi32(acc, w, q)
     } else {
