@@ -128,24 +128,35 @@ REPLAY="$BENCH/replay"
 if [ ! -x "$REPLAY" ] || [ "$ROOT/scripts/lib/replay.c" -nt "$REPLAY" ]; then
   cc -O2 -pthread -o "$REPLAY" "$ROOT/scripts/lib/replay.c"
 fi
-# Each GGUF's per-token reads for `replay`, from its tensor table.
+# Each GGUF's per-token reads, from its tensor table: the spans `replay`
+# reads (.ranges) and their total with the tensor types (.sizes.json, for
+# the table): every dense tensor, one embedding row, used / experts of each
+# expert tensor.
 for ty in $TYPES; do
-  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/olmoe-w.$ty.gguf" >"$BENCH/olmoe-w.$ty.ranges" <<'EOF'
-import re, sys
+  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/olmoe-w.$ty.gguf" "$ty" "$BENCH/olmoe-w.$ty.sizes.json" \
+    >"$BENCH/olmoe-w.$ty.ranges" <<'EOF'
+import json, re, sys
 from gguf import GGUFReader
 r = GGUFReader(sys.argv[1])
 arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
 val = lambda k: int(r.fields[f"{arch}.{k}"].parts[-1][0])
-experts = val("expert_count")
-print("used", val("expert_used_count"))
+experts, used = val("expert_count"), val("expert_used_count")
+print("used", used)
+total, types = 0.0, {}
 for t in r.tensors:
     off, n = int(t.data_offset), int(t.n_bytes)
     if "_exps" in t.name:
         print("experts", int(re.match(r"blk\.(\d+)\.", t.name).group(1)), off, n, experts)
+        total += n * used / experts
     elif t.name == "token_embd.weight":
         print("rows", off, n, int(t.shape[-1]))
+        total += n / int(t.shape[-1])
     else:
         print("dense", off, n)
+        total += n
+    types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+with open(sys.argv[3], "w") as f:
+    print(json.dumps({"type": sys.argv[2], "bytes_per_token": total, "tensor_types": types}), file=f)
 EOF
 done
 
@@ -189,27 +200,8 @@ for line in sys.stdin:
   done
 done
 
-# ---- bytes per decoded token, from the GGUF tensor tables --------------------
-for ty in $TYPES; do
-  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/olmoe-w.$ty.gguf" "$ty" >>"$RAW" <<'EOF'
-import json, sys
-from gguf import GGUFReader
-r = GGUFReader(sys.argv[1])
-arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-val = lambda k: int(r.fields[f"{arch}.{k}"].parts[-1][0])
-experts, used = val("expert_count"), val("expert_used_count")
-total, types = 0.0, {}
-for t in r.tensors:
-    n = int(t.n_bytes)
-    if "_exps" in t.name:
-        n = n * used / experts
-    elif t.name == "token_embd.weight":
-        n = n / int(t.shape[-1])
-    total += n
-    types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-print(json.dumps({"type": sys.argv[2], "bytes_per_token": total, "tensor_types": types}))
-EOF
-done
+# ---- bytes per decoded token (written with the ranges above) --------------
+for ty in $TYPES; do cat "$BENCH/olmoe-w.$ty.sizes.json" >>"$RAW"; done
 
 python3 - "$RAW" "$THREADS" "$PROMPT" "$GEN" <<'EOF' | tee "$OUT/table.md"
 import json, statistics, sys
