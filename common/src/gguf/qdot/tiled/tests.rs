@@ -175,6 +175,46 @@ fn packed_rows_give_the_row_dot_bits() {
 }
 
 #[test]
+fn packed_q4_0_rows_with_the_largest_nibbles_stay_exact() {
+    // Every nibble 15 or 0 against ±127 activations: the VNNI kernel
+    // multiplies the high nibbles as 16 times their value and divides the
+    // sums once, so its 32-bit sums are at their largest here.
+    let isa = Isa::active();
+    let cols = 2 * CHUNK;
+    if !packable_on(isa, GgmlType::Q4_0, cols) {
+        return;
+    }
+    let mut data = Vec::new();
+    for r in 0..4u8 {
+        for b in 0..cols / 32 {
+            data.extend(half::f16::from_f32(0.25 + b as f32).to_bits().to_le_bytes());
+            data.extend((0..16u8).map(|i| match (r + i % 3) % 4 {
+                0 => 0xff,
+                1 => 0xf0,
+                2 => 0x0f,
+                _ => 0x00,
+            }));
+        }
+    }
+    let rows = 4;
+    let packed = pack_rows(GgmlType::Q4_0, &data, rows, cols);
+    for x in [
+        (0..cols).map(|_| 1.0f32).collect::<Vec<_>>(),
+        (0..cols).map(|i| if i % 2 == 0 { -1.0 } else { 1.0 }).collect(),
+    ] {
+        let mut a = Q8Acts::new(&x);
+        a.arrange();
+        let mut got = vec![0.0f32; rows];
+        dot_rows_packed(GgmlType::Q4_0, &packed, &a, &mut got);
+        let rb = data.len() / rows;
+        for (r, g) in got.iter().enumerate() {
+            let want = dot_on(Isa::Scalar, GgmlType::Q4_0, &data[r * rb..(r + 1) * rb], &a);
+            assert_eq!(g.to_bits(), want.to_bits(), "row {r}");
+        }
+    }
+}
+
+#[test]
 fn vector_packing_equals_the_scalar_one() {
     if !Isa::Avx2.runs() {
         return;
