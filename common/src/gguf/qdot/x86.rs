@@ -480,10 +480,15 @@ unsafe fn rows_dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &[u8], a
 pub(crate) unsafe fn lane_sums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
     let mut out = [0.0f32; N];
     for (o, v) in out.iter_mut().zip(acc) {
-        let mut l = [0.0f32; 8];
-        // SAFETY: `l` holds eight floats.
-        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
-        *o = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+        // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), in registers.
+        // SAFETY: AVX is enabled wherever the kernels inline this.
+        unsafe {
+            // t = [l0 + l4, l1 + l5, l2 + l6, l3 + l7]
+            let t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            // u0 = t0 + t1, u2 = t2 + t3 (addition is commutative, bit for bit)
+            let u = _mm_add_ps(t, _mm_shuffle_ps::<0b10_11_00_01>(t, t));
+            *o = _mm_cvtss_f32(_mm_add_ss(u, _mm_movehl_ps(u, u)));
+        }
     }
     out
 }
