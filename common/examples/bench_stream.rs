@@ -5,7 +5,9 @@
 //!
 //!     cargo run --release -p charm-common --example bench_stream [-- MIB]
 //!
-//! Each line: format, median of 7 passes (min, max). Compare software
+//! The last line multiplies many separately packed 2048 × 2048 Q4_0
+//! matrices one after another (a layer's projections: what each product's
+//! start and end cost). Each line: format, median of 7 passes (min, max). Compare software
 //! prefetch settings with `CHARM_PREFETCH=0` (off) against the default in
 //! alternating runs; docs/kernels.md quotes the results.
 
@@ -62,6 +64,34 @@ fn main() {
         runs.sort_by(f64::total_cmp);
         println!("{name:>5} {:6.1} ({:.1}, {:.1})", runs[3], runs[0], runs[6]);
     }
+    // A layer's projections: many 2048 × 2048 Q4_0 matrices, each its own
+    // packed copy (as the GGUF loader makes one per tensor), one product
+    // after another: what each product's start and end cost.
+    let rows = COLS;
+    let rb = GgmlType::Q4_0.row_bytes(COLS).unwrap_or(0);
+    let count = ((mib << 20) / (rows * rb)).max(1);
+    let small: Vec<Weight> = (0..count)
+        .filter_map(|_| match build("Q4_0", rows, &mut rng) {
+            (Subject::Matrix(w), _) => Some(w),
+            (Subject::Read(_), _) => None,
+        })
+        .collect();
+    let gb = (count * rows * rb) as f64 / 1e9;
+    let mut out = vec![0.0f32; rows];
+    let mut runs = Vec::new();
+    for _ in 0..7 {
+        let t = Instant::now();
+        for w in &small {
+            w.matvec(&x, &mut out);
+            std::hint::black_box(&out);
+        }
+        runs.push(gb / t.elapsed().as_secs_f64());
+    }
+    runs.sort_by(f64::total_cmp);
+    println!(
+        "Q4_0 {count} matrices of {rows} x {COLS} {:6.1} ({:.1}, {:.1})",
+        runs[3], runs[0], runs[6]
+    );
 }
 
 /// What one line measures.
