@@ -5,15 +5,18 @@
 //!
 //!     cargo run --release -p charm-common --example bench_stream [-- MIB]
 //!
-//! The last line multiplies many separately packed 2048 × 2048 Q4_0
-//! matrices one after another (a layer's projections: what each product's
-//! start and end cost). Each line: format, median of 7 passes (min, max). Compare software
-//! prefetch settings with `CHARM_PREFETCH=0` (off) against the default in
+//! The last two lines multiply many 2048 × 2048 Q4_0 matrices one after
+//! another (a layer's projections: what each product's start and end
+//! cost), each packed into a copy of its own as the GGUF loader makes
+//! them, then the same number as slices of one packed copy. Each line:
+//! format, median of 7 passes (min, max). Compare software prefetch
+//! settings with `CHARM_PREFETCH=0` (off) against the default in
 //! alternating runs; docs/kernels.md quotes the results.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use charm_common::gguf::qdot::tiled::pack_rows_into;
 use charm_common::gguf::GgmlType;
 use charm_common::hugemem::HugeBuf;
 use charm_common::quant::{quantize_int4, quantize_int8};
@@ -64,34 +67,55 @@ fn main() {
         runs.sort_by(f64::total_cmp);
         println!("{name:>5} {:6.1} ({:.1}, {:.1})", runs[3], runs[0], runs[6]);
     }
-    // A layer's projections: many 2048 × 2048 Q4_0 matrices, each its own
-    // packed copy (as the GGUF loader makes one per tensor), one product
+    // A layer's projections: many 2048 × 2048 Q4_0 matrices, one product
     // after another: what each product's start and end cost.
     let rows = COLS;
-    let rb = GgmlType::Q4_0.row_bytes(COLS).unwrap_or(0);
+    let ty = GgmlType::Q4_0;
+    let rb = ty.row_bytes(COLS).unwrap_or(0);
     let count = ((mib << 20) / (rows * rb)).max(1);
-    let small: Vec<Weight> = (0..count)
+    let own: Vec<Weight> = (0..count)
         .filter_map(|_| match build("Q4_0", rows, &mut rng) {
             (Subject::Matrix(w), _) => Some(w),
             (Subject::Read(_), _) => None,
         })
         .collect();
+    let (one, _) = build("Q4_0", rows * count, &mut rng);
+    let Subject::Matrix(one) = one else { return };
+    let WeightData::Gguf { data, .. } = one.data() else {
+        return;
+    };
+    let raw: Arc<dyn ByteSource> =
+        Arc::new(HugeBuf::filled(data.len(), |b| b.copy_from_slice(data.as_slice())).expect("huge-page buffer"));
+    let packed: Arc<dyn ByteSource> = Arc::new(
+        HugeBuf::filled(data.len(), |b| {
+            pack_rows_into(ty, data.as_slice(), rows * count, COLS, b)
+        })
+        .expect("huge-page buffer"),
+    );
+    let slices: Vec<Weight> = (0..count)
+        .map(|i| {
+            let data = Buf::shared(raw.clone(), i * rows * rb, rows * rb);
+            Weight::new(rows, COLS, WeightData::Gguf { ty, data }).with_packed(packed.clone(), i * rows * rb)
+        })
+        .collect();
     let gb = (count * rows * rb) as f64 / 1e9;
     let mut out = vec![0.0f32; rows];
-    let mut runs = Vec::new();
-    for _ in 0..7 {
-        let t = Instant::now();
-        for w in &small {
-            w.matvec(&x, &mut out);
-            std::hint::black_box(&out);
+    for (what, set) in [("own copies", &own), ("slices of one", &slices)] {
+        let mut runs = Vec::new();
+        for _ in 0..7 {
+            let t = Instant::now();
+            for w in set {
+                w.matvec(&x, &mut out);
+                std::hint::black_box(&out);
+            }
+            runs.push(gb / t.elapsed().as_secs_f64());
         }
-        runs.push(gb / t.elapsed().as_secs_f64());
+        runs.sort_by(f64::total_cmp);
+        println!(
+            "Q4_0 {count} x {rows} x {COLS}, {what} {:6.1} ({:.1}, {:.1})",
+            runs[3], runs[0], runs[6]
+        );
     }
-    runs.sort_by(f64::total_cmp);
-    println!(
-        "Q4_0 {count} matrices of {rows} x {COLS} {:6.1} ({:.1}, {:.1})",
-        runs[3], runs[0], runs[6]
-    );
 }
 
 /// What one line measures.

@@ -12,8 +12,8 @@
 //! after its end, so its last partial 2 MiB is a huge page too (at most
 //! 2 MiB of memory more per buffer: a 2048 × 2048 Q4_0 projection, 2.4
 //! MB, otherwise has its last 0.4 MB on 4 KiB pages; `bench_stream`'s
-//! last line, many such copies one after another, read 16.9 GB/s without
-//! this and 19.1 with it, docs/kernels.md).
+//! `own copies` line, many such copies one after another, read 16.9 GB/s
+//! without this and 19.1 with it, docs/kernels.md).
 
 use std::io;
 
