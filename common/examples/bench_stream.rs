@@ -54,68 +54,74 @@ fn main() {
         let (subject, bytes) = build(name, rows, &mut rng);
         let gb = bytes as f64 / 1e9;
         let mut out = vec![0.0f32; rows];
-        let mut runs = Vec::new();
-        for _ in 0..7 {
-            let t = Instant::now();
-            match &subject {
-                Subject::Matrix(w) => w.matvec(&x, &mut out),
-                Subject::Read(buf) => out[0] = read_all(buf),
-            }
-            std::hint::black_box(&out);
-            runs.push(gb / t.elapsed().as_secs_f64());
-        }
-        runs.sort_by(f64::total_cmp);
-        println!("{name:>5} {:6.1} ({:.1}, {:.1})", runs[3], runs[0], runs[6]);
+        let rate = gbs(gb, || match &subject {
+            Subject::Matrix(w) => w.matvec(&x, &mut out),
+            Subject::Read(buf) => out[0] = read_all(buf),
+        });
+        println!("{name:>5} {rate}");
     }
     // A layer's projections: many 2048 × 2048 Q4_0 matrices, one product
     // after another: what each product's start and end cost.
-    let rows = COLS;
-    let ty = GgmlType::Q4_0;
+    let (ty, rows) = (GgmlType::Q4_0, COLS);
     let rb = ty.row_bytes(COLS).unwrap_or(0);
     let count = ((mib << 20) / (rows * rb)).max(1);
-    let own: Vec<Weight> = (0..count)
-        .filter_map(|_| match build("Q4_0", rows, &mut rng) {
-            (Subject::Matrix(w), _) => Some(w),
-            (Subject::Read(_), _) => None,
-        })
-        .collect();
-    let (one, _) = build("Q4_0", rows * count, &mut rng);
-    let Subject::Matrix(one) = one else { return };
-    let WeightData::Gguf { data, .. } = one.data() else {
-        return;
+    let raw: Arc<dyn ByteSource> = gguf_rows(ty, rows * count, &mut rng);
+    let slice = |i: usize| {
+        let data = Buf::shared(raw.clone(), i * rows * rb, rows * rb);
+        Weight::new(rows, COLS, WeightData::Gguf { ty, data })
     };
-    let raw: Arc<dyn ByteSource> =
-        Arc::new(HugeBuf::filled(data.len(), |b| b.copy_from_slice(data.as_slice())).expect("huge-page buffer"));
+    let own: Vec<Weight> = (0..count).map(|i| slice(i).pack_for_cpu()).collect();
+    let whole = raw.bytes();
     let packed: Arc<dyn ByteSource> = Arc::new(
-        HugeBuf::filled(data.len(), |b| {
-            pack_rows_into(ty, data.as_slice(), rows * count, COLS, b)
-        })
-        .expect("huge-page buffer"),
+        HugeBuf::filled(whole.len(), |b| pack_rows_into(ty, whole, rows * count, COLS, b)).expect("huge-page buffer"),
     );
-    let slices: Vec<Weight> = (0..count)
-        .map(|i| {
-            let data = Buf::shared(raw.clone(), i * rows * rb, rows * rb);
-            Weight::new(rows, COLS, WeightData::Gguf { ty, data }).with_packed(packed.clone(), i * rows * rb)
-        })
+    let shared: Vec<Weight> = (0..count)
+        .map(|i| slice(i).with_packed(packed.clone(), i * rows * rb))
         .collect();
-    let gb = (count * rows * rb) as f64 / 1e9;
+    let gb = whole.len() as f64 / 1e9;
     let mut out = vec![0.0f32; rows];
-    for (what, set) in [("own copies", &own), ("slices of one", &slices)] {
-        let mut runs = Vec::new();
-        for _ in 0..7 {
-            let t = Instant::now();
+    for (what, set) in [("own copies", &own), ("slices of one", &shared)] {
+        let rate = gbs(gb, || {
             for w in set {
                 w.matvec(&x, &mut out);
                 std::hint::black_box(&out);
             }
-            runs.push(gb / t.elapsed().as_secs_f64());
-        }
-        runs.sort_by(f64::total_cmp);
-        println!(
-            "Q4_0 {count} x {rows} x {COLS}, {what} {:6.1} ({:.1}, {:.1})",
-            runs[3], runs[0], runs[6]
-        );
+        });
+        println!("Q4_0 {count} x {rows} x {COLS}, {what} {rate}");
     }
+}
+
+/// `pass` timed 7 times as `gb` gigabytes read: "median (min, max)" GB/s.
+fn gbs(gb: f64, mut pass: impl FnMut()) -> String {
+    let mut runs: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            pass();
+            gb / t.elapsed().as_secs_f64()
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    format!("{:6.1} ({:.1}, {:.1})", runs[3], runs[0], runs[6])
+}
+
+/// `rows` random GGML rows of `ty`, `COLS` wide, on huge pages, with every
+/// block's f16 scales set to a small finite number.
+fn gguf_rows(ty: GgmlType, rows: usize, rng: &mut ChaCha8Rng) -> Arc<HugeBuf> {
+    let rb = ty.row_bytes(COLS).expect("a multiple of 256");
+    let f16_at: &[usize] = match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 => &[0],
+        GgmlType::Q6_K => &[208],
+        _ => &[0, 2],
+    };
+    let buf = HugeBuf::filled(rows * rb, |b| {
+        rng.fill_bytes(b);
+        for blk in b.chunks_exact_mut(ty.block_bytes()) {
+            for &at in f16_at {
+                blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+            }
+        }
+    });
+    Arc::new(buf.expect("huge-page buffer"))
 }
 
 /// What one line measures.
@@ -201,20 +207,7 @@ fn build(name: &str, rows: usize, rng: &mut ChaCha8Rng) -> (Subject, usize) {
                 _ => GgmlType::Q6_K,
             };
             let rb = ty.row_bytes(COLS).expect("a multiple of 256");
-            let (bb, f16_at): (usize, &[usize]) = match ty {
-                GgmlType::Q8_0 | GgmlType::Q4_0 => (ty.block_bytes(), &[0]),
-                GgmlType::Q6_K => (ty.block_bytes(), &[208]),
-                _ => (ty.block_bytes(), &[0, 2]),
-            };
-            let buf = huge(rows * rb, &mut |b| {
-                rng.fill_bytes(b);
-                for blk in b.chunks_exact_mut(bb) {
-                    for &at in f16_at {
-                        blk[at..at + 2].copy_from_slice(&0x2000u16.to_le_bytes());
-                    }
-                }
-            });
-            let src: Arc<dyn ByteSource> = buf;
+            let src: Arc<dyn ByteSource> = gguf_rows(ty, rows, rng);
             let w = Weight::new(
                 rows,
                 COLS,
