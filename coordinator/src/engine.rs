@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use charm_common::container::{is_container, Manifest, Quant};
 use charm_common::TensorFiles;
+use charm_models::attention::AttentionTimes;
 use charm_models::gguf::GgufModel;
 use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, KvDtype, Model, ModelConfig, ModelError};
 use charm_worker::io::{Backend, ReaderOptions};
@@ -42,6 +43,10 @@ pub trait StepObserver: Send + Sync {
 pub struct PhaseTimes {
     /// Norms, attention and the KV cache.
     pub attention_ms: f64,
+    /// The three parts of `attention_ms` that are not norms and residual
+    /// adds: q/k/v (with RoPE and the cache append), the heads (scores,
+    /// softmax, weighted values), the output projection.
+    pub attention_parts: AttentionTimes,
     /// Router, top-k, shared experts and dense MLP layers.
     pub routing_ms: f64,
     /// Waiting for the expert service (compute, disk, network).
@@ -278,7 +283,8 @@ impl Engine {
         let mut st = self.model.begin(tokens, start)?;
         for layer in 0..self.model.cfg.num_layers {
             let t = Instant::now();
-            self.model.attend(layer, &mut st, cache);
+            self.model
+                .attend_timed(layer, &mut st, cache, &mut prof.attention_parts);
             prof.attention_ms += ms(t);
             let t = Instant::now();
             let batch = self.model.route(layer, &mut st);

@@ -95,6 +95,22 @@ fn generate_json_has_the_contract_fields_and_reference_ids() {
     for k in ["ttft_ms", "prefill_tok_s", "decode_tok_s"] {
         assert!(s[k].as_f64().unwrap() > 0.0, "{k} = {}", s[k]);
     }
+    // The profile's attention parts: each measured, together inside the
+    // attention phase (which also holds the norms and residual adds).
+    let p = &s["profile"];
+    let parts = &p["attention_parts"];
+    let mut sum = 0.0;
+    for k in ["qkv_ms", "heads_ms", "o_proj_ms"] {
+        let ms = parts[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("attention_parts.{k} missing: {p}"));
+        assert!(ms > 0.0, "attention_parts.{k} = {ms}");
+        sum += ms;
+    }
+    assert!(
+        sum <= p["attention_ms"].as_f64().unwrap(),
+        "parts {sum} ms > attention: {p}"
+    );
     // Keys and values of every cached position (prompt + all but the last
     // generated token), each layer's kv_dim wide, in f32.
     let cfg: Value =

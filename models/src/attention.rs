@@ -5,10 +5,35 @@
 use charm_common::kernels::{rms_norm, rms_norm_rows, softmax};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
+use serde::Serialize;
+use std::time::Instant;
 
 use crate::config::{ModelConfig, QkNorm};
 use crate::kv_cache::LayerKv;
 use crate::rope::Rope;
+
+/// Where one or more attention calls spent their time, in milliseconds
+/// (added to by [`Attention::forward_timed`]; the names are part of the
+/// `generate --json` profile).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct AttentionTimes {
+    /// q/k/v products, biases, QK-norm, RoPE and appending to the cache.
+    pub qkv_ms: f64,
+    /// Per head: scores against the cached keys, softmax, the weighted sum
+    /// of the cached values.
+    pub heads_ms: f64,
+    /// The output projection.
+    pub o_proj_ms: f64,
+}
+
+impl AttentionTimes {
+    /// Adds `other`'s times to these.
+    pub fn add(&mut self, other: &AttentionTimes) {
+        self.qkv_ms += other.qkv_ms;
+        self.heads_ms += other.heads_ms;
+        self.o_proj_ms += other.o_proj_ms;
+    }
+}
 
 /// One attention layer's weights and shape.
 pub struct Attention {
@@ -77,6 +102,21 @@ impl Attention {
     /// what `kv` holds). Appends their keys/values to `kv` and writes the
     /// `o_proj` output (`n × hidden`) to `out`.
     pub fn forward(&self, xs: &[f32], positions: &[usize], rope: &Rope, kv: &mut LayerKv, out: &mut [f32]) {
+        self.forward_timed(xs, positions, rope, kv, out, &mut AttentionTimes::default())
+    }
+
+    /// [`Attention::forward`], adding the time of its three parts to `times`.
+    pub fn forward_timed(
+        &self,
+        xs: &[f32],
+        positions: &[usize],
+        rope: &Rope,
+        kv: &mut LayerKv,
+        out: &mut [f32],
+        times: &mut AttentionTimes,
+    ) {
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
         let n = positions.len();
         let (qd, kvd, hd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim);
         let mut q = vec![0.0; n * qd];
@@ -125,6 +165,8 @@ impl Attention {
         for (kr, vr) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)) {
             kv.push(kr, vr);
         }
+        times.qkv_ms += ms(started);
+        let started = Instant::now();
 
         // softmax(q k^T / sqrt(head_dim)) v, one (token, head) per task.
         let scale = 1.0 / (hd as f32).sqrt();
@@ -148,7 +190,10 @@ impl Attention {
             o.fill(0.0);
             kv_ref.values(h / group, start, pos + 1).add_weighted(&scores, o);
         });
+        times.heads_ms += ms(started);
+        let started = Instant::now();
         self.o_proj.matmul(&ctx, n, out);
+        times.o_proj_ms += ms(started);
     }
 }
 

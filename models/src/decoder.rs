@@ -13,7 +13,7 @@ use charm_common::kernels::{rms_norm_rows, sigmoid};
 use charm_common::{TensorFiles, Weight, WeightSource};
 use charm_proto::{ExpertBatch, ExpertOutputs, PrefetchHint};
 
-use crate::attention::Attention;
+use crate::attention::{Attention, AttentionTimes};
 use crate::config::ModelConfig;
 use crate::error::{ExpertError, ModelError};
 use crate::ffn::SwiGlu;
@@ -177,14 +177,25 @@ impl Model {
 
     /// The attention sublayer of `layer` (first half of [`Model::pre_experts`]).
     pub fn attend(&self, layer: usize, st: &mut StepState, cache: &mut KvCache) {
+        self.attend_timed(layer, st, cache, &mut AttentionTimes::default())
+    }
+
+    /// [`Model::attend`], adding the time of attention's parts to `times`.
+    pub fn attend_timed(&self, layer: usize, st: &mut StepState, cache: &mut KvCache, times: &mut AttentionTimes) {
         let (h, n) = (self.cfg.hidden_size, st.len());
         let l = &self.layers[layer];
         // hidden_states = residual + self_attn(input_layernorm(hidden_states))
         let mut xs = st.hidden.clone();
         rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
         let mut attn_out = vec![0.0; n * h];
-        l.attn
-            .forward(&xs, &st.positions, &self.rope, &mut cache.layers[layer], &mut attn_out);
+        l.attn.forward_timed(
+            &xs,
+            &st.positions,
+            &self.rope,
+            &mut cache.layers[layer],
+            &mut attn_out,
+            times,
+        );
         add_into(&mut st.hidden, &attn_out);
     }
 

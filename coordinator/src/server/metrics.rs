@@ -194,6 +194,7 @@ impl Metrics {
         if let Some(p) = f.profile {
             let t = &mut c.phases;
             t.attention_ms += p.attention_ms;
+            t.attention_parts.add(&p.attention_parts);
             t.routing_ms += p.routing_ms;
             t.experts_ms += p.experts_ms;
             t.combine_ms += p.combine_ms;
