@@ -26,6 +26,8 @@
 //!   repacked weight copies decode streams.
 //! - [`prefetch`]: the software prefetch decode's streaming loops issue
 //!   (a hint: never a different result).
+//! - [`warm`]: keeps rayon's threads awake through a decode step (no
+//!   wake-up per parallel loop).
 //! - [`isa`]: the instruction sets the kernels are compiled for, detected
 //!   at run time (`CHARM_ISA` picks one); every one gives the same bits.
 
@@ -40,6 +42,7 @@ pub mod prefetch;
 pub mod quant;
 pub mod safetensors;
 pub mod source;
+pub mod warm;
 pub mod weight;
 
 pub use dtype::DType;

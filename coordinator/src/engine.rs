@@ -253,7 +253,9 @@ impl Engine {
     /// starts on that thread at once and only wakes the others, instead of
     /// the caller handing every product to the pool and sleeping until it
     /// is done (a wake-up per product, measured as scheduler time in
-    /// decode). Which thread computes a part never changes a bit.
+    /// decode); with in-process experts the pool's other threads poll for
+    /// work through the step ([`charm_common::warm`]) instead of falling
+    /// asleep between its products. Which thread computes a part never changes a bit.
     pub fn forward_timed(
         &self,
         tokens: &[u32],
@@ -261,7 +263,11 @@ impl Engine {
         all_logits: bool,
         prof: &mut PhaseTimes,
     ) -> Result<Vec<f32>, ModelError> {
-        rayon::scope(|_| self.forward_in_pool(tokens, cache, all_logits, prof))
+        if self.experts.computes_in_process() {
+            charm_common::warm::run_warm(|| self.forward_in_pool(tokens, cache, all_logits, prof))
+        } else {
+            rayon::scope(|_| self.forward_in_pool(tokens, cache, all_logits, prof))
+        }
     }
 
     fn forward_in_pool(

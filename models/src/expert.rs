@@ -27,6 +27,16 @@ pub trait ExpertService: Send + Sync {
 
     /// Advisory: a request ended (persist what was learned, re-pin).
     fn end_request(&self) {}
+
+    /// Whether [`ExpertService::run`] computes on this process's rayon
+    /// pool (the in-process worker) rather than waiting on other
+    /// processes. The engine keeps the pool's threads awake through a
+    /// step only then: while a step waits on the network they would have
+    /// nothing to run, and on a box shared with workers they would take
+    /// the workers' cores.
+    fn computes_in_process(&self) -> bool {
+        true
+    }
 }
 
 /// Expert store counters, cumulative since start (`cache_bytes` is current).

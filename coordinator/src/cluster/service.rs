@@ -702,6 +702,12 @@ impl ExpertService for ClusterService {
         s
     }
 
+    /// The workers compute; a step waits on the network (the in-process
+    /// fallback, when it runs, is a failover, not the steady state).
+    fn computes_in_process(&self) -> bool {
+        false
+    }
+
     fn end_request(&self) {
         if let Some(svc) = self.local.as_ref().and_then(Local::built) {
             svc.end_request();
