@@ -247,7 +247,10 @@ for ty, s in sizes.items():
     print(f"- {ty} tensor types: " + ", ".join(f"{k} x{v}" for k, v in sorted(s["tensor_types"].items())))
 charm = [r for r in runs if r["engine"] == "charm" and r.get("profile")]
 for ty in dict.fromkeys(r["type"] for r in charm):
-    prof = [r["profile"] for r in charm if r["type"] == ty]
+    # Nested parts (attention_parts) flattened as attention_parts.qkv_ms, ...
+    flat = lambda p: {f"{k}.{j}" if isinstance(v, dict) else k: w
+                      for k, v in p.items() for j, w in (v.items() if isinstance(v, dict) else [(None, v)])}
+    prof = [flat(r["profile"]) for r in charm if r["type"] == ty]
     keys = prof[0].keys()
     print(f"- charm {ty} time per phase (median ms, prefill + decode): "
           + ", ".join(f"{k.removesuffix('_ms')} {med(p[k] for p in prof):.0f}" for k in keys))
