@@ -255,7 +255,8 @@ impl Engine {
     /// is done (a wake-up per product, measured as scheduler time in
     /// decode); with in-process experts the pool's other threads poll for
     /// work through the step ([`charm_common::warm`]) instead of falling
-    /// asleep between its products. Which thread computes a part never changes a bit.
+    /// asleep between its products. Which thread computes a part never
+    /// changes a bit.
     pub fn forward_timed(
         &self,
         tokens: &[u32],
