@@ -97,7 +97,7 @@ if [ ! -f "$KEY" ]; then
 fi
 
 CHECK="$BENCH/corecheck"
-if [ ! -x "$CHECK" ]; then
+if [ ! -x "$CHECK" ] || [ "$ROOT/scripts/lib/corecheck.c" -nt "$CHECK" ]; then
     # Prints: mem_GBs_1T mem_GBs_2T mem_ratio compute_ratio
     cc -O2 -pthread -o "$CHECK" "$ROOT/scripts/lib/corecheck.c"
 fi

@@ -104,7 +104,7 @@ echo "== results in $OUT" >&2
 # One core here can nearly saturate DRAM, so the memory ratio is logged but
 # the gate is the compute ratio (about 2.0 with both cores, 1.0 with one).
 CHECK="$BENCH/corecheck"
-if [ ! -x "$CHECK" ]; then
+if [ ! -x "$CHECK" ] || [ "$ROOT/scripts/lib/corecheck.c" -nt "$CHECK" ]; then
   cc -O2 -pthread -o "$CHECK" "$ROOT/scripts/lib/corecheck.c"
 fi
 core_ok() { # label -> 0 when the 2T/1T compute ratio passes; logs it
