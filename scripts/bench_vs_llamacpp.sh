@@ -246,6 +246,16 @@ for ty in dict.fromkeys(r["type"] for r in runs):
           f"{med(pr):.2f}x ({min(pr):.2f}-{max(pr):.2f}) | {med(dr):.2f}x ({min(dr):.2f}-{max(dr):.2f}) | "
           f"{same}/{len(pairs)} |")
 print()
+# Each round's decode against the replay of the same round (memory moves
+# between rounds on a shared VM; the medians above mix rounds).
+for ty in dict.fromkeys(r["type"] for r in runs):
+    roofs = {r["round"]: r["replay"]["tok_s"] for r in replays if r["type"] == ty}
+    for eng in ("charm", "llama.cpp"):
+        fr = [100 * r["decode_tok_s"] / roofs[r["round"]] for r in runs
+              if r["type"] == ty and r["engine"] == eng and r["round"] in roofs]
+        if fr:
+            print(f"- {ty} {eng} decode per round, % of that round's replay roofline: "
+                  + ", ".join(f"{f:.0f}" for f in fr) + f" (median {med(fr):.0f} %)")
 for ty, s in sizes.items():
     print(f"- {ty} tensor types: " + ", ".join(f"{k} x{v}" for k, v in sorted(s["tensor_types"].items())))
 charm = [r for r in runs if r["engine"] == "charm" and r.get("profile")]
