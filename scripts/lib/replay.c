@@ -16,14 +16,15 @@
  *                     reads K of its N equal slices
  * Each token picks K distinct experts per layer (seeded xorshift, uniform:
  * the bench model's routing is spread over all experts) and one embedding
- * row, and the threads split the token's bytes evenly. After 8 warm-up
- * tokens the TOKENS timed ones give: GB/s, tok/s and bytes per token.
+ * row, and the threads split the token's bytes evenly.
  *
- * Two loops read the same tokens, alternating token by token: the plain
- * one, and the same with a software prefetch PREFETCH bytes ahead (as
- * charm's kernels ask, common/src/prefetch.rs; on some machines only that
- * keeps enough lines in flight). The faster of the two is the rate: a
- * bound no weight-streaming decode loop should beat.
+ * Two loops take turns, token by token: the plain one, and the same with
+ * a software prefetch PREFETCH bytes ahead (2048 unless -DPREFETCH=N;
+ * charm's kernels ask that far, common/src/prefetch.rs; on some machines
+ * only a prefetch keeps enough lines in flight). After 8 warm-up tokens
+ * each loop reads TOKENS timed ones, and the faster loop gives the rate:
+ * GB/s, tok/s and bytes per token, a bound no weight-streaming decode loop
+ * should beat.
  *
  * On a machine whose last-level cache holds a good part of the bytes every
  * token reads (the dense part, hot experts), this rate exceeds a plain
