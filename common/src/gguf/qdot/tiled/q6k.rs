@@ -130,12 +130,33 @@ unsafe fn rows_body<const VNNI: bool>(rows: &[u8], rb: usize, acts: &Q8Acts, out
                 let (h0, h1) = (w(128), w(160));
                 let mut lo = _mm256_setzero_si256();
                 let mut hi = _mm256_setzero_si256();
-                for r in 0..4 {
+                let step = |r: usize| {
                     let v = w(32 * r);
                     let cl = _mm256_or_si256(_mm256_and_si256(v, low4), at4(h0, r, top));
                     let ch = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), at4(h1, r, top));
-                    lo = madd::<VNNI, false>(lo, cl, q(r));
-                    hi = madd::<VNNI, false>(hi, ch, q(4 + r));
+                    (cl, ch)
+                };
+                if VNNI {
+                    for r in 0..4 {
+                        let (cl, ch) = step(r);
+                        lo = madd::<VNNI, false>(lo, cl, q(r));
+                        hi = madd::<VNNI, false>(hi, ch, q(4 + r));
+                    }
+                } else {
+                    // Two steps' `vpmaddubsw` pairs summed in 16 bits before
+                    // one widening multiply: a pair is at most 2 · 63 · 127
+                    // = 16002 in magnitude, two of them 32004 < 2^15, so
+                    // the sums stay exact (and so the bits).
+                    for r in (0..4).step_by(2) {
+                        let (cl0, ch0) = step(r);
+                        let (cl1, ch1) = step(r + 1);
+                        let ones = _mm256_set1_epi16(1);
+                        let pl = _mm256_add_epi16(_mm256_maddubs_epi16(cl0, q(r)), _mm256_maddubs_epi16(cl1, q(r + 1)));
+                        let ph =
+                            _mm256_add_epi16(_mm256_maddubs_epi16(ch0, q(4 + r)), _mm256_maddubs_epi16(ch1, q(5 + r)));
+                        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(pl, ones));
+                        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(ph, ones));
+                    }
                 }
                 let off = acts.off6.as_ptr().add(16 * c);
                 let s0 = _mm256_loadu_si256(off as *const __m256i);

@@ -175,15 +175,14 @@ fn packed_rows_give_the_row_dot_bits() {
 }
 
 #[test]
-fn packed_q4_0_rows_with_the_largest_nibbles_stay_exact() {
-    // Every nibble 15 or 0 against ±127 activations: the VNNI kernel
-    // multiplies the high nibbles as 16 times their value and divides the
-    // sums once, so its 32-bit sums are at their largest here.
-    let isa = Isa::active();
+fn q4_0_rows_with_the_largest_nibbles_stay_exact() {
+    // Every nibble 15 or 0 against ±127 activations, on every instruction
+    // set here, packed (decode) and arranged (prefill): VNNI multiplies the
+    // high nibbles as 16 times their value and divides the sums once, and
+    // AVX2 sums a chunk's eight `vpmaddubsw` pairs in 16 bits (30480 at
+    // most, reached by the all-15 row against all +127), so both kernels'
+    // partial sums are at their largest here.
     let cols = 2 * CHUNK;
-    if !packable_on(isa, GgmlType::Q4_0, cols) {
-        return;
-    }
     let mut data = Vec::new();
     for r in 0..4u8 {
         for b in 0..cols / 32 {
@@ -196,21 +195,45 @@ fn packed_q4_0_rows_with_the_largest_nibbles_stay_exact() {
             }));
         }
     }
-    let rows = 4;
-    let packed = pack_rows(GgmlType::Q4_0, &data, rows, cols);
-    for x in [
-        (0..cols).map(|_| 1.0f32).collect::<Vec<_>>(),
-        (0..cols).map(|i| if i % 2 == 0 { -1.0 } else { 1.0 }).collect(),
-    ] {
-        let mut a = Q8Acts::new(&x);
-        a.arrange();
-        let mut got = vec![0.0f32; rows];
-        dot_rows_packed(GgmlType::Q4_0, &packed, &a, &mut got);
-        let rb = data.len() / rows;
-        for (r, g) in got.iter().enumerate() {
-            let want = dot_on(Isa::Scalar, GgmlType::Q4_0, &data[r * rb..(r + 1) * rb], &a);
-            assert_eq!(g.to_bits(), want.to_bits(), "row {r}");
+    // A row of nothing but 15s.
+    for b in 0..cols / 32 {
+        data.extend(half::f16::from_f32(0.5 + b as f32).to_bits().to_le_bytes());
+        data.extend([0xffu8; 16]);
+    }
+    let rows = 5;
+    let rb = data.len() / rows;
+    let mut ran = 0;
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !packable_on(isa, GgmlType::Q4_0, cols) {
+            continue;
         }
+        ran += 1;
+        let packed = pack_rows_on(isa, GgmlType::Q4_0, &data, rows, cols);
+        for x in [
+            (0..cols).map(|_| 1.0f32).collect::<Vec<_>>(),
+            (0..cols).map(|_| -1.0f32).collect(),
+            (0..cols).map(|i| if i % 2 == 0 { -1.0 } else { 1.0 }).collect(),
+        ] {
+            let mut a = Q8Acts::new(&x);
+            a.arrange();
+            let mut got = vec![0.0f32; rows];
+            dot_rows_packed_on(isa, GgmlType::Q4_0, &packed, &a, &mut got);
+            for (r, g) in got.iter().enumerate() {
+                let row = &data[r * rb..(r + 1) * rb];
+                let want = dot_on(Isa::Scalar, GgmlType::Q4_0, row, &a);
+                assert_eq!(g.to_bits(), want.to_bits(), "{isa:?} packed row {r}");
+                let mut arranged = ArrangedRow::default();
+                arrange_row_on(isa, GgmlType::Q4_0, row, &mut arranged);
+                let mut many = [0.0f32; 5];
+                dot_many_arranged(&arranged, &ArrangedActs::new(&[&a; 5]), &mut many);
+                for m in many {
+                    assert_eq!(m.to_bits(), want.to_bits(), "{isa:?} arranged row {r}");
+                }
+            }
+        }
+    }
+    if cfg!(target_arch = "x86_64") && Isa::Avx2.runs() {
+        assert!(ran > 0, "no packed Q4_0 kernel ran on an AVX2 CPU");
     }
 }
 

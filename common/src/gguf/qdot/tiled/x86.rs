@@ -183,13 +183,15 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
                     }
                     s1 = _mm256_srai_epi32::<4>(s1);
                 } else if q4 {
+                    let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                     for j in 0..4 {
                         let v = w(j);
                         let lo = _mm256_and_si256(v, low4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                        s0 = madd::<VNNI, false>(s0, lo, q(j));
-                        s1 = madd::<VNNI, false>(s1, hi, q(4 + j));
+                        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(lo, q(j)));
+                        b = _mm256_add_epi16(b, _mm256_maddubs_epi16(hi, q(4 + j)));
                     }
+                    s0 = widen_q4(a, b);
                 } else {
                     for j in (0..8).step_by(2) {
                         s0 = madd::<VNNI, SIGNED>(s0, w(j), q(j));
@@ -210,6 +212,19 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
     }
 }
 
+/// AVX2 Q4_0: the eight steps' `vpmaddubsw` pairs of a chunk, summed in
+/// 16 bits in two halves `a` and `b`, widened to each lane's 32-bit sum
+/// with one `vpmaddwd`. Exact: a pair is at most 2 · 15 · 127 = 3810 in
+/// magnitude (nibbles by activation codes, which stay within ±127), so
+/// eight of them, 30480, fit an i16; the integer sums are the same
+/// whatever the order, so the bits are those of [`madd`] step by step.
+/// Saves seven of the eight widening multiplies per chunk.
+#[inline(always)]
+unsafe fn widen_q4(a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: register arithmetic only (the caller's target runs AVX2).
+    unsafe { _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1)) }
+}
+
 /// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`.
 #[inline(always)]
 pub(super) unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w: __m256i, q: __m256i) -> __m256i {
@@ -226,102 +241,137 @@ pub(super) unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w:
     }
 }
 
-/// One weight row's chunk `c` as the chunk loop takes it: eight steps of
-/// codes (lane `b` = block `b`, Q4_0's nibbles unpacked) and the eight
-/// block scales widened.
+/// One weight row's chunk `c` as the VNNI chunk loop takes it: eight
+/// steps of codes (lane `b` = block `b`, Q4_0's nibbles unpacked) and the
+/// eight block scales widened.
 type Chunk = ([__m256i; 8], __m256);
+
+/// A weight row as the chunk loops read it: whole chunks (VNNI, whose
+/// sixteen extra registers hold them across four activation rows), or
+/// steps `j` and `4 + j` at a time and the scales (AVX2, whose sixteen
+/// registers do not: a chunk held across four rows would spill).
+trait Row: Copy {
+    /// Chunk `c`'s steps `j` and `4 + j` (`j < 4`).
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i);
+    /// Chunk `c`'s eight block scales, widened.
+    unsafe fn scales(self, c: usize) -> __m256;
+    /// Chunk `c` whole.
+    #[inline(always)]
+    unsafe fn chunk(self, c: usize) -> Chunk {
+        let mut w = [_mm256_setzero_si256(); 8];
+        for j in 0..4 {
+            // SAFETY: forwarded (the caller's chunk index is in range).
+            (w[j], w[4 + j]) = unsafe { self.pair(c, j) };
+        }
+        // SAFETY: as above.
+        (w, unsafe { self.scales(c) })
+    }
+}
+
+/// An arranged row ([`super::arrange_row_on`]).
+#[derive(Clone, Copy)]
+struct Arranged<'a>(&'a ArrangedRow);
+
+impl Row for Arranged<'_> {
+    #[inline(always)]
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: the caller's `c` is below the row's chunk count; codes
+        // hold 256 bytes per chunk.
+        unsafe {
+            let w0 = self.0.codes.as_ptr().add(c * CHUNK + 32 * j);
+            (
+                _mm256_loadu_si256(w0 as *const __m256i),
+                _mm256_loadu_si256(w0.add(128) as *const __m256i),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, c: usize) -> __m256 {
+        // SAFETY: `d` holds eight floats per chunk.
+        unsafe { _mm256_loadu_ps(self.0.d.as_ptr().add(8 * c)) }
+    }
+}
+
+/// A row of a packed copy ([`super::pack_rows_on`]'s layout, chunks of
+/// `cb` bytes from `p`): Q4_0's step `j` of nibble pairs split into the
+/// low (step `j`) and high (`4 + j`) codes, as [`super::arrange_row_on`]
+/// lays them out; the chunk's eight f16 scales after its codes.
+#[derive(Clone, Copy)]
+struct Packed {
+    ty: GgmlType,
+    p: *const u8,
+    cb: usize,
+}
+
+impl Row for Packed {
+    #[inline(always)]
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: the caller's `c` is below the row's chunk count.
+        unsafe {
+            let p = self.p.add(c * self.cb);
+            if self.ty == GgmlType::Q4_0 {
+                let low4 = _mm256_set1_epi8(0x0f);
+                let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+                (
+                    _mm256_and_si256(v, low4),
+                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                )
+            } else {
+                (
+                    _mm256_loadu_si256(p.add(32 * j) as *const __m256i),
+                    _mm256_loadu_si256(p.add(32 * (4 + j)) as *const __m256i),
+                )
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, c: usize) -> __m256 {
+        // SAFETY: as above; the scales are the chunk's last 16 bytes.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.p.add(c * self.cb + self.cb - 16) as *const __m128i)) }
+    }
+}
 
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_vnni(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<true>(ty, row.codes.len() / CHUNK, |c| arranged_chunk(row, c), acts, out) }
+    unsafe { many::<true>(ty, row.codes.len() / CHUNK, Arranged(row), acts, out) }
 }
 
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<false>(ty, row.codes.len() / CHUNK, |c| arranged_chunk(row, c), acts, out) }
+    unsafe { many::<false>(ty, row.codes.len() / CHUNK, Arranged(row), acts, out) }
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     let cb = 8 * ty.block_bytes();
+    let packed = Packed {
+        ty,
+        p: row.as_ptr(),
+        cb,
+    };
     // SAFETY: forwarded; `row` holds whole chunks of `cb` bytes.
-    unsafe {
-        many::<true>(
-            ty,
-            row.len() / cb,
-            |c| packed_chunk(ty, row.as_ptr().add(c * cb)),
-            acts,
-            out,
-        )
-    }
+    unsafe { many::<true>(ty, row.len() / cb, packed, acts, out) }
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     let cb = 8 * ty.block_bytes();
+    let packed = Packed {
+        ty,
+        p: row.as_ptr(),
+        cb,
+    };
     // SAFETY: as above.
-    unsafe {
-        many::<false>(
-            ty,
-            row.len() / cb,
-            |c| packed_chunk(ty, row.as_ptr().add(c * cb)),
-            acts,
-            out,
-        )
-    }
-}
-
-/// Chunk `c` of an arranged row.
-#[inline(always)]
-unsafe fn arranged_chunk(row: &ArrangedRow, c: usize) -> Chunk {
-    // SAFETY: the caller's `c` is below the row's chunk count; codes hold
-    // 256 bytes and `d` eight floats per chunk.
-    unsafe {
-        let w0 = row.codes.as_ptr().add(c * CHUNK);
-        let mut w = [_mm256_setzero_si256(); 8];
-        for (j, w) in w.iter_mut().enumerate() {
-            *w = _mm256_loadu_si256(w0.add(32 * j) as *const __m256i);
-        }
-        (w, _mm256_loadu_ps(row.d.as_ptr().add(8 * c)))
-    }
-}
-
-/// The packed chunk at `p` ([`super::pack_rows_on`]'s layout): Q4_0's
-/// four steps of nibble pairs split into the low (steps 0..4) and high
-/// (4..8) codes, as [`super::arrange_row_on`] lays them out.
-#[inline(always)]
-unsafe fn packed_chunk(ty: GgmlType, p: *const u8) -> Chunk {
-    let codes = 8 * ty.block_bytes() - 16;
-    // SAFETY: the caller's pointer covers one packed chunk of `ty`.
-    unsafe {
-        let mut w = [_mm256_setzero_si256(); 8];
-        if ty == GgmlType::Q4_0 {
-            let low4 = _mm256_set1_epi8(0x0f);
-            for j in 0..4 {
-                let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
-                w[j] = _mm256_and_si256(v, low4);
-                w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            }
-        } else {
-            for (j, w) in w.iter_mut().enumerate() {
-                *w = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
-            }
-        }
-        (w, _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i)))
-    }
+    unsafe { many::<false>(ty, row.len() / cb, packed, acts, out) }
 }
 
 /// Quads of activation rows, then the one to three left.
 #[inline(always)]
-unsafe fn many<const VNNI: bool>(
-    ty: GgmlType,
-    chunks: usize,
-    row: impl Fn(usize) -> Chunk + Copy,
-    acts: &[&Q8Acts],
-    out: &mut [f32],
-) {
+unsafe fn many<const VNNI: bool>(ty: GgmlType, chunks: usize, row: impl Row, acts: &[&Q8Acts], out: &mut [f32]) {
     let n = acts.len();
     let mut t = 0;
     // SAFETY (every call): forwarded; `t + N <= n` indexes `acts` and `out`.
@@ -344,52 +394,96 @@ unsafe fn many<const VNNI: bool>(
 unsafe fn dot<const VNNI: bool, const N: usize>(
     ty: GgmlType,
     chunks: usize,
-    row: impl Fn(usize) -> Chunk,
+    row: impl Row,
     acts: [&Q8Acts; N],
 ) -> [f32; N] {
-    if ty == GgmlType::Q8_0 && !VNNI {
-        // SAFETY: forwarded.
-        unsafe { body::<VNNI, true, N>(ty, chunks, row, acts) }
+    // SAFETY (both): forwarded.
+    if VNNI {
+        unsafe { body::<N>(ty, chunks, row, acts) }
+    } else if ty == GgmlType::Q8_0 {
+        unsafe { body_avx2::<true, N>(chunks, row, acts) }
     } else {
-        // SAFETY: forwarded.
-        unsafe { body::<VNNI, false, N>(ty, chunks, row, acts) }
+        unsafe { body_avx2::<false, N>(chunks, row, acts) }
     }
 }
 
-/// The chunk loop: block `b`'s integer sum in lane `b`, less the
-/// activation total times the type's offset (Q4_0's 8; VNNI's Q8_0
-/// codes carry +128), then [`super::super::combine`]'s term and lane sums.
+/// AVX2's chunk loop, step pair by step pair across the activation rows
+/// (one accumulator per row): Q8_0 (`SIGNED`) as `|w|` times the
+/// activation codes with `w`'s signs, widened per step; Q4_0 (unsigned
+/// nibbles) with every step's `vpmaddubsw` pairs summed in 16 bits and
+/// widened once per chunk ([`widen_q4`]'s bound), less 8 times the block
+/// totals. Then [`super::super::combine`]'s term and lane sums, as `body`.
 #[inline(always)]
-unsafe fn body<const VNNI: bool, const SIGNED: bool, const N: usize>(
-    ty: GgmlType,
-    chunks: usize,
-    row: impl Fn(usize) -> Chunk,
-    acts: [&Q8Acts; N],
-) -> [f32; N] {
-    // Q4_0's offset 8, VNNI's Q8_0 offset 128 (AVX2's signed Q8_0 has none).
+unsafe fn body_avx2<const SIGNED: bool, const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let count = _mm_cvtsi32_si128(3);
+    let mut acc = [_mm256_setzero_ps(); N];
+    // SAFETY: as `body`.
+    unsafe {
+        for c in 0..chunks {
+            let mut s = [_mm256_setzero_si256(); N];
+            for j in 0..4 {
+                let (w0, w1) = row.pair(c, j);
+                let (u0, u1) = if SIGNED {
+                    (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1))
+                } else {
+                    (w0, w1)
+                };
+                for (a, s) in acts.iter().zip(s.iter_mut()) {
+                    let q = a.qt.as_ptr().add(c * CHUNK + 32 * j);
+                    let x0 = _mm256_loadu_si256(q as *const __m256i);
+                    let x1 = _mm256_loadu_si256(q.add(128) as *const __m256i);
+                    if SIGNED {
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(x0, w0)), ones);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(x1, w1)), ones);
+                        *s = _mm256_add_epi32(*s, _mm256_add_epi32(p0, p1));
+                    } else {
+                        let p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
+                        *s = _mm256_add_epi16(*s, p);
+                    }
+                }
+            }
+            let dw = row.scales(c);
+            for ((a, acc), s) in acts.iter().zip(acc.iter_mut()).zip(s) {
+                let i = if SIGNED {
+                    s
+                } else {
+                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+                    _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_sll_epi32(tot, count))
+                };
+                let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
+            }
+        }
+        crate::gguf::qdot::x86::lane_sums(acc)
+    }
+}
+
+/// The VNNI chunk loop: block `b`'s integer sum in lane `b`, less the
+/// activation total times the type's offset (Q4_0's 8; Q8_0's codes carry
+/// +128), then [`super::super::combine`]'s term and lane sums.
+#[inline(always)]
+unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
     let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
     let count = _mm_cvtsi32_si128(shift);
     let mut acc = [_mm256_setzero_ps(); N];
-    // SAFETY: `row` yields `chunks` chunks, and the activations' `qt`,
-    // `tot`, `d` hold as many (the caller checked the widths: codes and
-    // `qt` one byte per element, the others one entry per block).
+    // SAFETY: `row` holds `chunks` chunks, and the activations' `qt`,
+    // `tot`, `d` as many (the caller checked the widths: codes and `qt`
+    // one byte per element, the others one entry per block).
     unsafe {
         for c in 0..chunks {
-            let (w, dw) = row(c);
+            let (w, dw) = row.chunk(c);
             for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                 let q0 = a.qt.as_ptr().add(c * CHUNK) as *const u8;
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
                 let mut s0 = _mm256_setzero_si256();
                 let mut s1 = _mm256_setzero_si256();
                 for j in (0..8).step_by(2) {
-                    s0 = madd::<VNNI, SIGNED>(s0, w[j], q(j));
-                    s1 = madd::<VNNI, SIGNED>(s1, w[j + 1], q(j + 1));
+                    s0 = madd::<true, false>(s0, w[j], q(j));
+                    s1 = madd::<true, false>(s1, w[j + 1], q(j + 1));
                 }
-                let mut i = _mm256_add_epi32(s0, s1);
-                if !SIGNED {
-                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                    i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
-                }
+                let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+                let i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
