@@ -107,11 +107,36 @@ pub struct Record {
 }
 
 impl Record {
-    /// Bytes to read: `len` rounded up to [`RECORD_ALIGN`].
+    /// Bytes to read: `len` rounded up to [`RECORD_ALIGN`]. Saturates at
+    /// `u64::MAX` for a length no file can hold ([`Manifest::open`] refuses
+    /// such a record; see [`Record::checked_padded_len`]).
     pub fn padded_len(&self) -> u64 {
-        self.len.div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+        self.checked_padded_len().unwrap_or(u64::MAX)
+    }
+
+    /// `len` rounded up to [`RECORD_ALIGN`], or `None` when that overflows.
+    pub fn checked_padded_len(&self) -> Option<u64> {
+        self.len.checked_next_multiple_of(RECORD_ALIGN)
+    }
+
+    /// Where the padded record ends (`offset + padded_len`), or `None` when
+    /// that overflows.
+    pub fn checked_end(&self) -> Option<u64> {
+        self.offset.checked_add(self.checked_padded_len()?)
     }
 }
+
+/// Layer indices a manifest may name are below this (as on the wire).
+pub const MAX_LAYERS: u32 = 4096;
+/// Expert indices a manifest may name are below this (as on the wire).
+pub const MAX_EXPERTS: u32 = 1 << 20;
+/// Most `(layer, expert)` cells the indices of one manifest may span,
+/// `(highest layer + 1) × (highest expert + 1)`: per-expert tables (routing
+/// history, counters) are that large. Released MoE models span under
+/// 40,000 (61 layers × 384 experts).
+pub const MAX_INDEX_CELLS: u64 = 1 << 22;
+/// Longest fingerprint a manifest may carry (a SHA-256 is 64 hex digits).
+pub const MAX_FINGERPRINT_LEN: usize = 128;
 
 /// `manifest.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -189,6 +214,18 @@ pub enum ContainerError {
         expected: u32,
         got: u32,
     },
+    /// One record of the manifest is impossible: it overflows, lies beyond
+    /// the end of the expert file, is misaligned, has the wrong length, an
+    /// out-of-range index, or repeats another record.
+    #[error("{}: record of layer {layer} expert {expert} (offset {offset}, length {len}): {reason}", path.display())]
+    BadRecord {
+        path: PathBuf,
+        layer: u16,
+        expert: u32,
+        offset: u64,
+        len: u64,
+        reason: String,
+    },
     /// The shape cannot be stored in this quantization.
     #[error("{0}")]
     Layout(String),
@@ -238,24 +275,35 @@ pub fn record_layout_typed(
                 quant.name()
             )));
         }
+        let too_large = || {
+            ContainerError::Layout(format!(
+                "{}: a {rows} × {cols} matrix is too large to address",
+                quant.name()
+            ))
+        };
         let sizes = match quant {
             Quant::Bf16 => Ok(crate::quant::QuantBytes {
                 scale_bytes: 0,
-                value_bytes: rows * cols * 2,
+                value_bytes: rows
+                    .checked_mul(cols)
+                    .and_then(|n| n.checked_mul(2))
+                    .ok_or_else(too_large)?,
             }),
             Quant::Int8 { .. } => crate::quant::int8_bytes(rows, cols, group),
             Quant::Int4 { .. } => crate::quant::int4_bytes(rows, cols, group),
             Quant::Gguf => {
                 let ty = types.map(|t| t[i]).unwrap_or(GgmlType::F32);
-                ty.row_bytes(cols)
-                    .map(|b| crate::quant::QuantBytes {
+                match ty.row_bytes(cols) {
+                    Some(b) => Ok(crate::quant::QuantBytes {
                         scale_bytes: 0,
-                        value_bytes: rows * b,
-                    })
-                    .ok_or_else(|| crate::QuantError::GroupNotDividing {
+                        value_bytes: rows.checked_mul(b).ok_or_else(too_large)?,
+                    }),
+                    None if cols.is_multiple_of(ty.block_elems()) => return Err(too_large()),
+                    None => Err(crate::QuantError::GroupNotDividing {
                         cols,
                         group: ty.block_elems(),
-                    })
+                    }),
+                }
             }
         }
         .map_err(|e| ContainerError::Layout(format!("{}: {e}", quant.name())))?;
@@ -269,13 +317,22 @@ pub fn record_layout_typed(
             value_bytes,
             ggml: types.map(|t| t[i]),
         };
-        offset = (offset + scale_bytes + value_bytes).div_ceil(PART_ALIGN) * PART_ALIGN;
+        offset = offset
+            .checked_add(scale_bytes)
+            .and_then(|o| o.checked_add(value_bytes))
+            .and_then(|o| o.checked_next_multiple_of(PART_ALIGN))
+            .ok_or_else(too_large)?;
     }
     let last = parts[2];
-    Ok(RecordLayout {
-        parts,
-        len: last.offset + last.scale_bytes + last.value_bytes,
-    })
+    let len = last.offset + last.scale_bytes + last.value_bytes;
+    // Every record is read whole into memory, padded to RECORD_ALIGN.
+    if (len as u64).checked_next_multiple_of(RECORD_ALIGN).is_none() || len > isize::MAX as usize {
+        return Err(ContainerError::Layout(format!(
+            "{}: an expert of {hidden} → {inter} → {hidden} is too large to address",
+            quant.name()
+        )));
+    }
+    Ok(RecordLayout { parts, len })
 }
 
 /// Whether `dir` is a charm container (has a manifest).
@@ -319,9 +376,18 @@ impl Manifest {
             reason,
         };
         for name in [&self.dense_file, &self.experts_file] {
-            if name.contains('/') || name.contains('\\') || name.starts_with('.') {
-                return Err(mismatch(format!("file name {name} is not a plain file name")));
+            if name.is_empty() || name.contains(['/', '\\', '\0']) || name.starts_with('.') {
+                return Err(mismatch(format!("file name {name:?} is not a plain file name")));
             }
+        }
+        if !is_plain_fingerprint(&self.fingerprint) {
+            return Err(ContainerError::BadManifest {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "fingerprint {:?} is not 1 to {MAX_FINGERPRINT_LEN} letters, digits, - or _",
+                    self.fingerprint.chars().take(80).collect::<String>()
+                ),
+            });
         }
         let experts_path = dir.join(&self.experts_file);
         let experts_len = file_len(&experts_path)?;
@@ -334,15 +400,7 @@ impl Manifest {
                 ),
             });
         }
-        for r in &self.records {
-            let layout = self.layout(r)?;
-            if r.offset % RECORD_ALIGN != 0 || r.len != layout.len as u64 || r.offset + r.padded_len() > experts_len {
-                return Err(mismatch(format!(
-                    "record of layer {} expert {} (offset {}, length {}) does not fit {}",
-                    r.layer, r.expert, r.offset, r.len, self.experts_file
-                )));
-            }
-        }
+        self.check_records(path, experts_len)?;
         let dense_path = dir.join(&self.dense_file);
         let (dense_len, header_crc) = dense_identity(&dense_path)?;
         if dense_len != self.dense_len || header_crc != self.dense_header_crc32 {
@@ -372,6 +430,70 @@ impl Manifest {
         Ok(())
     }
 
+    /// Checks every record against the expert file's length `experts_len`
+    /// with checked arithmetic: indices in range and each listed once, the
+    /// length this manifest's shape and quantization give, the offset
+    /// aligned, and `offset + padded_len` inside the file. Errors name the
+    /// record and `manifest_path`. [`Manifest::open`] runs it; a store handed
+    /// a manifest from elsewhere should too.
+    pub fn check_records(&self, manifest_path: &Path, experts_len: u64) -> Result<(), ContainerError> {
+        let path = manifest_path;
+        let mut seen = std::collections::HashSet::with_capacity(self.records.len().min(1 << 16));
+        let mut span = (0u16, 0u32);
+        for r in &self.records {
+            let bad = |reason: String| ContainerError::BadRecord {
+                path: path.to_path_buf(),
+                layer: r.layer,
+                expert: r.expert,
+                offset: r.offset,
+                len: r.len,
+                reason,
+            };
+            if u32::from(r.layer) >= MAX_LAYERS || r.expert >= MAX_EXPERTS {
+                return Err(bad(format!(
+                    "index out of range (at most {MAX_LAYERS} layers of {MAX_EXPERTS} experts)"
+                )));
+            }
+            span = (span.0.max(r.layer), span.1.max(r.expert));
+            let cells = (u64::from(span.0) + 1) * (u64::from(span.1) + 1);
+            if cells > MAX_INDEX_CELLS {
+                return Err(bad(format!(
+                    "with the records before it, the indices span {cells} (layer, expert) cells, \
+                     more than {MAX_INDEX_CELLS}"
+                )));
+            }
+            if !seen.insert((r.layer, r.expert)) {
+                return Err(bad("listed twice".into()));
+            }
+            let layout = self.layout(r).map_err(|e| bad(e.to_string()))?;
+            if r.len != layout.len as u64 {
+                return Err(bad(format!(
+                    "the length should be {} for this model's shape and quantization",
+                    layout.len
+                )));
+            }
+            if r.offset % RECORD_ALIGN != 0 {
+                return Err(bad(format!("the offset is not a multiple of {RECORD_ALIGN}")));
+            }
+            match r.checked_end() {
+                Some(end) if end <= experts_len => {}
+                Some(end) => {
+                    return Err(bad(format!(
+                        "ends at byte {end}, beyond the end of {} ({experts_len} bytes)",
+                        self.experts_file
+                    )))
+                }
+                None => {
+                    return Err(bad(format!(
+                        "offset + padded length overflows; it cannot lie inside {}",
+                        self.experts_file
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The byte layout of one of this manifest's records.
     pub fn layout(&self, r: &Record) -> Result<RecordLayout, ContainerError> {
         record_layout_typed(self.hidden_size, self.moe_intermediate_size, self.quant, r.ggml_types)
@@ -381,6 +503,17 @@ impl Manifest {
     pub fn record(&self, layer: u16, expert: u32) -> Option<&Record> {
         self.records.iter().find(|r| r.layer == layer && r.expert == expert)
     }
+}
+
+/// Whether a fingerprint is plain: 1 to [`MAX_FINGERPRINT_LEN`] ASCII
+/// letters, digits, `-` or `_` (converters write hex digits), and so safe as
+/// a path component or in a message.
+pub fn is_plain_fingerprint(fingerprint: &str) -> bool {
+    !fingerprint.is_empty()
+        && fingerprint.len() <= MAX_FINGERPRINT_LEN
+        && fingerprint
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Size of a file.
@@ -407,7 +540,7 @@ pub fn dense_identity(path: &Path) -> Result<(u64, u32), ContainerError> {
     f.read_exact(&mut n).map_err(io)?;
     if &n[..4] == b"GGUF" {
         // GGUF: the header, metadata and tensor table lie at the start.
-        let mut head = vec![0u8; len.min(1 << 20) as usize - 8];
+        let mut head = vec![0u8; (len.min(1 << 20) as usize).saturating_sub(8)];
         f.read_exact(&mut head).map_err(io)?;
         let mut h = crc32fast::Hasher::new();
         h.update(&n);
@@ -517,5 +650,208 @@ mod tests {
         assert_eq!(l.parts[2].group, 32);
         assert_eq!(l.parts[2].scale_bytes, 64 * 4);
         assert!(record_layout(64, 48, Quant::Int4 { group: 32 }).is_err());
+    }
+
+    /// A minimal valid bf16 container (hidden 64, intermediate 32: records of
+    /// 3 × 4096 bytes) with `n` records in `dir`; returns its manifest.
+    fn write_container(dir: &Path, n: u32) -> Manifest {
+        let layout = record_layout(64, 32, Quant::Bf16).unwrap();
+        let header = br#"{"__metadata__":{}}"#;
+        let mut dense = (header.len() as u64).to_le_bytes().to_vec();
+        dense.extend_from_slice(header);
+        std::fs::write(dir.join(DENSE_FILE), &dense).unwrap();
+        let record_len = layout.len as u64;
+        let experts = vec![0u8; (record_len * u64::from(n)) as usize];
+        std::fs::write(dir.join(EXPERTS_FILE), &experts).unwrap();
+        let config = serde_json::json!({"hidden_size": 64});
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let records = (0..n)
+            .map(|e| Record {
+                layer: 0,
+                expert: e,
+                offset: u64::from(e) * record_len,
+                len: record_len,
+                crc32: crc32fast::hash(&experts[..layout.len]),
+                ggml_types: None,
+            })
+            .collect();
+        let m = Manifest {
+            format: FORMAT_NAME.into(),
+            format_version: FORMAT_VERSION,
+            architecture: "MixtralForCausalLM".into(),
+            config,
+            quant: Quant::Bf16,
+            hidden_size: 64,
+            moe_intermediate_size: 32,
+            dense_file: DENSE_FILE.into(),
+            dense_len: dense.len() as u64,
+            dense_header_crc32: crc32fast::hash(header),
+            experts_file: EXPERTS_FILE.into(),
+            experts_len: experts.len() as u64,
+            records,
+            fingerprint: "0123456789abcdef".into(),
+        };
+        write_manifest(dir, &m);
+        m
+    }
+
+    fn write_manifest(dir: &Path, m: &Manifest) {
+        std::fs::write(dir.join(MANIFEST), serde_json::to_string(m).unwrap()).unwrap();
+    }
+
+    /// Opens `dir` after `edit` changed its valid manifest; the error.
+    fn open_edited(edit: impl FnOnce(&mut Manifest)) -> ContainerError {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut m = write_container(tmp.path(), 3);
+        Manifest::open(tmp.path()).expect("the unedited container opens");
+        edit(&mut m);
+        write_manifest(tmp.path(), &m);
+        match Manifest::open(tmp.path()) {
+            Ok(_) => panic!("an edited manifest opened"),
+            Err(e) => e,
+        }
+    }
+
+    /// A `BadRecord` naming layer 0 expert `expert`, whose reason contains `why`.
+    fn assert_bad_record(e: &ContainerError, expert: u32, why: &str) {
+        match e {
+            ContainerError::BadRecord {
+                path,
+                layer: 0,
+                expert: x,
+                ..
+            } if *x == expert => {
+                let msg = e.to_string();
+                assert!(path.ends_with(MANIFEST), "{msg}");
+                assert!(msg.contains(&format!("layer 0 expert {expert}")), "{msg}");
+                assert!(msg.contains(why), "{msg}");
+            }
+            other => panic!("expected BadRecord for expert {expert}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn record_whose_offset_plus_length_overflows_is_a_typed_error() {
+        // Aligned, right length, but offset + padded length wraps past u64::MAX
+        // (and would land inside the file if it wrapped).
+        let e = open_edited(|m| m.records[1].offset = u64::MAX - 4095);
+        assert_bad_record(&e, 1, "overflows");
+        let r = Record {
+            offset: u64::MAX - 4095,
+            len: 1,
+            ..Record::default_for_test()
+        };
+        assert_eq!(r.checked_end(), None);
+        let huge = Record {
+            len: u64::MAX,
+            ..Record::default_for_test()
+        };
+        assert_eq!(huge.checked_padded_len(), None);
+        assert_eq!(huge.padded_len(), u64::MAX, "saturates instead of panicking");
+    }
+
+    #[test]
+    fn record_beyond_the_end_of_the_expert_file_is_a_typed_error() {
+        let e = open_edited(|m| m.records[2].offset += 4096);
+        assert_bad_record(&e, 2, "beyond the end of experts.bin");
+        let e = open_edited(|m| m.records[0].offset = 1 << 40);
+        assert_bad_record(&e, 0, "beyond the end");
+    }
+
+    #[test]
+    fn record_with_a_wrong_length_or_misaligned_offset_is_a_typed_error() {
+        let e = open_edited(|m| m.records[1].len = u64::MAX);
+        assert_bad_record(&e, 1, "length should be 12288");
+        let e = open_edited(|m| m.records[1].offset += 64);
+        assert_bad_record(&e, 1, "multiple of 4096");
+    }
+
+    #[test]
+    fn record_listed_twice_or_with_out_of_range_indices_is_a_typed_error() {
+        let e = open_edited(|m| m.records[2].expert = 0);
+        assert_bad_record(&e, 0, "listed twice");
+        let e = open_edited(|m| m.records[1].expert = u32::MAX);
+        assert_bad_record(&e, u32::MAX, "out of range");
+        // Indices that would make per-(layer, expert) tables huge.
+        let e = open_edited(|m| {
+            m.records[0].layer = (MAX_LAYERS - 1) as u16;
+            m.records[1].expert = MAX_EXPERTS - 1;
+        });
+        assert!(
+            matches!(e, ContainerError::BadRecord { expert, .. } if expert == MAX_EXPERTS - 1),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("cells"), "{e}");
+    }
+
+    #[test]
+    fn manifest_with_shapes_too_large_to_address_is_a_typed_error() {
+        for (hidden, inter) in [(usize::MAX / 2, 2), (1 << 40, 1 << 40), (usize::MAX - 63, 64)] {
+            let e = open_edited(|m| {
+                m.hidden_size = hidden;
+                m.moe_intermediate_size = inter;
+            });
+            assert_bad_record(&e, 0, "too large");
+        }
+        for quant in [Quant::Bf16, Quant::Int8 { group: 0 }, Quant::Int4 { group: 32 }] {
+            assert!(matches!(
+                record_layout(1 << 40, 1 << 40, quant),
+                Err(ContainerError::Layout(_))
+            ));
+        }
+        assert!(matches!(
+            record_layout_typed(1 << 40, 1 << 40, Quant::Gguf, Some([0, 0, 0])),
+            Err(ContainerError::Layout(_))
+        ));
+    }
+
+    #[test]
+    fn manifest_fingerprint_or_file_name_that_is_not_plain_is_refused() {
+        for fp in [
+            "../../etc/x",
+            "a/b",
+            "",
+            "ab\\cd",
+            "é",
+            &"a".repeat(MAX_FINGERPRINT_LEN + 1),
+        ] {
+            let e = open_edited(|m| m.fingerprint = fp.to_string());
+            assert!(
+                matches!(e, ContainerError::BadManifest { .. }) && e.to_string().contains("fingerprint"),
+                "{fp:?}: {e:?}"
+            );
+        }
+        for name in ["", "../experts.bin", "a/b", ".hidden", "x\0y"] {
+            let e = open_edited(|m| m.experts_file = name.to_string());
+            assert!(
+                matches!(e, ContainerError::Mismatch { .. }) && e.to_string().contains("plain file name"),
+                "{name:?}: {e:?}"
+            );
+        }
+        assert!(is_plain_fingerprint("0123abcdef"));
+        assert!(is_plain_fingerprint("hf-0123_ABC"));
+    }
+
+    #[test]
+    fn dense_file_shorter_than_its_length_prefix_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("d");
+        std::fs::write(&path, b"GGU").unwrap();
+        assert!(matches!(dense_identity(&path), Err(ContainerError::Io { .. })));
+        std::fs::write(&path, b"GGUF\0\0\0\0").unwrap();
+        assert!(dense_identity(&path).is_ok());
+    }
+
+    impl Record {
+        fn default_for_test() -> Record {
+            Record {
+                layer: 0,
+                expert: 0,
+                offset: 0,
+                len: 4096,
+                crc32: 0,
+                ggml_types: None,
+            }
+        }
     }
 }
