@@ -73,6 +73,14 @@ fn serve_prints_where_it_listens_and_answers() {
     assert_eq!(r.json()["usage"]["completion_tokens"], 3);
 }
 
+/// Writes `text` to `path` with permissions `mode`.
+fn write_mode(path: &Path, text: &str, mode: u32) {
+    std::fs::write(path, text).unwrap();
+    let mut perms = std::fs::metadata(path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, mode);
+    std::fs::set_permissions(path, perms).unwrap();
+}
+
 fn assert_one_error_line(out: &std::process::Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
@@ -94,12 +102,12 @@ fn serve_refuses_other_addresses_without_a_key_and_bad_key_files() {
 
     let tmp = tempfile::tempdir().unwrap();
     let empty = tmp.path().join("empty.key");
-    std::fs::write(&empty, "\n").unwrap();
+    write_mode(&empty, "\n", 0o600);
     let out = coordinator(&chat_fixture(), &["serve", "--port", "0", "--api-key-file"])
         .arg(&empty)
         .output()
         .unwrap();
-    assert_one_error_line(&out, &["empty.key", "empty"]);
+    assert_one_error_line(&out, &["empty.key", "is empty"]);
     let out = coordinator(
         &chat_fixture(),
         &["serve", "--port", "0", "--api-key-file", "/nonexistent/key"],
@@ -124,13 +132,43 @@ fn serve_needs_a_tokenizer() {
 fn serve_with_a_key_file_checks_the_key() {
     let tmp = tempfile::tempdir().unwrap();
     let key = tmp.path().join("api.key");
-    std::fs::write(&key, "k-123\n").unwrap();
+    write_mode(&key, "k-123\n", 0o600);
     let mut cmd = coordinator(&chat_fixture(), &["serve", "--port", "0", "--api-key-file"]);
     cmd.arg(&key);
     let (_p, addr, _) = start(cmd);
     assert_eq!(get(addr, "/v1/models").status, 401);
     let ok = request(addr, "GET", "/v1/models", &[("Authorization", "Bearer k-123")], b"");
     assert_eq!(ok.status, 200, "the key file's trailing newline is not part of the key");
+}
+
+#[test]
+fn api_key_file_readable_by_others_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("open.key");
+    for mode in [0o644, 0o640, 0o604, 0o620] {
+        write_mode(&key, "k-123\n", mode);
+        let out = coordinator(&chat_fixture(), &["serve", "--port", "0", "--api-key-file"])
+            .arg(&key)
+            .output()
+            .unwrap();
+        let chmod = format!("chmod 600 {}", key.display());
+        assert_one_error_line(&out, &["open.key", "group or others", &chmod]);
+    }
+}
+
+#[test]
+fn serve_refuses_a_zero_connection_cap_or_timeout() {
+    for (flag, value) in [
+        ("--max-connections", "0"),
+        ("--header-timeout-ms", "0"),
+        ("--body-timeout-ms", "0"),
+        ("--idle-timeout-ms", "0"),
+    ] {
+        let out = coordinator(&chat_fixture(), &["serve", "--port", "0", flag, value])
+            .output()
+            .unwrap();
+        assert_one_error_line(&out, &[flag]);
+    }
 }
 
 #[test]

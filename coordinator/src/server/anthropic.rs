@@ -129,6 +129,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             top_k: req.top_k,
             seed: None,
             stop: req.stop_sequences.unwrap_or_default(),
+            stop_param: "stop_sequences",
             logprobs: None,
         },
     )

@@ -46,6 +46,8 @@ pub enum ErrorKind {
     TooLarge,
     /// The queue is full (429).
     RateLimit,
+    /// Too many open connections (503).
+    Overloaded,
     /// The engine failed (500).
     Server,
 }
@@ -59,6 +61,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::RateLimit => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Server => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -72,6 +75,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             ErrorKind::TooLarge => ("invalid_request_error", "request_too_large"),
             ErrorKind::RateLimit => ("rate_limit_error", "rate_limit_exceeded"),
+            ErrorKind::Overloaded => ("server_error", "overloaded"),
             ErrorKind::Server => ("server_error", "internal_error"),
         }
     }
@@ -85,6 +89,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::TooLarge => "request_too_large",
             ErrorKind::RateLimit => "rate_limit_error",
+            ErrorKind::Overloaded => "overloaded_error",
             ErrorKind::Server => "api_error",
         }
     }

@@ -6,6 +6,8 @@
 //! - this file: options, start-up checks (bind address, API key), the
 //!   router, authentication, `/health`, `/metrics`, `/v1/models`, and what
 //!   both APIs share (tokenizing in the background, queueing a job).
+//! - [`conn`]: the accept loop, the connection cap and the per-connection
+//!   timeouts (slow heads and bodies, idle keep-alive, stalled reads).
 //! - [`queue`]: the engine thread and its bounded FIFO (429 when full);
 //!   detokenization and stop strings run there, per token.
 //! - [`openai`]: the OpenAI API (`/v1/chat/completions`, `/v1/completions`).
@@ -23,6 +25,7 @@
 //! `x-api-key: KEY` when a key is set.
 
 pub mod anthropic;
+pub mod conn;
 pub mod dashboard;
 pub mod error;
 pub mod logprobs;
@@ -35,7 +38,7 @@ pub mod stop;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -47,12 +50,14 @@ use axum::Router;
 use charm_models::ExpertService;
 use serde::Serialize;
 use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 use tokio::sync::mpsc;
 
 use self::dashboard::Board;
 use self::error::{ApiError, ErrorKind, Flavor};
 use self::metrics::{Live, Metrics, Workers};
-use self::queue::{Event, Job, Queue};
+use self::queue::{Event, Job, Queue, Slot};
 use crate::chat_template::Message;
 use crate::engine::{Engine, GenerateParams, LoadInfo};
 use crate::sampler::SamplingParams;
@@ -62,6 +67,20 @@ use crate::text::{TextCodec, TextError};
 pub const DEFAULT_QUEUE_SIZE: usize = 16;
 /// Largest request body by default (1 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// HTTP connections served at once by default; more are answered 503.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Time for a request head by default, in milliseconds.
+pub const DEFAULT_HEADER_TIMEOUT_MS: u64 = 10_000;
+/// Time for a request body by default, in milliseconds.
+pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
+/// Time a kept-alive connection may sit idle (or a response stay unread)
+/// by default, in milliseconds.
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Most stop strings per request (OpenAI allows 4; Anthropic documents no
+/// limit).
+pub const MAX_STOP_SEQUENCES: usize = 16;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
 /// The worker label of `--local`: the experts run in this process.
 pub const IN_PROCESS: &str = "in-process";
 /// The label of cluster mode's aggregate (`worker` in the dashboard's JSON);
@@ -88,6 +107,20 @@ pub struct ServeArgs {
     /// Largest request body in bytes; larger gets 413.
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// HTTP connections served at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// A request head must arrive within this many milliseconds of the
+    /// connection (or, kept alive, of its first byte); else it is closed.
+    #[arg(long, default_value_t = DEFAULT_HEADER_TIMEOUT_MS)]
+    pub header_timeout_ms: u64,
+    /// A request body must arrive within this many milliseconds of its head.
+    #[arg(long, default_value_t = DEFAULT_BODY_TIMEOUT_MS)]
+    pub body_timeout_ms: u64,
+    /// Close a kept-alive connection idle this many milliseconds, or one
+    /// whose client reads nothing of its response for as long.
+    #[arg(long, default_value_t = DEFAULT_IDLE_TIMEOUT_MS)]
+    pub idle_timeout_ms: u64,
 }
 
 /// Why the server cannot start.
@@ -100,6 +133,9 @@ pub enum ServeError {
     /// The key file could not be read or is empty.
     #[error("{}: {reason}", path.display())]
     KeyFile { path: PathBuf, reason: String },
+    /// The key file is open to other users (as ssh refuses a private key).
+    #[error("{}: the API key file is accessible by group or others (mode {mode:03o}); run `chmod 600 {}`", path.display(), path.display())]
+    KeyFileMode { path: PathBuf, mode: u32 },
     /// `--host` does not resolve.
     #[error("--host {host}: {reason}")]
     BadHost { host: String, reason: String },
@@ -112,6 +148,12 @@ pub enum ServeError {
     /// `--queue-size` is 0.
     #[error("--queue-size must be at least 1")]
     QueueSize,
+    /// `--max-connections` is 0 or beyond what the server can count.
+    #[error("--max-connections must be between 1 and {max}, got {got}")]
+    MaxConnections { got: usize, max: usize },
+    /// A connection timeout is 0.
+    #[error("{flag} must be at least 1 ms")]
+    Timeout { flag: &'static str },
     /// Binding, or starting a thread or the runtime, failed.
     #[error("{what}: {source}")]
     Io {
@@ -130,6 +172,15 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     pub queue_size: usize,
     pub max_body_bytes: usize,
+    /// HTTP connections served at once; more are answered 503.
+    pub max_connections: usize,
+    /// From accept (or a kept-alive request's first byte) to a complete head.
+    pub header_read_timeout: Duration,
+    /// From a request's head to the end of its body.
+    pub body_read_timeout: Duration,
+    /// A kept-alive connection idle this long is closed, and so is one
+    /// whose client reads nothing of its response for as long.
+    pub idle_timeout: Duration,
     /// The model directory or GGUF file (its name is the model id).
     pub model_dir: PathBuf,
     /// Who runs the experts: `in-process` (`--local`) or `cluster`.
@@ -145,6 +196,10 @@ impl ServerConfig {
             api_key: None,
             queue_size: DEFAULT_QUEUE_SIZE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: Duration::from_millis(DEFAULT_HEADER_TIMEOUT_MS),
+            body_read_timeout: Duration::from_millis(DEFAULT_BODY_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
             model_dir: model_dir.to_path_buf(),
             worker: IN_PROCESS.into(),
         }
@@ -155,19 +210,13 @@ impl ServerConfig {
     pub fn from_args(model_dir: &Path, args: &ServeArgs, local: bool) -> Result<Self, ServeError> {
         let api_key = match &args.api_key_file {
             None => None,
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| ServeError::KeyFile {
-                    path: path.clone(),
-                    reason: e.to_string(),
-                })?;
-                let key = text.trim();
-                if key.is_empty() {
-                    return Err(ServeError::KeyFile {
-                        path: path.clone(),
-                        reason: "the key file is empty".into(),
-                    });
-                }
-                Some(key.to_string())
+            Some(path) => Some(read_key_file(path)?),
+        };
+        let ms = |flag: &'static str, v: u64| {
+            if v == 0 {
+                Err(ServeError::Timeout { flag })
+            } else {
+                Ok(Duration::from_millis(v))
             }
         };
         Ok(ServerConfig {
@@ -176,10 +225,55 @@ impl ServerConfig {
             api_key,
             queue_size: args.queue_size,
             max_body_bytes: args.max_body_bytes,
+            max_connections: args.max_connections,
+            header_read_timeout: ms("--header-timeout-ms", args.header_timeout_ms)?,
+            body_read_timeout: ms("--body-timeout-ms", args.body_timeout_ms)?,
+            idle_timeout: ms("--idle-timeout-ms", args.idle_timeout_ms)?,
             model_dir: model_dir.to_path_buf(),
             worker: if local { IN_PROCESS } else { CLUSTER }.into(),
         })
     }
+
+    fn limits(&self) -> conn::Limits {
+        conn::Limits {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            body_read_timeout: self.body_read_timeout,
+            idle_timeout: self.idle_timeout,
+        }
+    }
+}
+
+/// The key in `path`, trimmed. Refuses a file that group or others may
+/// read or write (Unix), and an empty key.
+pub fn read_key_file(path: &Path) -> Result<String, ServeError> {
+    use std::io::Read;
+    let fail = |e: std::io::Error| ServeError::KeyFile {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let mut file = std::fs::File::open(path).map_err(fail)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = file.metadata().map_err(fail)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(ServeError::KeyFileMode {
+                path: path.to_path_buf(),
+                mode,
+            });
+        }
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(fail)?;
+    let key = text.trim();
+    if key.is_empty() {
+        return Err(ServeError::KeyFile {
+            path: path.to_path_buf(),
+            reason: "the key file is empty".into(),
+        });
+    }
+    Ok(key.to_string())
 }
 
 /// What the API and the dashboard say about the model.
@@ -285,6 +379,22 @@ impl Server {
         if config.queue_size == 0 {
             return Err(ServeError::QueueSize);
         }
+        let max = tokio::sync::Semaphore::MAX_PERMITS;
+        if config.max_connections == 0 || config.max_connections > max {
+            return Err(ServeError::MaxConnections {
+                got: config.max_connections,
+                max,
+            });
+        }
+        for (flag, t) in [
+            ("--header-timeout-ms", config.header_read_timeout),
+            ("--body-timeout-ms", config.body_read_timeout),
+            ("--idle-timeout-ms", config.idle_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(ServeError::Timeout { flag });
+            }
+        }
         let addrs = resolve(&config.host, config.port)?;
         if config.api_key.is_none() && addrs.iter().any(|a| !a.ip().is_loopback()) {
             return Err(ServeError::KeyRequired {
@@ -339,10 +449,10 @@ impl Server {
                             return;
                         }
                     };
+                    let limits = state.config.limits();
                     let app = router(state);
-                    let serve = axum::serve(listener, app);
                     tokio::select! {
-                        r = serve => if let Err(e) = r { tracing::error!("serving: {e}") },
+                        _ = conn::serve(listener, app, limits) => {}
                         _ = rx => {}
                     }
                 });
@@ -518,7 +628,8 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
     resp
 }
 
-/// Whether the headers carry `key` (compared in constant time).
+/// Whether the headers carry `key` (compared in constant time, whatever
+/// either length).
 fn authorized(headers: &HeaderMap, key: &str) -> bool {
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -529,11 +640,15 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
     [bearer, x_api_key]
         .into_iter()
         .flatten()
-        .any(|k| same(k.as_bytes(), key.as_bytes()))
+        .any(|k| same_key(k.as_bytes(), key.as_bytes()))
 }
 
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `a` and `b` are equal, in time that depends on neither their
+/// contents nor their lengths: their SHA-256 digests are compared in
+/// constant time (equal digests: equal keys).
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(a), Sha256::digest(b));
+    a.as_slice().ct_eq(b.as_slice()).into()
 }
 
 async fn not_found(req: Request) -> Response {
@@ -663,6 +778,8 @@ pub(crate) struct Ask {
     pub top_k: Option<usize>,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
+    /// The stop field's name in this API (`stop`, `stop_sequences`).
+    pub stop_param: &'static str,
     pub logprobs: Option<usize>,
 }
 
@@ -683,7 +800,8 @@ pub(crate) struct Ticket {
     pub created: u64,
 }
 
-/// Checks the model, tokenizes (off the async threads), validates and
+/// Checks the model and the fields, reserves a place in the queue (429 when
+/// full, before any tokenizing), tokenizes (off the async threads) and
 /// queues. 400/404/429 come back as errors.
 pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiError> {
     if let Some(name) = ask.model.as_deref() {
@@ -691,18 +809,30 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
             return Err(unknown_model(&st.model, name));
         }
     }
+    check_stops(&ask.stop, ask.stop_param)?;
+    if ask.max_tokens == Some(0) {
+        return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
+    }
+    let sampling = SamplingParams {
+        temperature: ask.temperature.unwrap_or(1.0),
+        top_p: ask.top_p.unwrap_or(1.0),
+        top_k: ask.top_k.unwrap_or(0),
+        seed: ask.seed.unwrap_or_else(rand::random),
+    };
+    sampling.validate().map_err(ApiError::invalid)?;
+    if matches!(ask.prompt, PromptInput::Chat(_)) && !st.codec.has_template() {
+        return Err(ApiError::invalid(
+            "this model has no chat template; use /v1/completions with a prompt",
+        ));
+    }
+    // The place is held while the prompt is tokenized: a full queue costs
+    // no tokenizing, and a request that got this far is never refused after.
+    let slot = reserve(st)?;
     let codec = st.codec.clone();
     let prompt = match ask.prompt {
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => tokenize(codec, move |c| c.encode(&text)).await?,
-        PromptInput::Chat(messages) => {
-            if !st.codec.has_template() {
-                return Err(ApiError::invalid(
-                    "this model has no chat template; use /v1/completions with a prompt",
-                ));
-            }
-            tokenize(codec, move |c| c.encode_chat(&messages, true, &[])).await?
-        }
+        PromptInput::Chat(messages) => tokenize(codec, move |c| c.encode_chat(&messages, true, &[])).await?,
     };
     let context = st.model.context;
     if prompt.is_empty() {
@@ -715,20 +845,12 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         )));
     }
     let max_tokens = match ask.max_tokens {
-        Some(0) => return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1")),
         Some(n) => n.min((context - prompt.len()) as u64) as usize,
         None => context - prompt.len(),
     };
-    let sampling = SamplingParams {
-        temperature: ask.temperature.unwrap_or(1.0),
-        top_p: ask.top_p.unwrap_or(1.0),
-        top_k: ask.top_k.unwrap_or(0),
-        seed: ask.seed.unwrap_or_else(rand::random),
-    };
-    sampling.validate().map_err(ApiError::invalid)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
-    let job = Job {
+    slot.send(Job {
         id: ask.id,
         api: ask.api,
         prompt,
@@ -741,8 +863,17 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         logprobs: ask.logprobs,
         events: tx,
         arrived: Instant::now(),
-    };
-    if st.queue.submit(job).is_err() {
+    });
+    Ok(Ticket {
+        events: rx,
+        prompt_tokens,
+        created: unix_now(),
+    })
+}
+
+/// A place in the queue, or 429 with `Retry-After`.
+fn reserve(st: &AppState) -> Result<Slot, ApiError> {
+    st.queue.reserve().map_err(|_| {
         let mut e = ApiError::new(
             ErrorKind::RateLimit,
             format!(
@@ -751,13 +882,32 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
             ),
         );
         e.retry_after = Some(retry_after(st));
-        return Err(e);
-    }
-    Ok(Ticket {
-        events: rx,
-        prompt_tokens,
-        created: unix_now(),
+        e
     })
+}
+
+/// At most [`MAX_STOP_SEQUENCES`] stop strings of at most
+/// [`MAX_STOP_BYTES`] bytes each (`param`: the field's name).
+fn check_stops(stops: &[String], param: &'static str) -> Result<(), ApiError> {
+    if stops.len() > MAX_STOP_SEQUENCES {
+        return Err(ApiError::invalid_param(
+            param,
+            format!(
+                "{param} has {} entries; at most {MAX_STOP_SEQUENCES} are allowed",
+                stops.len()
+            ),
+        ));
+    }
+    if let Some((i, s)) = stops.iter().enumerate().find(|(_, s)| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid_param(
+            param,
+            format!(
+                "{param}[{i}] is {} bytes long; each may be at most {MAX_STOP_BYTES} bytes",
+                s.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Seconds until a queue slot is likely free: a slot frees when the
@@ -792,5 +942,54 @@ impl StopField {
             StopField::One(s) => vec![s],
             StopField::Many(v) => v,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_key_needs_the_whole_key_and_nothing_more() {
+        assert!(same_key(b"sekrit-key", b"sekrit-key"));
+        for other in [
+            &b""[..],
+            b"s",
+            b"sekrit-ke",
+            b"sekrit-key2",
+            b"sekrit-kez",
+            b"SEKRIT-KEY",
+        ] {
+            assert!(!same_key(other, b"sekrit-key"), "{other:?}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn key_file_open_to_others_or_empty_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.key");
+        let write = |text: &str, mode: u32| {
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("k-1\n", 0o600);
+        assert_eq!(read_key_file(&path).unwrap(), "k-1");
+        write("k-1\n", 0o400);
+        assert_eq!(read_key_file(&path).unwrap(), "k-1");
+        for mode in [0o644, 0o640, 0o604, 0o660, 0o602] {
+            write("k-1\n", mode);
+            match read_key_file(&path) {
+                Err(e @ ServeError::KeyFileMode { .. }) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(&format!("chmod 600 {}", path.display())), "{msg}");
+                    assert!(msg.contains(&format!("{mode:03o}")), "{msg}");
+                }
+                other => panic!("mode {mode:o}: {other:?}"),
+            }
+        }
+        write(" \n", 0o600);
+        assert!(matches!(read_key_file(&path), Err(ServeError::KeyFile { .. })));
     }
 }

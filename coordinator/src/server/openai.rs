@@ -206,6 +206,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             top_k: req.top_k,
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
+            stop_param: "stop",
             logprobs: want_logprobs.then_some(top),
         },
     )
@@ -292,6 +293,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             top_k: req.top_k,
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
+            stop_param: "stop",
             logprobs: req.logprobs,
         },
     )

@@ -1,8 +1,10 @@
 //! The engine thread and its queue.
 //!
 //! The [`Engine`] is synchronous and runs one sequence at a time, so the
-//! server owns it on one dedicated thread. HTTP handlers put [`Job`]s in a
-//! bounded FIFO ([`Queue::submit`]; a full queue is a 429) and read
+//! server owns it on one dedicated thread. HTTP handlers reserve a place in
+//! a bounded FIFO ([`Queue::reserve`]; a full queue is a 429) before any
+//! work on the request (tokenizing, the chat template), put their [`Job`]
+//! in it ([`Slot::send`]) and read
 //! [`Event`]s back from the job's own channel. Each job gets a fresh
 //! session, so concurrent requests never share a KV cache or a token.
 //!
@@ -83,12 +85,37 @@ pub struct Queue {
     tx: mpsc::Sender<Job>,
     /// Jobs taken by the engine thread and not finished (0 or 1).
     running: Arc<AtomicUsize>,
+    /// Places reserved whose job is not in yet.
+    reserved: Arc<AtomicUsize>,
     capacity: usize,
 }
 
 /// The queue is full.
 #[derive(Debug)]
 pub struct QueueFull;
+
+/// A place reserved in the queue; dropping it unused gives the place back.
+/// It counts against the capacity at once, and as waiting
+/// ([`Queue::queued`]) once its job is in.
+pub struct Slot {
+    permit: Option<mpsc::OwnedPermit<Job>>,
+    reserved: Arc<AtomicUsize>,
+}
+
+impl Slot {
+    /// Puts `job` in the reserved place.
+    pub fn send(mut self, job: Job) {
+        if let Some(p) = self.permit.take() {
+            p.send(job);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.reserved.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 impl Queue {
     /// Starts the engine thread with room for `capacity` waiting jobs.
@@ -112,18 +139,29 @@ impl Queue {
         std::thread::Builder::new()
             .name("charm-engine".into())
             .spawn(move || thread.run(rx))?;
-        Ok(Queue { tx, running, capacity })
+        Ok(Queue {
+            tx,
+            running,
+            reserved: Arc::new(AtomicUsize::new(0)),
+            capacity,
+        })
     }
 
-    /// Queues `job`, or refuses it when the queue is full (or the engine
-    /// thread is gone).
-    pub fn submit(&self, job: Job) -> Result<(), QueueFull> {
-        self.tx.try_send(job).map_err(|_| QueueFull)
+    /// Reserves a place for a job, or refuses when the queue is full (or
+    /// the engine thread is gone).
+    pub fn reserve(&self) -> Result<Slot, QueueFull> {
+        let permit = self.tx.clone().try_reserve_owned().map_err(|_| QueueFull)?;
+        self.reserved.fetch_add(1, Ordering::Relaxed);
+        Ok(Slot {
+            permit: Some(permit),
+            reserved: self.reserved.clone(),
+        })
     }
 
-    /// Jobs waiting.
+    /// Jobs waiting (not counting places reserved for jobs still being
+    /// tokenized).
     pub fn queued(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        (self.tx.max_capacity() - self.tx.capacity()).saturating_sub(self.reserved.load(Ordering::Relaxed))
     }
 
     /// Jobs being generated.
