@@ -139,6 +139,7 @@ function drawWorkers(workers, queue) {
       count(w.round_trips),
       net(w.network_bytes_sent) + " / " + net(w.network_bytes_received),
       count(w.failures),
+      count(w.failovers) + " / " + count(w.hedges),
     ];
     let row = Array.from(tbody.children).find((r) => r.dataset.address === w.address);
     if (!row) {

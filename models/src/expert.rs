@@ -114,6 +114,13 @@ pub struct WorkerReport {
     pub cache_bytes: u64,
     /// Requests it failed, timed out on, or dropped.
     pub failures: u64,
+    /// Requests of its that failed (error, timeout, broken or lost
+    /// connection) and were re-sent to another holder.
+    pub failovers: u64,
+    /// Requests of its that were late against its own measured round trips
+    /// and were re-sent (hedged) to another holder; whichever answer came
+    /// first was used.
+    pub hedges: u64,
 }
 
 impl WorkerReport {
@@ -158,6 +165,8 @@ impl WorkerReport {
             disk_bytes_read: self.disk_bytes_read.saturating_sub(before.disk_bytes_read),
             cache_bytes: self.cache_bytes,
             failures: self.failures.saturating_sub(before.failures),
+            failovers: self.failovers.saturating_sub(before.failovers),
+            hedges: self.hedges.saturating_sub(before.hedges),
         }
         .with_means()
     }

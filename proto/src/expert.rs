@@ -83,6 +83,15 @@ pub enum BatchError {
     /// Groups are not strictly increasing by expert id.
     #[error("expert groups are not sorted and unique at expert {expert}")]
     UnsortedGroups { expert: u32 },
+    /// A group names the same row twice.
+    #[error("expert {expert}: row {row} appears twice")]
+    DuplicateRow { expert: u32, row: u32 },
+    /// A group names an expert the model does not have.
+    #[error("expert {expert} out of range (the layer has {num_experts} experts)")]
+    ExpertOutOfRange { expert: u32, num_experts: u32 },
+    /// The batch routes more rows to experts than the model's top-k allows.
+    #[error("{routed} routed rows for {n_rows} rows: more than {per_row} experts per row")]
+    TooManyRoutes { routed: usize, n_rows: usize, per_row: u32 },
     /// An output is missing for a group, or names an expert not in the batch.
     #[error("outputs do not match the batch: {0}")]
     OutputMismatch(String),
@@ -115,7 +124,9 @@ impl ExpertBatch {
         }
         let n_rows = self.rows.len() / h;
         let mut prev: Option<u32> = None;
-        for g in &self.groups {
+        // `seen[r]` is the number (1-based) of the last group that named row r.
+        let mut seen = vec![0u32; n_rows];
+        for (gi, g) in self.groups.iter().enumerate() {
             if prev.is_some_and(|p| p >= g.expert) {
                 return Err(BatchError::UnsortedGroups { expert: g.expert });
             }
@@ -127,13 +138,43 @@ impl ExpertBatch {
                     weights: g.weights.len(),
                 });
             }
-            if let Some(&row) = g.rows.iter().find(|&&r| r as usize >= n_rows) {
-                return Err(BatchError::RowOutOfRange {
-                    expert: g.expert,
-                    row,
-                    n_rows,
-                });
+            for &row in &g.rows {
+                let Some(stamp) = seen.get_mut(row as usize) else {
+                    return Err(BatchError::RowOutOfRange {
+                        expert: g.expert,
+                        row,
+                        n_rows,
+                    });
+                };
+                if *stamp == gi as u32 + 1 {
+                    return Err(BatchError::DuplicateRow { expert: g.expert, row });
+                }
+                *stamp = gi as u32 + 1;
             }
+        }
+        Ok(())
+    }
+
+    /// [`ExpertBatch::validate`], and the bounds a model's shapes set: every
+    /// expert id below `num_experts`, and at most `per_row` experts routed
+    /// per row in all (so the outputs a batch asks for are bounded by its
+    /// activations, whatever the groups say).
+    pub fn validate_for(&self, num_experts: u32, per_row: u32) -> Result<(), BatchError> {
+        self.validate()?;
+        if let Some(g) = self.groups.iter().find(|g| g.expert >= num_experts) {
+            return Err(BatchError::ExpertOutOfRange {
+                expert: g.expert,
+                num_experts,
+            });
+        }
+        let routed: usize = self.groups.iter().map(|g| g.rows.len()).sum();
+        let n_rows = self.n_rows();
+        if routed > n_rows.saturating_mul(per_row as usize) {
+            return Err(BatchError::TooManyRoutes {
+                routed,
+                n_rows,
+                per_row,
+            });
         }
         Ok(())
     }
@@ -228,6 +269,39 @@ mod tests {
         let mut b = batch();
         b.hidden = 0;
         assert!(matches!(b.validate(), Err(BatchError::RaggedRows { .. })));
+    }
+
+    #[test]
+    fn a_row_repeated_in_a_group_is_refused() {
+        // A few bytes on the wire must not become gigabytes of outputs.
+        let mut b = batch();
+        b.groups[0].rows = vec![1, 0, 1];
+        b.groups[0].weights = vec![0.5; 3];
+        assert_eq!(b.validate(), Err(BatchError::DuplicateRow { expert: 1, row: 1 }));
+        // The same row in two groups is routing, not a repeat.
+        assert_eq!(batch().validate(), Ok(()));
+    }
+
+    #[test]
+    fn model_bounds_refuse_foreign_experts_and_excess_routes() {
+        let b = batch();
+        assert_eq!(b.validate_for(6, 2), Ok(()));
+        assert_eq!(
+            b.validate_for(5, 2),
+            Err(BatchError::ExpertOutOfRange {
+                expert: 5,
+                num_experts: 5
+            })
+        );
+        // Three routed rows over two activation rows: more than one per row.
+        assert_eq!(
+            b.validate_for(6, 1),
+            Err(BatchError::TooManyRoutes {
+                routed: 3,
+                n_rows: 2,
+                per_row: 1
+            })
+        );
     }
 
     #[test]

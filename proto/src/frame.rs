@@ -38,6 +38,10 @@ pub const HEADER_LEN: usize = 12;
 /// Largest payload accepted from an authenticated peer. Requests larger
 /// than this are split by the coordinator (by expert groups).
 pub const MAX_FRAME_LEN: u32 = 64 << 20;
+/// Smallest frame limit a worker may announce: room for a decode step's
+/// request at any model width charm runs. A worker announcing less is
+/// refused at the handshake instead of failing every request split.
+pub const MIN_FRAME_LEN: u32 = 1 << 20;
 /// Largest payload accepted before the peer has proven the cluster key
 /// (`Auth`, `Hello`, `Error`): strangers cannot make anyone allocate much.
 pub const MAX_HANDSHAKE_FRAME_LEN: u32 = 64 << 10;

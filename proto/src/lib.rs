@@ -19,7 +19,7 @@ pub mod frame;
 pub mod wire;
 
 pub use expert::{BatchError, ExpertBatch, ExpertGroup, ExpertOutputs, GroupOutput, PrefetchHint};
-pub use frame::{FrameError, FrameHeader, HEADER_LEN, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN};
+pub use frame::{FrameError, FrameHeader, HEADER_LEN, MAX_FRAME_LEN, MAX_HANDSHAKE_FRAME_LEN, MIN_FRAME_LEN};
 pub use wire::{
     Auth, ErrorKind, ExpertRange, ExpertsOut, Hello, Holdings, LayerHolding, Message, Prefetch, Role, RunExperts, Tag,
     WireError, WorkerStats,

@@ -3,13 +3,21 @@
 //! the router asks for them.
 //!
 //! Per layer step ([`ExpertStore::resolve`]):
-//! 1. finished read-aheads are moved into the cache;
-//! 2. cached experts are hits; experts already being read ahead are waited
-//!    for; the rest are read now (one read per expert record);
+//! 1. every wanted expert is checked to be held before anything changes;
+//! 2. cached experts are hits; experts already being read (ahead, or for
+//!    another request) are waited for; the rest are read now (one read per
+//!    expert record);
 //! 3. read-aheads for the predicted next layer are queued behind them;
 //! 4. hits are computed while the reads are in flight, then each read is
-//!    verified (CRC-32), computed and cached as it lands, protecting every
-//!    expert this step needs from eviction.
+//!    computed as it lands.
+//!
+//! Finished reads are verified (CRC-32) and cached by a completion thread
+//! of the store's own, which hands each expert to every request waiting for
+//! it. The store's lock guards bookkeeping only (cache, reads in flight,
+//! counters): it is never held across a disk wait or an expert's compute,
+//! so several coordinators sharing a worker run side by side, and counters
+//! can be read at any time. Experts some running step needs are never
+//! evicted to make room.
 //!
 //! Routing counts are recorded per expert; at the end of every request the
 //! history is saved and the hottest experts (up to half the budget) are
@@ -48,30 +56,49 @@ pub struct StoreOptions {
 
 /// A container's experts behind a RAM cache.
 pub struct DiskStore {
+    inner: Arc<Inner>,
+    reader: DiskReader,
+    /// Where finished reads go (the completion thread's channel).
+    done: Mutex<Sender<ReadDone>>,
+    /// Held while the routing history is written.
+    saving: Mutex<()>,
+    prefetch: bool,
+    /// Warning to show the user (e.g. a history from another model).
+    pub warning: Option<String>,
+}
+
+/// What the completion thread shares with the store.
+struct Inner {
     path: PathBuf,
     quant: Quant,
     /// Each record's byte layout (one shared layout unless GGUF types vary by layer).
     layouts: HashMap<Key, RecordLayout>,
     records: HashMap<Key, Record>,
-    reader: DiskReader,
-    prefetch: bool,
     state: Mutex<State>,
-    /// Warning to show the user (e.g. a history from another model).
-    pub warning: Option<String>,
 }
+
+/// An expert delivered to a waiting request (or why it could not be read).
+type Delivery = (Key, Result<Arc<SwiGlu>, String>);
 
 struct State {
     cache: ExpertCache,
-    /// Reads issued and not yet received, and why they were issued.
-    inflight: HashMap<Key, Origin>,
+    /// Reads issued and not yet received: why, and who waits for them.
+    inflight: HashMap<Key, Inflight>,
     /// Read-ahead experts in the cache that no step has used yet.
     prefetched: HashSet<Key>,
-    tx: Sender<ReadDone>,
-    rx: Receiver<ReadDone>,
+    /// Experts a running step needs (never evicted), with how many steps
+    /// need each.
+    needed: HashMap<Key, usize>,
+    protect: HashSet<Key>,
     history: RoutingHistory,
     stats: ExpertStats,
     /// The last prediction, checked when its layer runs.
     prediction: Option<(u16, HashSet<u32>)>,
+}
+
+struct Inflight {
+    origin: Origin,
+    waiters: Vec<Sender<Delivery>>,
 }
 
 /// Why a read was issued.
@@ -121,33 +148,45 @@ impl DiskStore {
         if let Some(w) = &warning {
             tracing::warn!("{w}");
         }
-        let (tx, rx) = channel();
-        let store = DiskStore {
+        let inner = Arc::new(Inner {
             path,
             quant: manifest.quant,
             layouts,
             records,
-            reader,
-            prefetch: opts.prefetch,
             state: Mutex::new(State {
                 cache: ExpertCache::new(opts.cache_bytes),
                 inflight: HashMap::new(),
                 prefetched: HashSet::new(),
-                tx,
-                rx,
+                needed: HashMap::new(),
+                protect: HashSet::new(),
                 history,
                 stats: ExpertStats::default(),
                 prediction: None,
             }),
+        });
+        let (tx, rx) = channel();
+        let completer = inner.clone();
+        std::thread::Builder::new()
+            .name("charm-store-done".into())
+            .spawn(move || completer.complete(rx))
+            .map_err(|e| ExpertError::Read {
+                layer: 0,
+                expert: 0,
+                message: format!("starting the read completion thread: {e}"),
+            })?;
+        let store = DiskStore {
+            inner,
+            reader,
+            done: Mutex::new(tx),
+            saving: Mutex::new(()),
+            prefetch: opts.prefetch,
             warning,
         };
         // Warm start: pin and read ahead the hot set learned by earlier runs.
-        let mut st = store.lock();
+        let mut st = store.inner.lock();
         store.repin(&mut st);
-        Ok({
-            drop(st);
-            store
-        })
+        drop(st);
+        Ok(store)
     }
 
     /// Which reader backend runs.
@@ -157,90 +196,54 @@ impl DiskStore {
 
     /// Bytes one cached expert costs (its padded record).
     pub fn expert_bytes(&self) -> u64 {
-        self.records.values().next().map_or(0, Record::padded_len)
+        self.inner.records.values().next().map_or(0, Record::padded_len)
     }
 
     /// Number of expert records.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.inner.records.len()
     }
 
     /// Whether the container has no experts.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.inner.records.is_empty()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the cache inconsistent
-        // in a way that changes results (entries are immutable), so recover.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// Whether the store holds a record for `layer`'s `expert`.
+    pub fn holds(&self, layer: u16, expert: u32) -> bool {
+        self.inner.records.contains_key(&(layer, expert))
     }
 
-    fn request(&self, k: Key) -> Result<ReadRequest, ExpertError> {
-        let r = self.records.get(&k).ok_or(ExpertError::MissingExpert {
-            layer: k.0,
-            expert: k.1,
-        })?;
-        Ok(ReadRequest {
-            offset: r.offset,
-            len: r.padded_len() as usize,
-            tag: tag(k),
-        })
-    }
-
-    fn submit(&self, st: &State, reqs: Vec<ReadRequest>) -> Result<(), ExpertError> {
+    /// Queues `reqs`; on failure nothing was queued.
+    fn submit(&self, reqs: Vec<ReadRequest>) -> Result<(), ExpertError> {
         if reqs.is_empty() {
             return Ok(());
         }
         let first = key(reqs[0].tag);
-        self.reader.submit(reqs, st.tx.clone()).map_err(|e| ExpertError::Read {
+        let tx = self.done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.reader.submit(reqs, tx).map_err(|e| ExpertError::Read {
             layer: first.0,
             expert: first.1,
             message: e.to_string(),
         })
     }
 
-    /// Turns a finished read into weights (checksum verified).
-    fn decode(&self, done: ReadDone) -> Result<(Key, Arc<SwiGlu>, u64), ExpertError> {
-        let k = key(done.tag);
-        let buf = done.result.map_err(|e| ExpertError::Read {
-            layer: k.0,
-            expert: k.1,
-            message: e.to_string(),
-        })?;
-        let record = &self.records[&k];
-        verify_record(&self.path, record, buf.as_slice())?;
-        let bytes = buf.len() as u64;
-        let [gate, up, down] = record_weights(Arc::new(buf), &self.layouts[&k], self.quant)?;
-        Ok((k, Arc::new(SwiGlu { gate, up, down }), bytes))
-    }
-
-    /// Accounts for one finished read; caches it unless that would evict
-    /// something in `protect`.
-    fn receive(
-        &self,
-        st: &mut State,
-        done: ReadDone,
-        protect: &HashSet<Key>,
-    ) -> Result<(Key, Arc<SwiGlu>), (Key, ExpertError)> {
-        let k = key(done.tag);
-        let was_prefetch = st.inflight.remove(&k) == Some(Origin::Prefetch);
-        let (k, ffn, bytes) = self.decode(done).map_err(|e| (k, e))?;
-        st.stats.expert_bytes_read += bytes;
-        if st.cache.insert(k, ffn.clone(), bytes, protect) && was_prefetch && !protect.contains(&k) {
-            st.prefetched.insert(k);
+    /// Reads `keys` (held, not cached, not in flight) with no one waiting.
+    fn read_ahead(&self, st: &mut State, keys: Vec<Key>, origin: Origin) -> bool {
+        let reqs: Vec<ReadRequest> = keys.iter().filter_map(|&k| self.inner.request(k)).collect();
+        if self.submit(reqs).is_err() {
+            return false;
         }
-        st.stats.cache_bytes = st.cache.used();
-        Ok((k, ffn))
-    }
-
-    /// Moves finished read-aheads into the cache without waiting.
-    fn drain(&self, st: &mut State, protect: &HashSet<Key>) {
-        while let Ok(done) = st.rx.try_recv() {
-            // A failed read-ahead is dropped; a demand read will retry it
-            // and report the error if it persists.
-            let _ = self.receive(st, done, protect);
+        for k in keys {
+            st.inflight.insert(
+                k,
+                Inflight {
+                    origin,
+                    waiters: Vec::new(),
+                },
+            );
         }
+        true
     }
 
     /// Pins the hottest experts (up to [`PIN_FRACTION`] of the budget) and
@@ -252,7 +255,7 @@ impl DiskStore {
             .history
             .hottest()
             .into_iter()
-            .filter(|k| self.records.contains_key(k))
+            .filter(|k| self.inner.records.contains_key(k))
             .take(room as usize)
             .collect();
         st.cache.set_pinned(hot.iter().copied());
@@ -260,10 +263,93 @@ impl DiskStore {
             .into_iter()
             .filter(|k| !st.cache.contains(*k) && !st.inflight.contains_key(k))
             .collect();
-        let reqs: Vec<ReadRequest> = missing.iter().filter_map(|&k| self.request(k).ok()).collect();
-        if self.submit(st, reqs).is_ok() {
-            for k in missing {
-                st.inflight.insert(k, Origin::Preload);
+        self.read_ahead(st, missing, Origin::Preload);
+    }
+
+    /// Marks `keys` as needed by a running step (or, with `done`, no longer).
+    fn need(st: &mut State, keys: &[Key], done: bool) {
+        for &k in keys {
+            if done {
+                if let Some(n) = st.needed.get_mut(&k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        st.needed.remove(&k);
+                        st.protect.remove(&k);
+                    }
+                }
+            } else {
+                *st.needed.entry(k).or_default() += 1;
+                st.protect.insert(k);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Every update leaves the bookkeeping consistent (entries are
+        // immutable), so a panic elsewhere cannot change results: recover.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn request(&self, k: Key) -> Option<ReadRequest> {
+        let r = self.records.get(&k)?;
+        Some(ReadRequest {
+            offset: r.offset,
+            len: usize::try_from(r.padded_len()).ok()?,
+            tag: tag(k),
+        })
+    }
+
+    /// Turns a finished read into weights (checksum verified).
+    fn decode(&self, k: Key, done: ReadDone) -> Result<(Arc<SwiGlu>, u64), ExpertError> {
+        let buf = done.result.map_err(|e| ExpertError::Read {
+            layer: k.0,
+            expert: k.1,
+            message: e.to_string(),
+        })?;
+        let (Some(record), Some(layout)) = (self.records.get(&k), self.layouts.get(&k)) else {
+            return Err(ExpertError::MissingExpert {
+                layer: k.0,
+                expert: k.1,
+            });
+        };
+        verify_record(&self.path, record, buf.as_slice())?;
+        let bytes = buf.len() as u64;
+        let [gate, up, down] = record_weights(Arc::new(buf), layout, self.quant)?;
+        Ok((Arc::new(SwiGlu { gate, up, down }), bytes))
+    }
+
+    /// The completion thread: verifies and decodes each finished read
+    /// (outside the lock), caches it unless that would evict an expert a
+    /// running step needs, and hands it to every request waiting for it.
+    /// Ends when the store and its reader are gone.
+    fn complete(&self, rx: Receiver<ReadDone>) {
+        while let Ok(done) = rx.recv() {
+            let k = key(done.tag);
+            let decoded = self.decode(k, done);
+            let waiters = {
+                let mut st = self.lock();
+                let entry = st.inflight.remove(&k);
+                if let Ok((ffn, bytes)) = &decoded {
+                    st.stats.expert_bytes_read += bytes;
+                    let State { cache, protect, .. } = &mut *st;
+                    let cached = cache.insert(k, ffn.clone(), *bytes, protect);
+                    let read_ahead = entry
+                        .as_ref()
+                        .is_some_and(|e| e.origin == Origin::Prefetch && e.waiters.is_empty());
+                    if cached && read_ahead {
+                        st.prefetched.insert(k);
+                    }
+                    st.stats.cache_bytes = st.cache.used();
+                }
+                entry.map(|e| e.waiters).unwrap_or_default()
+            };
+            // A failed read-ahead with no one waiting is dropped; a demand
+            // read retries it and reports the error if it persists.
+            let delivery = decoded.map(|(ffn, _)| ffn).map_err(|e| e.to_string());
+            for w in waiters {
+                let _ = w.send((k, delivery.clone()));
             }
         }
     }
@@ -277,105 +363,135 @@ impl ExpertStore for DiskStore {
         next: Option<&PrefetchHint>,
         ready: &mut dyn FnMut(Ready),
     ) -> Result<(), ExpertError> {
-        let mut guard = self.lock();
-        let st = &mut *guard;
-        let needed: HashSet<Key> = wanted.iter().map(|&(e, _)| (layer, e)).collect();
-        self.drain(st, &needed);
-
-        if let Some((pl, predicted)) = st.prediction.take() {
-            if pl == layer {
-                st.stats.predicted_total += wanted.len() as u64;
-                st.stats.predicted_correct += wanted.iter().filter(|(e, _)| predicted.contains(e)).count() as u64;
-            }
+        // Nothing changes unless every wanted expert is held (a partial
+        // container, or an id out of range, is an error for this request).
+        if let Some(&(e, _)) = wanted.iter().find(|&&(e, _)| !self.holds(layer, e)) {
+            return Err(ExpertError::MissingExpert { layer, expert: e });
         }
-
+        let keys: Vec<Key> = wanted.iter().map(|&(e, _)| (layer, e)).collect();
+        let (tx, rx) = channel::<Delivery>();
         let mut hits: Ready = Vec::new();
         let mut waiting: HashMap<Key, usize> = HashMap::new();
-        let mut reads = Vec::new();
-        for (i, &(e, rows)) in wanted.iter().enumerate() {
-            let k = (layer, e);
-            st.history.record(layer, e, rows);
-            if let Some(ffn) = st.cache.get(k) {
-                st.stats.expert_hits += 1;
-                if st.prefetched.remove(&k) {
-                    st.stats.prefetch_hits += 1;
-                }
-                hits.push((i, ffn));
-                continue;
-            }
-            st.stats.expert_misses += 1;
-            match st.inflight.get(&k) {
-                Some(Origin::Prefetch) => st.stats.prefetch_hits += 1,
-                Some(_) => {}
-                None => {
-                    reads.push(self.request(k)?);
-                    st.inflight.insert(k, Origin::Demand);
+        {
+            let mut guard = self.inner.lock();
+            let st = &mut *guard;
+            if let Some((pl, predicted)) = st.prediction.take() {
+                if pl == layer {
+                    st.stats.predicted_total += wanted.len() as u64;
+                    st.stats.predicted_correct += wanted.iter().filter(|(e, _)| predicted.contains(e)).count() as u64;
                 }
             }
-            waiting.insert(k, i);
-        }
-        self.submit(st, reads)?;
+            let mut reads = Vec::new();
+            for (i, &(e, rows)) in wanted.iter().enumerate() {
+                let k = (layer, e);
+                st.history.record(layer, e, rows);
+                if let Some(ffn) = st.cache.get(k) {
+                    st.stats.expert_hits += 1;
+                    if st.prefetched.remove(&k) {
+                        st.stats.prefetch_hits += 1;
+                    }
+                    hits.push((i, ffn));
+                    continue;
+                }
+                st.stats.expert_misses += 1;
+                match st.inflight.get_mut(&k) {
+                    Some(f) => {
+                        if f.origin == Origin::Prefetch {
+                            st.stats.prefetch_hits += 1;
+                            f.origin = Origin::Demand;
+                        }
+                        f.waiters.push(tx.clone());
+                    }
+                    None => reads.push(k),
+                }
+                waiting.insert(k, i);
+            }
+            let reqs: Vec<ReadRequest> = reads.iter().filter_map(|&k| self.inner.request(k)).collect();
+            // On failure nothing of ours was queued; reads of others we
+            // joined will send to a channel that is gone, which is harmless.
+            self.submit(reqs)?;
+            for k in reads {
+                st.inflight.insert(
+                    k,
+                    Inflight {
+                        origin: Origin::Demand,
+                        waiters: vec![tx.clone()],
+                    },
+                );
+            }
+            Self::need(st, &keys, false);
 
-        // Read ahead the predicted next layer, behind this step's reads.
-        if let (true, Some(h)) = (self.prefetch && st.cache.budget() > 0, next) {
-            let mut ahead = Vec::new();
-            for &e in &h.experts {
-                let k = (h.layer, e);
-                if !st.cache.contains(k) && !st.inflight.contains_key(&k) && self.records.contains_key(&k) {
-                    ahead.push(k);
+            // Read ahead the predicted next layer, behind this step's reads.
+            if let (true, Some(h)) = (self.prefetch && st.cache.budget() > 0, next) {
+                let ahead: Vec<Key> = h
+                    .experts
+                    .iter()
+                    .map(|&e| (h.layer, e))
+                    .filter(|&k| self.holds(k.0, k.1) && !st.cache.contains(k) && !st.inflight.contains_key(&k))
+                    .collect();
+                let n = ahead.len() as u64;
+                if self.read_ahead(st, ahead, Origin::Prefetch) {
+                    st.stats.prefetch_issued += n;
                 }
+                st.prediction = Some((h.layer, h.experts.iter().copied().collect()));
             }
-            let reqs: Vec<ReadRequest> = ahead.iter().filter_map(|&k| self.request(k).ok()).collect();
-            if self.submit(st, reqs).is_ok() {
-                st.stats.prefetch_issued += ahead.len() as u64;
-                for k in ahead {
-                    st.inflight.insert(k, Origin::Prefetch);
-                }
-            }
-            st.prediction = Some((h.layer, h.experts.iter().copied().collect()));
         }
+        drop(tx);
 
-        // Compute what is cached while the reads are in flight.
-        if !hits.is_empty() {
-            ready(hits);
-        }
-        while !waiting.is_empty() {
-            let t = Instant::now();
-            let done = st.rx.recv().map_err(|_| ExpertError::Read {
-                layer,
-                expert: 0,
-                message: "the disk reader stopped".into(),
-            })?;
-            st.stats.io_wait_ms += t.elapsed().as_secs_f64() * 1e3;
-            match self.receive(st, done, &needed) {
-                Ok((k, ffn)) => {
-                    if let Some(i) = waiting.remove(&k) {
-                        ready(vec![(i, ffn)]);
+        // Compute what is cached while the reads are in flight (no lock).
+        let result = (|| {
+            if !hits.is_empty() {
+                ready(hits);
+            }
+            let mut io_wait_ms = 0.0;
+            while !waiting.is_empty() {
+                let t = Instant::now();
+                let got = rx.recv();
+                io_wait_ms += t.elapsed().as_secs_f64() * 1e3;
+                let (k, delivered) = got.map_err(|_| ExpertError::Read {
+                    layer,
+                    expert: waiting.keys().next().map_or(0, |k| k.1),
+                    message: "the disk reader stopped".into(),
+                })?;
+                let Some(i) = waiting.remove(&k) else { continue };
+                match delivered {
+                    Ok(ffn) => ready(vec![(i, ffn)]),
+                    Err(message) => {
+                        return Err(ExpertError::Read {
+                            layer: k.0,
+                            expert: k.1,
+                            message,
+                        })
                     }
                 }
-                Err((k, e)) => {
-                    if waiting.contains_key(&k) {
-                        return Err(e);
-                    }
-                }
             }
+            Ok(io_wait_ms)
+        })();
+        let mut st = self.inner.lock();
+        Self::need(&mut st, &keys, true);
+        if let Ok(ms) = &result {
+            st.stats.io_wait_ms += ms;
         }
         st.stats.cache_bytes = st.cache.used();
-        Ok(())
+        result.map(|_| ())
     }
 
     fn stats(&self) -> ExpertStats {
-        let st = self.lock();
+        let st = self.inner.lock();
         let mut s = st.stats.clone();
         s.cache_bytes = st.cache.used();
         s
     }
 
     fn end_request(&self) {
-        let mut st = self.lock();
-        if let Err(e) = st.history.save() {
+        // Saving writes a file: take a copy and write it outside the lock
+        // (one save at a time).
+        let _saving = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+        let history = self.inner.lock().history.clone();
+        if let Err(e) = history.save() {
             tracing::warn!("saving routing history: {e}");
         }
+        let mut st = self.inner.lock();
         self.repin(&mut st);
     }
 }

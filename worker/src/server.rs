@@ -2,10 +2,21 @@
 //! the cluster key and run the same model, then answers their requests
 //! with the served model ([`Served`]).
 //!
-//! - Many coordinators may connect at once (up to `max_connections`; the
-//!   next is closed with a reason saying the worker is full). They share
-//!   the expert store, which is safe to use from many threads: results
-//!   never depend on who else is being served, only the cache's contents.
+//! - Nothing is granted before the key proof: a new connection holds only
+//!   a half-open slot (at most `max_half_open`; beyond that new connections
+//!   are refused before their QUIC handshake), a handshake's worth of
+//!   flow-control credit and one stream, and must finish the QUIC handshake
+//!   and prove the cluster key within `handshake_timeout` or be closed.
+//! - Many coordinators may connect at once (up to `max_connections`, taken
+//!   after the proof; the next is closed with a reason saying the worker is
+//!   full). They share the expert store, which is safe to use from many
+//!   threads and locks only its bookkeeping: requests of different
+//!   coordinators run side by side, and results never depend on who else
+//!   is being served, only the cache's contents.
+//! - Every request is checked against the model before any work: layer,
+//!   row width, expert ids in range and held, each row at most once per
+//!   group, at most top-k routes per row. A bad request gets an `Error`
+//!   reply; the connection and every other request carry on.
 //! - One task per connection, one per request stream: `RunExperts` →
 //!   `ExpertsOut` (or `Error` when the store fails), `EndRequest` →
 //!   `Stats`; one-way `Prefetch` on unidirectional streams. Expert math
@@ -13,10 +24,8 @@
 //! - A frame that does not decode, is too large, or does not belong on its
 //!   stream closes that connection with the reason (the peer and the log
 //!   both see it); the process and every other connection carry on.
-//! - A peer that does not finish the handshake within `handshake_timeout`
-//!   is closed.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,26 +41,31 @@ use crate::net::{close, describe_close, handshake, ClusterKey, NetError};
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub key: ClusterKey,
-    /// Coordinators served at once.
+    /// Authenticated coordinators served at once.
     pub max_connections: usize,
-    /// Time a new connection has to authenticate.
+    /// Connections that have not proved the key yet, at once.
+    pub max_half_open: usize,
+    /// Time a new connection has for the QUIC handshake and the key proof.
     pub handshake_timeout: Duration,
 }
 
 impl ServerOptions {
-    /// Defaults: 64 connections, 5 s to authenticate.
+    /// Defaults: 64 coordinators, 256 half-open connections, 2 s to
+    /// authenticate.
     pub fn new(key: ClusterKey) -> Self {
         ServerOptions {
             key,
             max_connections: 64,
-            handshake_timeout: Duration::from_secs(5),
+            max_half_open: 256,
+            handshake_timeout: Duration::from_secs(2),
         }
     }
 }
 
 /// Serves `served` on `endpoint` until `shutdown` completes.
 pub async fn run(endpoint: Endpoint, served: Arc<Served>, opts: ServerOptions, shutdown: impl Future<Output = ()>) {
-    let limit = Arc::new(Semaphore::new(opts.max_connections));
+    let slots = Arc::new(Semaphore::new(opts.max_connections));
+    let half_open = Arc::new(Semaphore::new(opts.max_half_open));
     let opts = Arc::new(opts);
     tokio::pin!(shutdown);
     loop {
@@ -62,49 +76,74 @@ pub async fn run(endpoint: Endpoint, served: Arc<Served>, opts: ServerOptions, s
                 None => break,
             },
         };
-        let permit = limit.clone().try_acquire_owned();
-        let (served, opts) = (served.clone(), opts.clone());
+        let Ok(half) = half_open.clone().try_acquire_owned() else {
+            tracing::debug!(
+                "refused {}: {} connections are already authenticating",
+                incoming.remote_address(),
+                opts.max_half_open
+            );
+            incoming.refuse();
+            continue;
+        };
+        let (served, opts, slots) = (served.clone(), opts.clone(), slots.clone());
         tokio::spawn(async move {
-            let peer = incoming.remote_address();
-            let conn = match incoming.await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::debug!("{peer}: QUIC handshake failed: {e}");
-                    return;
-                }
+            let Some(conn) = authenticate(incoming, &served, &opts).await else {
+                return;
             };
-            let Ok(_permit) = permit else {
+            drop(half);
+            let Ok(_slot) = slots.try_acquire_owned() else {
                 let msg = format!("worker busy: already serving {} connections", opts.max_connections);
-                tracing::warn!("refused {peer}: {msg}");
+                tracing::warn!("refused {}: {msg}", conn.remote_address());
                 close(&conn, ErrorKind::Busy, &msg);
                 return;
             };
-            serve_connection(conn, served, &opts).await;
+            serve_connection(conn, served).await;
         });
     }
     endpoint.close(quinn::VarInt::from_u32(0), b"worker shutting down");
 }
 
-async fn serve_connection(conn: Connection, served: Arc<Served>, opts: &ServerOptions) {
-    let peer = conn.remote_address();
-    let hello = served.hello();
-    match tokio::time::timeout(opts.handshake_timeout, handshake::accept(&conn, &opts.key, &hello)).await {
+/// The QUIC handshake and the key proof, both within `handshake_timeout`:
+/// the connection, or `None` (closed, with the reason logged).
+async fn authenticate(incoming: quinn::Incoming, served: &Arc<Served>, opts: &ServerOptions) -> Option<Connection> {
+    let peer = incoming.remote_address();
+    let deadline = tokio::time::Instant::now() + opts.handshake_timeout;
+    let late = || format!("no authentication within {} ms", opts.handshake_timeout.as_millis());
+    let conn = match tokio::time::timeout_at(deadline, incoming.into_future()).await {
         Err(_) => {
-            let msg = format!("no authentication within {} ms", opts.handshake_timeout.as_millis());
+            tracing::debug!("refused {peer}: {}", late());
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!("{peer}: QUIC handshake failed: {e}");
+            return None;
+        }
+        Ok(Ok(c)) => c,
+    };
+    match tokio::time::timeout_at(deadline, handshake::accept(&conn, &opts.key, || served.hello())).await {
+        Err(_) => {
+            let msg = late();
             tracing::warn!("refused {peer}: {msg}");
             close(&conn, ErrorKind::Timeout, &msg);
-            return;
+            None
         }
         Ok(Err(NetError::Connection(e))) => {
             tracing::info!("{peer} left during the handshake: {}", describe_close(&e));
-            return;
+            None
         }
         Ok(Err(e)) => {
             tracing::warn!("refused {peer}: {e}");
-            return;
+            None
         }
-        Ok(Ok(())) => tracing::info!("coordinator {peer} connected"),
+        Ok(Ok(())) => {
+            tracing::info!("coordinator {peer} connected");
+            Some(conn)
+        }
     }
+}
+
+async fn serve_connection(conn: Connection, served: Arc<Served>) {
+    let peer = conn.remote_address();
     loop {
         tokio::select! {
             bi = conn.accept_bi() => match bi {
@@ -170,6 +209,20 @@ async fn run_experts(served: &Arc<Served>, r: RunExperts) -> Message {
         return failed(format!(
             "layer {} with rows of width {} does not fit this worker's model ({} layers, width {})",
             r.batch.layer, r.batch.hidden, hello.num_layers, hello.hidden
+        ));
+    }
+    if let Err(e) = r.batch.validate_for(hello.num_experts, served.top_k()) {
+        return failed(format!("request {}: {e}", r.step));
+    }
+    if let Some(g) = r
+        .batch
+        .groups
+        .iter()
+        .find(|g| !hello.holdings.contains(r.batch.layer, g.expert))
+    {
+        return failed(format!(
+            "request {}: this worker does not hold layer {} expert {}",
+            r.step, r.batch.layer, g.expert
         ));
     }
     let t = Instant::now();

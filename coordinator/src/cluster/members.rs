@@ -32,6 +32,12 @@ use super::placement::{Candidate, ModelShape};
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the maintenance task looks for addresses to (re)connect.
 const MAINTAIN_EVERY: Duration = Duration::from_millis(200);
+/// Most addresses kept from mDNS sightings (mDNS is untrusted: anyone on
+/// the LAN can announce anything).
+pub const MAX_SIGHTINGS: usize = 32;
+/// An address seen in mDNS and not connected is forgotten this long after
+/// it was last seen.
+pub const SIGHTING_TTL: Duration = Duration::from_secs(600);
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(10);
 
@@ -49,6 +55,8 @@ pub(crate) struct Shared {
 struct State {
     members: BTreeMap<SocketAddr, Member>,
     known: BTreeSet<SocketAddr>,
+    /// Addresses from mDNS, with when each was last seen (or connected).
+    sighted: HashMap<SocketAddr, Instant>,
     connecting: BTreeSet<SocketAddr>,
     retry: HashMap<SocketAddr, (Instant, Duration)>,
     refusals: BTreeMap<SocketAddr, String>,
@@ -56,9 +64,35 @@ struct State {
     changed: bool,
 }
 
+/// Round trips remembered per worker for its hedging deadline.
+const RECENT: usize = 64;
+/// A request is re-sent elsewhere when it is this many times later than
+/// the worker's recent worst (p99) round trip for its size...
+pub const HEDGE_FACTOR: f64 = 10.0;
+/// ...but never sooner than this (a scheduling hiccup is not a failure).
+pub const HEDGE_FLOOR: Duration = Duration::from_millis(150);
+/// Samples needed before the measured round trips set the deadline (until
+/// then the worker's `Hello` speeds do).
+const MIN_SAMPLES: usize = 8;
+
+impl State {
+    /// Drops an mDNS address (and what was remembered of its attempts).
+    fn forget(&mut self, addr: SocketAddr) {
+        self.sighted.remove(&addr);
+        self.known.remove(&addr);
+        self.retry.remove(&addr);
+        self.refusals.remove(&addr);
+    }
+}
+
 /// One worker, connected or not.
 pub(crate) struct Member {
     pub conn: Option<Connection>,
+    /// A request to it was hedged and it has not answered since: it gets
+    /// no new work until it answers or its connection is dropped.
+    suspect: bool,
+    /// Its latest round trips (ms) with the routed rows each carried.
+    recent: std::collections::VecDeque<(f64, u32)>,
     pub hello: Hello,
     /// What the coordinator measured: requests, bytes, round trips, failures.
     pub report: WorkerReport,
@@ -130,6 +164,61 @@ impl Shared {
         self.lock().known.extend(addrs);
     }
 
+    /// Notes an address seen in mDNS: kept while it is seen or connected,
+    /// forgotten [`SIGHTING_TTL`] after; at most [`MAX_SIGHTINGS`] are kept
+    /// (the stalest unconnected one makes room; when every one is
+    /// connected, the new one is ignored).
+    pub fn sighted(&self, addr: SocketAddr) {
+        let mut st = self.lock();
+        let now = Instant::now();
+        if st.known.contains(&addr) && !st.sighted.contains_key(&addr) {
+            return; // a --workers address: kept for good
+        }
+        if !st.sighted.contains_key(&addr) && st.sighted.len() >= MAX_SIGHTINGS {
+            let stalest = st
+                .sighted
+                .iter()
+                .filter(|(a, _)| st.members.get(a).is_none_or(|m| m.conn.is_none()))
+                .min_by_key(|(_, t)| **t)
+                .map(|(a, _)| *a);
+            match stalest {
+                Some(a) => st.forget(a),
+                None => return,
+            }
+        }
+        st.sighted.insert(addr, now);
+        st.known.insert(addr);
+    }
+
+    /// Forgets mDNS addresses not seen (nor connected) for [`SIGHTING_TTL`].
+    fn expire_sightings(&self, now: Instant) {
+        let mut st = self.lock();
+        let connected: Vec<SocketAddr> = st
+            .sighted
+            .keys()
+            .filter(|a| st.members.get(a).is_some_and(|m| m.conn.is_some()))
+            .copied()
+            .collect();
+        for a in connected {
+            st.sighted.insert(a, now);
+        }
+        let stale: Vec<SocketAddr> = st
+            .sighted
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t) > SIGHTING_TTL)
+            .map(|(a, _)| *a)
+            .collect();
+        for a in stale {
+            st.forget(a);
+        }
+    }
+
+    /// Addresses it would (re)connect to now, for tests.
+    #[cfg(test)]
+    fn known(&self) -> BTreeSet<SocketAddr> {
+        self.lock().known.clone()
+    }
+
     /// Connected workers.
     pub fn live(&self) -> Vec<(SocketAddr, Connection)> {
         self.lock()
@@ -142,6 +231,70 @@ impl Shared {
     /// The connection to `addr`, if connected.
     pub fn conn(&self, addr: SocketAddr) -> Option<Connection> {
         self.lock().members.get(&addr).and_then(|m| m.conn.clone())
+    }
+
+    /// Whether `addr` is connected and not waiting out a hedge.
+    pub fn trusted(&self, addr: SocketAddr) -> bool {
+        self.lock()
+            .members
+            .get(&addr)
+            .is_some_and(|m| m.conn.is_some() && !m.suspect)
+    }
+
+    /// A request to `addr` was late and re-sent elsewhere.
+    pub fn suspect(&self, addr: SocketAddr) {
+        if let Some(m) = self.lock().members.get_mut(&addr) {
+            m.report.hedges += 1;
+            if !m.suspect {
+                tracing::warn!("worker {addr} is late; its work goes to other holders until it answers");
+            }
+            m.suspect = true;
+        }
+    }
+
+    /// `addr` (still on connection `stable_id`) answered a request of
+    /// `rows` routed rows in `rtt_ms`.
+    pub fn answered(&self, addr: SocketAddr, stable_id: usize, rtt_ms: f64, rows: u32) {
+        if let Some(m) = self.lock().members.get_mut(&addr) {
+            if m.conn.as_ref().is_some_and(|c| c.stable_id() == stable_id) {
+                if m.suspect {
+                    tracing::info!("worker {addr} answered again");
+                }
+                m.suspect = false;
+                if m.recent.len() == RECENT {
+                    m.recent.pop_front();
+                }
+                m.recent.push_back((rtt_ms, rows));
+            }
+        }
+    }
+
+    /// How long a request of `rows` routed rows over `experts` experts may
+    /// take on `addr` before it is re-sent elsewhere: [`HEDGE_FACTOR`] times
+    /// the worker's recent p99 round trip (scaled up for a request larger
+    /// than usual), or, before enough samples, times what its `Hello` speeds
+    /// and the connection's RTT predict with every expert read from disk;
+    /// at least [`HEDGE_FLOOR`], at most `limit`.
+    pub fn hedge_after(&self, addr: SocketAddr, rows: u32, experts: usize, limit: Duration) -> Duration {
+        let st = self.lock();
+        let Some(m) = st.members.get(&addr) else { return limit };
+        let expected_ms = if m.recent.len() >= MIN_SAMPLES {
+            let p99 = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
+            };
+            let rtt = p99(m.recent.iter().map(|&(t, _)| t).collect());
+            let per_row = p99(m.recent.iter().map(|&(t, r)| t / f64::from(r.max(1))).collect());
+            rtt.max(per_row * f64::from(rows.max(1)))
+        } else {
+            let h = &m.hello;
+            let net = m.conn.as_ref().map_or(0.0, |c| c.rtt().as_secs_f64() * 1e3);
+            let compute = f64::from(rows) / h.expert_rows_per_s.max(1.0) * 1e3;
+            let disk = (experts as f64 * h.expert_bytes as f64) / h.disk_bytes_per_s.max(1.0) * 1e3;
+            net + compute + disk
+        };
+        let after = Duration::from_secs_f64((expected_ms * HEDGE_FACTOR / 1e3).clamp(0.0, 3600.0));
+        after.clamp(HEDGE_FLOOR, limit.max(HEDGE_FLOOR))
     }
 
     /// Largest frame `addr` accepts.
@@ -247,6 +400,8 @@ impl Shared {
                 m.latest = base;
                 m.hello = hello;
                 m.conn = Some(conn);
+                m.suspect = false;
+                m.recent.clear();
                 m.report.connected = true;
             }
             None => {
@@ -254,6 +409,8 @@ impl Shared {
                     addr,
                     Member {
                         conn: Some(conn),
+                        suspect: false,
+                        recent: Default::default(),
                         hello,
                         report: WorkerReport {
                             address: addr.to_string(),
@@ -324,6 +481,13 @@ impl Shared {
                 short(&self.fingerprint)
             ));
         }
+        if hello.max_frame < charm_proto::MIN_FRAME_LEN {
+            return Err(format!(
+                "it accepts frames of only {} bytes (at least {} are needed)",
+                hello.max_frame,
+                charm_proto::MIN_FRAME_LEN
+            ));
+        }
         if hello.num_layers as usize != s.num_layers || hello.num_experts != s.num_experts || hello.hidden != s.hidden {
             return Err(format!(
                 "it describes the model as {} layers × {} experts of width {}, not {} × {} of width {}",
@@ -337,6 +501,7 @@ impl Shared {
 /// Keeps every known address connected, until the service closes.
 pub(crate) async fn maintain(shared: Arc<Shared>) {
     while !shared.closed.load(Ordering::Relaxed) {
+        shared.expire_sightings(Instant::now());
         let due: Vec<SocketAddr> = {
             let mut st = shared.lock();
             let now = Instant::now();
@@ -414,11 +579,60 @@ pub(crate) fn browse(shared: Arc<Shared>, loopback_only: bool) {
             // One address per worker: IPv4 first.
             let pick = seen.addrs.iter().find(|a| a.is_ipv4()).or(seen.addrs.first()).copied();
             if let Some(addr) = pick {
-                shared.know([addr]);
+                shared.sighted(addr);
             }
         }
     });
     if let Err(e) = spawned {
         tracing::warn!("mDNS discovery unavailable ({e}); use --workers HOST:PORT");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use charm_worker::net::tls;
+
+    fn shared() -> (tokio::runtime::Runtime, Shared) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let endpoint = {
+            let _g = rt.enter();
+            tls::client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap()
+        };
+        let shape = ModelShape {
+            num_layers: 1,
+            moe_layers: vec![0],
+            num_experts: 4,
+            top_k: 2,
+            hidden: 8,
+        };
+        (rt, Shared::new(ClusterKey::generate(), "fp".into(), shape, endpoint))
+    }
+
+    fn addr(i: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], 20000 + i))
+    }
+
+    #[test]
+    fn mdns_sightings_are_capped_and_expire() {
+        let (_rt, s) = shared();
+        let fixed = addr(999);
+        s.know([fixed]);
+        for i in 0..(MAX_SIGHTINGS as u16 + 20) {
+            s.sighted(addr(i));
+        }
+        let known = s.known();
+        assert_eq!(known.len(), MAX_SIGHTINGS + 1, "capped, plus the --workers address");
+        assert!(known.contains(&fixed));
+        // The newest sightings stayed; the stalest made room.
+        assert!(known.contains(&addr(MAX_SIGHTINGS as u16 + 19)));
+        assert!(!known.contains(&addr(0)));
+        // A --workers address seen in mDNS is still never forgotten.
+        s.sighted(fixed);
+        s.expire_sightings(Instant::now() + SIGHTING_TTL + Duration::from_secs(1));
+        assert_eq!(s.known(), BTreeSet::from([fixed]));
     }
 }

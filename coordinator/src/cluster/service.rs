@@ -23,7 +23,6 @@
 //!    cannot depend on which worker ran what.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -45,6 +44,9 @@ use super::placement::{plan, Holder, ModelShape, Plan};
 
 /// The worker address reported for the coordinator's own in-process worker.
 pub const LOCAL: &str = "local";
+
+/// Longest wait for the workers' counters at the end of a request.
+const END_REQUEST_WAIT: Duration = Duration::from_secs(1);
 
 /// Builds the coordinator's in-process worker (on first use).
 pub type LocalBuilder = Box<dyn Fn() -> Result<Arc<dyn ExpertService>, String> + Send + Sync>;
@@ -124,21 +126,56 @@ pub struct ClusterService {
     heat: Mutex<Vec<Vec<u64>>>,
     heat_changed: AtomicBool,
     local: Option<Local>,
-    totals: Mutex<NetTotals>,
+    totals: Arc<Mutex<NetTotals>>,
     step: AtomicU64,
     timeout: Duration,
 }
 
-/// One request on its way: its worker, the groups it carries, the
-/// sub-batch sent and the frame's size.
+/// One request of a step on its way: its worker, the groups it carries
+/// and when to give up waiting on it.
 struct Flight {
     addr: SocketAddr,
     idxs: Vec<usize>,
-    sub: ExpertBatch,
-    sent: usize,
+    /// When it is late enough to re-send its groups elsewhere.
+    hedge_at: Instant,
+    /// When its exchange has surely ended (its limit, and a margin).
+    hard_at: Instant,
+    hedged: bool,
+    done: bool,
 }
 
-type JoinAnswer = tokio::task::JoinHandle<Result<(Message, usize, f64), NetError>>;
+/// A flight's result, reported by its task: the outputs in its groups'
+/// order, or why there are none (the task has already dealt with the
+/// worker: counted, dropped when broken).
+type Landing = (usize, Result<Vec<GroupOutput>, String>);
+
+/// What a wave of a step sends from.
+struct Wave<'a> {
+    batch: &'a ExpertBatch,
+    plan: &'a Plan,
+    first: bool,
+    tx: &'a std::sync::mpsc::Sender<Landing>,
+}
+
+/// The step's state a wave updates.
+struct WaveState<'a> {
+    slots: &'a mut Vec<Option<GroupOutput>>,
+    excluded: &'a mut Vec<Holder>,
+    reasons: &'a mut Vec<String>,
+    flights: &'a mut Vec<Flight>,
+    /// Groups to send again (their holder could not take them).
+    pending: &'a mut Vec<usize>,
+}
+
+/// Of `idxs`, the groups neither answered nor still awaited from a flight
+/// that is on time.
+fn uncovered(flights: &[Flight], slots: &[Option<GroupOutput>], idxs: &[usize]) -> Vec<usize> {
+    idxs.iter()
+        .copied()
+        .filter(|&i| slots[i].is_none())
+        .filter(|i| !flights.iter().any(|f| !f.done && !f.hedged && f.idxs.contains(i)))
+        .collect()
+}
 
 impl ClusterService {
     /// Starts the network runtime, connects to the given workers and starts
@@ -181,7 +218,7 @@ impl ClusterService {
                     ..Default::default()
                 }),
             }),
-            totals: Mutex::new(NetTotals::default()),
+            totals: Arc::new(Mutex::new(NetTotals::default())),
             step: AtomicU64::new(0),
             timeout: opts.request_timeout,
         })
@@ -245,17 +282,6 @@ impl ClusterService {
         current.clone()
     }
 
-    /// Runs `fut` on the network runtime and waits for it from this thread
-    /// (a plain channel, so it also works from a thread of another runtime's
-    /// blocking pool).
-    fn wait<T: Send + 'static>(&self, fut: impl Future<Output = T> + Send + 'static) -> T {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime().spawn(async move {
-            let _ = tx.send(fut.await);
-        });
-        rx.recv().expect("the network runtime stopped")
-    }
-
     fn runtime(&self) -> &tokio::runtime::Runtime {
         self.rt.as_ref().expect("the runtime lives as long as the service")
     }
@@ -271,14 +297,219 @@ impl ClusterService {
         }
     }
 
-    fn usable(&self, h: Holder, excluded: &[Holder]) -> bool {
+    /// Whether `h` may take work now: not excluded in this step, and (with
+    /// `strict`) not waiting out a hedge.
+    fn usable(&self, h: Holder, excluded: &[Holder], strict: bool) -> bool {
         if excluded.contains(&h) {
             return false;
         }
         match h {
+            Holder::Worker(a) if strict => self.shared.trusted(a),
             Holder::Worker(a) => self.shared.conn(a).is_some(),
             Holder::Local => self.local.as_ref().is_some_and(|l| l.get().is_ok()),
         }
+    }
+
+    /// Sends `todo` (groups of `w.batch`) to their holders: every remote
+    /// share first, then the coordinator's own share computed here while
+    /// the replies travel. Groups whose holder cannot take them go back to
+    /// `st.pending` with the holder excluded. Fails only when a group has
+    /// no holder left and no flight still carries it.
+    fn send_wave(&self, w: &Wave, todo: Vec<usize>, st: &mut WaveState) -> Result<(), ExpertError> {
+        let (batch, plan, layer) = (w.batch, w.plan, w.batch.layer);
+        let (mut shares, orphans) = assign(plan, batch, &todo, |h| self.usable(h, st.excluded, true));
+        if !orphans.is_empty() {
+            // Only late holders are left for some: better them than nothing.
+            let rest: Vec<usize> = todo
+                .iter()
+                .copied()
+                .filter(|&i| orphans.contains(&batch.groups[i].expert))
+                .collect();
+            let (more, still) = assign(plan, batch, &rest, |h| self.usable(h, st.excluded, false));
+            for (h, idxs) in more {
+                let share = shares.entry(h).or_default();
+                share.extend(idxs);
+                share.sort_unstable();
+            }
+            let lost: Vec<u32> = still
+                .into_iter()
+                .filter(|&e| {
+                    let i = batch.groups.iter().position(|g| g.expert == e);
+                    !i.is_some_and(|i| st.flights.iter().any(|f| !f.done && f.idxs.contains(&i)))
+                })
+                .collect();
+            if !lost.is_empty() {
+                let reason = if st.reasons.is_empty() {
+                    "no connected worker holds them and the coordinator has no copy to run".to_string()
+                } else {
+                    st.reasons.join("; ")
+                };
+                return Err(ExpertError::Unavailable {
+                    layer,
+                    experts: lost,
+                    reason,
+                });
+            }
+        }
+
+        // The next-layer prediction, split by owner (first wave only).
+        let mut hints: HashMap<Holder, Vec<u32>> = HashMap::new();
+        if let (true, Some(next)) = (w.first, &batch.next) {
+            for &e in &next.experts {
+                if let Some(h) = plan.owner((next.layer, e)) {
+                    hints.entry(h).or_default().push(e);
+                }
+            }
+        }
+
+        // Send every remote share before computing any here.
+        for (&h, idxs) in &shares {
+            let Holder::Worker(addr) = h else { continue };
+            let Some(conn) = self.shared.conn(addr) else {
+                // It left since the shares were made: next holder.
+                st.excluded.push(h);
+                note_failure(st.reasons, addr, "disconnected");
+                st.pending.extend(idxs);
+                continue;
+            };
+            let chunks = match split(batch, idxs, self.shared.max_frame(addr) as u64) {
+                Ok(c) => c,
+                Err(e) => {
+                    st.excluded.push(h);
+                    note_failure(st.reasons, addr, &e.to_string());
+                    st.pending.extend(idxs);
+                    continue;
+                }
+            };
+            let mut hint = hints
+                .remove(&h)
+                .zip(batch.next.as_ref())
+                .map(|(experts, next)| PrefetchHint {
+                    layer: next.layer,
+                    experts,
+                });
+            for chunk in chunks {
+                let mut sub = sub_batch(batch, &chunk);
+                sub.next = hint.take();
+                let step = self.step.fetch_add(1, Ordering::Relaxed);
+                let msg = Message::RunExperts(RunExperts { step, batch: sub });
+                let frame = match encode(&msg) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        st.excluded.push(h);
+                        note_failure(st.reasons, addr, &e.to_string());
+                        st.pending.extend(chunk);
+                        continue;
+                    }
+                };
+                let Message::RunExperts(RunExperts { batch: sub, .. }) = msg else {
+                    unreachable!("built as RunExperts above")
+                };
+                let rows: u32 = chunk.iter().map(|&i| batch.groups[i].rows.len() as u32).sum();
+                let now = Instant::now();
+                let hedge = self.shared.hedge_after(addr, rows, chunk.len(), self.timeout);
+                let id = st.flights.len();
+                st.flights.push(Flight {
+                    addr,
+                    idxs: chunk,
+                    hedge_at: now + hedge,
+                    hard_at: now + self.timeout + Duration::from_millis(500),
+                    hedged: false,
+                    done: false,
+                });
+                let task = Fly {
+                    shared: self.shared.clone(),
+                    totals: self.totals.clone(),
+                    addr,
+                    conn: conn.clone(),
+                    sub,
+                    rows,
+                    limit: self.timeout,
+                };
+                let tx = w.tx.clone();
+                self.runtime().spawn(async move {
+                    let _ = tx.send((id, task.fly(frame).await));
+                });
+            }
+        }
+        // Prefetch hints for owners with no work in this layer.
+        for (h, experts) in hints.drain() {
+            let (Holder::Worker(addr), Some(next)) = (h, &batch.next) else {
+                continue;
+            };
+            if !self.shared.trusted(addr) {
+                continue;
+            }
+            let Some(conn) = self.shared.conn(addr) else { continue };
+            let msg = Message::Prefetch(Prefetch {
+                layer,
+                hint: PrefetchHint {
+                    layer: next.layer,
+                    experts,
+                },
+            });
+            if let Ok(frame) = encode(&msg) {
+                self.totals_add(frame.len() as u64, 0, 0);
+                self.shared.with_report(addr, |r| r.bytes_sent += frame.len() as u64);
+                self.runtime().spawn(send_one_way(conn, frame));
+            }
+        }
+        if st.flights.iter().any(|f| !f.done) {
+            self.totals_add(0, 0, 1);
+        }
+
+        // The coordinator's own share, while the replies travel.
+        if let Some(idxs) = shares.get(&Holder::Local) {
+            let Some(local) = self.local.as_ref() else {
+                return Err(ExpertError::Unavailable {
+                    layer,
+                    experts: idxs.iter().map(|&i| batch.groups[i].expert).collect(),
+                    reason: "the coordinator has no copy of the experts".into(),
+                });
+            };
+            let mut sub = sub_batch(batch, idxs);
+            sub.next = if w.first {
+                batch.next.clone().map(|n| PrefetchHint {
+                    layer: n.layer,
+                    experts: n
+                        .experts
+                        .iter()
+                        .copied()
+                        .filter(|&e| plan.owner((n.layer, e)) == Some(Holder::Local))
+                        .collect(),
+                })
+            } else {
+                None
+            };
+            let t = Instant::now();
+            let result = local
+                .get()
+                .map_err(|e| e.to_string())
+                .and_then(|svc| svc.run(&sub).map_err(|e| e.to_string()));
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let mut report = local.report.lock().unwrap_or_else(|p| p.into_inner());
+            match result.and_then(|out| take_outputs(out, &sub).map_err(|e| e.to_string())) {
+                Ok(outs) => {
+                    report.requests += 1;
+                    report.experts_served += idxs.len() as u64;
+                    report.rtt_ms_total += ms;
+                    report.compute_ms_total += ms;
+                    for (&i, o) in idxs.iter().zip(outs) {
+                        st.slots[i].get_or_insert(o);
+                    }
+                }
+                Err(e) => {
+                    report.failures += 1;
+                    tracing::warn!("the coordinator's own experts failed in layer {layer}: {e}");
+                    st.reasons.push(format!("local: {e}"));
+                    st.excluded.push(Holder::Local);
+                    st.pending.extend(idxs);
+                }
+            }
+        }
+        st.pending.sort_unstable();
+        st.pending.dedup();
+        Ok(())
     }
 }
 
@@ -340,6 +571,81 @@ async fn exchange(conn: Connection, frame: Vec<u8>, limit: Duration) -> Result<(
         Ok(Err(e)) => Err(e),
         Ok(Ok((m, n))) => Ok((m, n, t.elapsed().as_secs_f64() * 1e3)),
     }
+}
+
+/// A request's task: sends it, waits for the answer (at most `limit`) and
+/// settles the worker's account whether or not the step still waits for
+/// it: counters and round-trip samples on an answer, a drop when the
+/// worker broke the protocol, timed out or lost the connection.
+struct Fly {
+    shared: Arc<Shared>,
+    totals: Arc<Mutex<NetTotals>>,
+    addr: SocketAddr,
+    conn: Connection,
+    sub: ExpertBatch,
+    rows: u32,
+    limit: Duration,
+}
+
+impl Fly {
+    async fn fly(self, frame: Vec<u8>) -> Result<Vec<GroupOutput>, String> {
+        let (addr, layer, sent) = (self.addr, self.sub.layer, frame.len() as u64);
+        let answer = exchange(self.conn.clone(), frame, self.limit).await;
+        let received = match &answer {
+            Ok((_, n, _)) => *n as u64,
+            Err(_) => 0,
+        };
+        add_totals(&self.totals, sent, received, 0);
+        self.shared.with_report(addr, |r| {
+            r.bytes_sent += sent;
+            r.bytes_received += received;
+        });
+        let broken = |kind: ErrorKind, message: String| {
+            self.shared.fail(addr, kind, &message);
+            Err(message)
+        };
+        match answer {
+            Ok((Message::ExpertsOut(o), _, rtt)) => {
+                let compute_ms = f64::from(o.worker_ms);
+                match take_outputs(o.outputs, &self.sub) {
+                    Ok(outs) => {
+                        self.shared.with_report(addr, |r| {
+                            r.requests += 1;
+                            r.experts_served += self.sub.groups.len() as u64;
+                            r.rtt_ms_total += rtt;
+                            r.compute_ms_total += compute_ms;
+                        });
+                        self.shared.answered(addr, self.conn.stable_id(), rtt, self.rows);
+                        Ok(outs)
+                    }
+                    Err(e) => broken(
+                        ErrorKind::Malformed,
+                        format!("answered with outputs that do not fit the request: {e}"),
+                    ),
+                }
+            }
+            Ok((Message::Error(e), _, _)) => {
+                self.shared.with_report(addr, |r| r.failures += 1);
+                tracing::warn!("worker {addr} failed layer {layer}: {}", e.message);
+                Err(e.message)
+            }
+            Ok((other, _, _)) => broken(
+                ErrorKind::Malformed,
+                format!("answered with an unexpected {} message", other.tag().name()),
+            ),
+            Err(NetError::Timeout(ms)) => {
+                broken(ErrorKind::Timeout, format!("no answer to layer {layer} within {ms} ms"))
+            }
+            Err(e) => broken(e.kind(), e.to_string()),
+        }
+    }
+}
+
+fn add_totals(totals: &Mutex<NetTotals>, sent: u64, received: u64, round_trips: u64) {
+    let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
+    t.bytes_sent += sent;
+    t.bytes_received += received;
+    t.round_trips += round_trips;
 }
 
 /// One-way send on a unidirectional stream.
@@ -437,217 +743,115 @@ impl ExpertService for ClusterService {
         let mut excluded: Vec<Holder> = Vec::new();
         let mut reasons: Vec<String> = Vec::new();
         let mut first_wave = true;
-        while !pending.is_empty() {
-            let (shares, orphans) = assign(&plan, batch, &pending, |h| self.usable(h, &excluded));
-            if !orphans.is_empty() {
-                let reason = if reasons.is_empty() {
-                    "no connected worker holds them and the coordinator has no copy to run".to_string()
-                } else {
-                    reasons.join("; ")
-                };
-                return Err(ExpertError::Unavailable {
-                    layer,
-                    experts: orphans,
-                    reason,
-                });
-            }
-
-            // The next-layer prediction, split by owner (first wave only).
-            let mut hints: HashMap<Holder, Vec<u32>> = HashMap::new();
-            if let (true, Some(next)) = (first_wave, &batch.next) {
-                for &e in &next.experts {
-                    if let Some(h) = plan.owner((next.layer, e)) {
-                        hints.entry(h).or_default().push(e);
-                    }
-                }
-            }
-            let hint_for = |h: Holder, hints: &mut HashMap<Holder, Vec<u32>>| {
-                let next = batch.next.as_ref()?;
-                hints.remove(&h).map(|experts| PrefetchHint {
-                    layer: next.layer,
-                    experts,
-                })
-            };
-
-            // Send every remote share before waiting for any.
-            let mut flights: Vec<Flight> = Vec::new();
-            let mut handles: Vec<JoinAnswer> = Vec::new();
-            let mut failed: Vec<usize> = Vec::new();
-            for (&h, idxs) in &shares {
-                let Holder::Worker(addr) = h else { continue };
-                let Some(conn) = self.shared.conn(addr) else {
-                    // It left since the shares were made: next holder.
-                    excluded.push(h);
-                    note_failure(&mut reasons, addr, "disconnected");
-                    failed.extend(idxs);
-                    continue;
-                };
-                let mut hint = hint_for(h, &mut hints);
-                for chunk in split(batch, idxs, self.shared.max_frame(addr) as u64)? {
-                    let mut sub = sub_batch(batch, &chunk);
-                    sub.next = hint.take();
-                    let step = self.step.fetch_add(1, Ordering::Relaxed);
-                    let msg = Message::RunExperts(RunExperts { step, batch: sub });
-                    let frame = encode(&msg).map_err(|e| ExpertError::Unavailable {
-                        layer,
-                        experts: chunk.iter().map(|&i| batch.groups[i].expert).collect(),
-                        reason: e.to_string(),
-                    })?;
-                    let Message::RunExperts(RunExperts { batch: sub, .. }) = msg else {
-                        unreachable!("built as RunExperts above")
-                    };
-                    flights.push(Flight {
-                        addr,
-                        idxs: chunk,
-                        sub,
-                        sent: frame.len(),
-                    });
-                    handles.push(self.runtime().spawn(exchange(conn.clone(), frame, self.timeout)));
-                }
-            }
-            // Prefetch hints for owners with no work in this layer.
-            for (h, experts) in hints.drain() {
-                let (Holder::Worker(addr), Some(next)) = (h, &batch.next) else {
-                    continue;
-                };
-                let Some(conn) = self.shared.conn(addr) else { continue };
-                let msg = Message::Prefetch(Prefetch {
-                    layer,
-                    hint: PrefetchHint {
-                        layer: next.layer,
-                        experts,
+        let mut flights: Vec<Flight> = Vec::new();
+        let (tx, rx) = std::sync::mpsc::channel::<Landing>();
+        loop {
+            if !pending.is_empty() {
+                self.send_wave(
+                    &Wave {
+                        batch,
+                        plan: &plan,
+                        first: first_wave,
+                        tx: &tx,
                     },
-                });
-                if let Ok(frame) = encode(&msg) {
-                    self.totals_add(frame.len() as u64, 0, 0);
-                    self.shared.with_report(addr, |r| r.bytes_sent += frame.len() as u64);
-                    self.runtime().spawn(send_one_way(conn, frame));
-                }
+                    std::mem::take(&mut pending),
+                    &mut WaveState {
+                        slots: &mut slots,
+                        excluded: &mut excluded,
+                        reasons: &mut reasons,
+                        flights: &mut flights,
+                        pending: &mut pending,
+                    },
+                )?;
+                first_wave = false;
+                continue;
             }
-
-            // The coordinator's own share, while the replies travel.
-            if let Some(idxs) = shares.get(&Holder::Local) {
-                let local = self.local.as_ref().expect("Local is only a holder when configured");
-                let mut sub = sub_batch(batch, idxs);
-                sub.next = if first_wave {
-                    batch.next.clone().map(|n| PrefetchHint {
-                        layer: n.layer,
-                        experts: n
-                            .experts
-                            .iter()
-                            .copied()
-                            .filter(|&e| plan.owner((n.layer, e)) == Some(Holder::Local))
-                            .collect(),
-                    })
-                } else {
-                    None
-                };
-                let t = Instant::now();
-                let result = local
-                    .get()
-                    .map_err(|e| e.to_string())
-                    .and_then(|svc| svc.run(&sub).map_err(|e| e.to_string()));
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                let mut report = local.report.lock().unwrap_or_else(|p| p.into_inner());
-                match result.and_then(|out| take_outputs(out, &sub).map_err(|e| e.to_string())) {
-                    Ok(outs) => {
-                        report.requests += 1;
-                        report.experts_served += idxs.len() as u64;
-                        report.rtt_ms_total += ms;
-                        report.compute_ms_total += ms;
-                        for (i, o) in idxs.iter().zip(outs) {
-                            slots[*i] = Some(o);
-                        }
-                    }
-                    Err(e) => {
-                        report.failures += 1;
-                        tracing::warn!("the coordinator's own experts failed in layer {layer}: {e}");
-                        reasons.push(format!("local: {e}"));
-                        excluded.push(Holder::Local);
-                        failed.extend(idxs);
-                    }
-                }
+            if slots.iter().all(Option::is_some) {
+                break;
             }
-
-            // Collect the replies; whatever failed goes to the next holder.
-            if !flights.is_empty() {
-                self.totals_add(0, 0, 1);
-            }
-            let answers = self.wait(async move {
-                let mut out = Vec::with_capacity(handles.len());
-                for h in handles {
-                    out.push(h.await);
-                }
-                out
-            });
-            for (f, answer) in flights.into_iter().zip(answers) {
-                let answer = answer.unwrap_or_else(|_| Err(NetError::Read("the request task stopped".into())));
-                self.totals_add(f.sent as u64, 0, 0);
-                self.shared.with_report(f.addr, |r| r.bytes_sent += f.sent as u64);
-                let outcome = match answer {
-                    Ok((Message::ExpertsOut(o), n, rtt)) => {
-                        self.totals_add(0, n as u64, 0);
-                        self.shared.with_report(f.addr, |r| r.bytes_received += n as u64);
-                        let compute_ms = f64::from(o.worker_ms);
-                        match take_outputs(o.outputs, &f.sub) {
-                            Ok(outs) => {
-                                self.shared.with_report(f.addr, |r| {
-                                    r.requests += 1;
-                                    r.experts_served += f.idxs.len() as u64;
-                                    r.rtt_ms_total += rtt;
-                                    r.compute_ms_total += compute_ms;
-                                });
-                                for (i, o) in f.idxs.iter().zip(outs) {
-                                    slots[*i] = Some(o);
-                                }
-                                Ok(())
+            // Wait for the next answer, or the next hedging deadline.
+            let now = Instant::now();
+            let wake = flights
+                .iter()
+                .filter(|f| !f.done)
+                .map(|f| if f.hedged { f.hard_at } else { f.hedge_at })
+                .min();
+            let Some(wake) = wake else {
+                // Nothing in flight yet groups unanswered: send them again.
+                pending = (0..slots.len()).filter(|&i| slots[i].is_none()).collect();
+                continue;
+            };
+            match rx.recv_timeout(wake.saturating_duration_since(now)) {
+                Ok((id, outcome)) => {
+                    let f = &mut flights[id];
+                    f.done = true;
+                    match outcome {
+                        Ok(outs) => {
+                            for (&i, o) in f.idxs.iter().zip(outs) {
+                                // A late answer after a re-send: the bits
+                                // are the same, the first one counts.
+                                slots[i].get_or_insert(o);
                             }
-                            Err(e) => Err((
-                                ErrorKind::Malformed,
-                                format!("answered with outputs that do not fit the request: {e}"),
-                                true,
-                            )),
+                        }
+                        Err(message) => {
+                            let addr = f.addr;
+                            note_failure(&mut reasons, addr, &message);
+                            excluded.push(Holder::Worker(addr));
+                            let lost = uncovered(&flights, &slots, &flights[id].idxs);
+                            if !lost.is_empty() {
+                                self.shared.with_report(addr, |r| r.failovers += 1);
+                                tracing::warn!(
+                                    "re-sending {} experts of layer {layer} from {addr} to other holders",
+                                    lost.len()
+                                );
+                            }
+                            pending = lost;
                         }
                     }
-                    Ok((Message::Error(e), n, _)) => {
-                        self.totals_add(0, n as u64, 0);
-                        Err((e.kind, e.message, false))
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let now = Instant::now();
+                    let mut late = Vec::new();
+                    for f in flights.iter_mut().filter(|f| !f.done) {
+                        if !f.hedged && f.hedge_at <= now {
+                            f.hedged = true;
+                            late.push(f.idxs.clone());
+                            self.shared.suspect(f.addr);
+                            excluded.push(Holder::Worker(f.addr));
+                            note_failure(&mut reasons, f.addr, "late");
+                        } else if f.hard_at <= now {
+                            // Its task should have reported by now (its
+                            // exchange has the same limit): give up on it.
+                            f.done = true;
+                            late.push(f.idxs.clone());
+                            note_failure(&mut reasons, f.addr, "no answer");
+                        }
                     }
-                    Ok((other, _, _)) => Err((
-                        ErrorKind::Malformed,
-                        format!("answered with an unexpected {} message", other.tag().name()),
-                        true,
-                    )),
-                    Err(NetError::Timeout(ms)) => Err((
-                        ErrorKind::Timeout,
-                        format!("no answer to layer {layer} within {ms} ms"),
-                        true,
-                    )),
-                    Err(e) => Err((e.kind(), e.to_string(), true)),
-                };
-                if let Err((kind, message, drop)) = outcome {
-                    if drop {
-                        self.shared.fail(f.addr, kind, &message);
-                    } else {
-                        self.shared.with_report(f.addr, |r| r.failures += 1);
-                        tracing::warn!("worker {} failed layer {layer}: {message}", f.addr);
+                    let mut resend: Vec<usize> =
+                        late.iter().flat_map(|idxs| uncovered(&flights, &slots, idxs)).collect();
+                    resend.sort_unstable();
+                    resend.dedup();
+                    if !resend.is_empty() {
+                        tracing::warn!(
+                            "hedging {} late experts of layer {layer} to other holders",
+                            resend.len()
+                        );
                     }
-                    note_failure(&mut reasons, f.addr, &message);
-                    excluded.push(Holder::Worker(f.addr));
-                    failed.extend(f.idxs);
+                    pending = resend;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    // The step holds a sender of its own: cannot happen.
+                    return Err(ExpertError::Unavailable {
+                        layer,
+                        experts: batch.groups.iter().map(|g| g.expert).collect(),
+                        reason: "the network runtime stopped".into(),
+                    });
                 }
             }
-            if !failed.is_empty() {
-                tracing::warn!("re-sending {} experts of layer {layer} to other holders", failed.len());
-            }
-            failed.sort_unstable();
-            failed.dedup();
-            pending = failed;
-            first_wave = false;
         }
         let groups = slots
             .into_iter()
-            .map(|o| o.expect("every group was answered or the step failed"))
+            .map(|o| o.expect("the loop ends when every group is answered"))
             .collect();
         Ok(ExpertOutputs { layer, groups })
     }
@@ -719,34 +923,50 @@ impl ExpertService for ClusterService {
                 return;
             }
         };
-        let live = self.shared.live();
-        let limit = self.timeout;
-        let calls: Vec<(SocketAddr, JoinAnswer)> = live
+        // Late workers are skipped, and nobody is waited for long: the
+        // answers only refresh counters, and one that comes later still does.
+        let live: Vec<(SocketAddr, Connection)> = self
+            .shared
+            .live()
             .into_iter()
-            .map(|(a, c)| (a, self.runtime().spawn(exchange(c, frame.clone(), limit))))
+            .filter(|(a, _)| self.shared.trusted(*a))
             .collect();
-        let (addrs, handles): (Vec<SocketAddr>, Vec<JoinAnswer>) = calls.into_iter().unzip();
-        let answers = self.wait(async move {
-            let mut out = Vec::with_capacity(handles.len());
-            for h in handles {
-                out.push(h.await);
-            }
-            out
-        });
-        for (addr, answer) in addrs.into_iter().zip(answers) {
-            self.totals_add(frame.len() as u64, 0, 0);
-            self.shared.with_report(addr, |r| r.bytes_sent += frame.len() as u64);
-            match answer {
-                Ok(Ok((Message::Stats(s), n, _))) => {
-                    self.totals_add(0, n as u64, 0);
-                    self.shared.with_report(addr, |r| r.bytes_received += n as u64);
-                    self.shared.set_stats(addr, s);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        for (addr, conn) in live.iter().cloned() {
+            let (shared, totals, frame, limit, tx) = (
+                self.shared.clone(),
+                self.totals.clone(),
+                frame.clone(),
+                self.timeout,
+                tx.clone(),
+            );
+            self.runtime().spawn(async move {
+                let sent = frame.len() as u64;
+                let answer = exchange(conn, frame, limit).await;
+                add_totals(&totals, sent, 0, 0);
+                shared.with_report(addr, |r| r.bytes_sent += sent);
+                match answer {
+                    Ok((Message::Stats(s), n, _)) => {
+                        add_totals(&totals, 0, n as u64, 0);
+                        shared.with_report(addr, |r| r.bytes_received += n as u64);
+                        shared.set_stats(addr, s);
+                    }
+                    Ok((other, _, _)) => {
+                        tracing::warn!("worker {addr} answered EndRequest with {}", other.tag().name())
+                    }
+                    Err(e) => tracing::warn!("worker {addr}: ending the request: {e}"),
                 }
-                Ok(Ok((other, _, _))) => {
-                    tracing::warn!("worker {addr} answered EndRequest with {}", other.tag().name())
-                }
-                Ok(Err(e)) => tracing::warn!("worker {addr}: ending the request: {e}"),
-                Err(_) => tracing::warn!("worker {addr}: ending the request: the task stopped"),
+                let _ = tx.send(());
+            });
+        }
+        drop(tx);
+        let deadline = Instant::now() + END_REQUEST_WAIT.min(self.timeout);
+        for _ in &live {
+            if rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .is_err()
+            {
+                break;
             }
         }
         // Re-place with this request's routing heat before the next one.
@@ -756,10 +976,7 @@ impl ExpertService for ClusterService {
 
 impl ClusterService {
     fn totals_add(&self, sent: u64, received: u64, round_trips: u64) {
-        let mut t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
-        t.bytes_sent += sent;
-        t.bytes_received += received;
-        t.round_trips += round_trips;
+        add_totals(&self.totals, sent, received, round_trips);
     }
 }
 

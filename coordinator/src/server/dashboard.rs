@@ -229,6 +229,8 @@ fn remote_worker(r: &WorkerReport) -> serde_json::Value {
         "network_bytes_received": r.bytes_received,
         "round_trips": r.requests,
         "failures": r.failures,
+        "failovers": r.failovers,
+        "hedges": r.hedges,
     })
 }
 
@@ -257,6 +259,8 @@ fn live(st: &AppState) -> serde_json::Value {
         "network_bytes_received": e.network_bytes_received,
         "round_trips": e.round_trips,
         "failures": e.workers.iter().map(|w| w.failures).sum::<u64>(),
+        "failovers": e.workers.iter().map(|w| w.failovers).sum::<u64>(),
+        "hedges": e.workers.iter().map(|w| w.hedges).sum::<u64>(),
     });
     let workers: Vec<serde_json::Value> = if in_process {
         vec![worker.clone()]

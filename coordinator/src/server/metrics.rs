@@ -408,7 +408,7 @@ fn render_in_process(out: &mut String, e: &ExpertStats, experts: usize, wait_s: 
 fn render_remote(out: &mut String, reports: &[WorkerReport]) {
     let labels: Vec<String> = reports.iter().map(|r| escape_label(&r.address)).collect();
     type Value = fn(&WorkerReport) -> f64;
-    let families: [(&str, &str, &str, Value); 11] = [
+    let families: [(&str, &str, &str, Value); 13] = [
         (
             "charm_worker_up",
             "gauge",
@@ -474,6 +474,18 @@ fn render_remote(out: &mut String, reports: &[WorkerReport]) {
             "counter",
             "Requests the worker failed, timed out on, or was dropped for.",
             |r| r.failures as f64,
+        ),
+        (
+            "charm_worker_failovers_total",
+            "counter",
+            "Requests to the worker that failed and were re-sent to another holder.",
+            |r| r.failovers as f64,
+        ),
+        (
+            "charm_worker_hedges_total",
+            "counter",
+            "Requests to the worker that were late and were re-sent (hedged) to another holder.",
+            |r| r.hedges as f64,
         ),
     ];
     for (name, ty, help, value) in families {

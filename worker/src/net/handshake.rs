@@ -8,7 +8,10 @@
 //! checks the proof, then the model
 //! ```
 //!
-//! Nothing else is read or sent before both proofs verify. A refusal closes
+//! Nothing else is read or sent before both proofs verify, and neither side
+//! grants the other more than a handshake's worth of flow-control credit
+//! (or, on a worker, more than the handshake's stream) until the other's
+//! proof verified ([`super::tls::grant`]). A refusal closes
 //! the connection with an application code ([`charm_proto::ErrorKind::code`])
 //! and a one-line reason the other side prints.
 
@@ -20,7 +23,7 @@ use quinn::{Connection, Endpoint};
 
 use super::frames::{read_frame, write_frame};
 use super::key::{ClusterKey, EXPORTER_LABEL, EXPORTER_LEN};
-use super::tls::SERVER_NAME;
+use super::tls::{self, SERVER_NAME};
 use super::{close, close_kind, describe_close, NetError};
 
 /// The secret both ends of this TLS session share (RFC 5705 exporter).
@@ -61,9 +64,10 @@ fn as_refusal(e: NetError) -> NetError {
 }
 
 /// Worker side: waits for the coordinator's proof, checks it and the model,
-/// then proves itself and says hello. On any failure the connection is
+/// then proves itself and says hello (`hello` is asked for only then, so a
+/// stranger costs no look at the store). On any failure the connection is
 /// closed with the reason and the error returned (for the worker's log).
-pub async fn accept(conn: &Connection, key: &ClusterKey, hello: &Hello) -> Result<(), NetError> {
+pub async fn accept(conn: &Connection, key: &ClusterKey, hello: impl FnOnce() -> Hello) -> Result<(), NetError> {
     let (mut send, mut recv) = conn.accept_bi().await?;
     let secret = session_secret(conn)?;
     let msg = match read_frame(&mut recv, MAX_HANDSHAKE_FRAME_LEN).await {
@@ -85,6 +89,7 @@ pub async fn accept(conn: &Connection, key: &ClusterKey, hello: &Hello) -> Resul
             "cluster key proof did not verify: the peer does not hold this worker's cluster key".into(),
         ));
     }
+    let hello = hello();
     if auth.fingerprint != hello.fingerprint {
         return Err(refuse(
             conn,
@@ -96,6 +101,7 @@ pub async fn accept(conn: &Connection, key: &ClusterKey, hello: &Hello) -> Resul
             ),
         ));
     }
+    tls::grant(conn, true);
     let proof = key.proof(Role::Worker, &secret);
     write_frame(
         &mut send,
@@ -106,7 +112,7 @@ pub async fn accept(conn: &Connection, key: &ClusterKey, hello: &Hello) -> Resul
         }),
     )
     .await?;
-    write_frame(&mut send, &Message::Hello(hello.clone())).await?;
+    write_frame(&mut send, &Message::Hello(hello)).await?;
     let _ = send.finish();
     Ok(())
 }
@@ -142,7 +148,9 @@ pub async fn connect(
         .await
         .map_err(as_refusal)?;
     match msg {
-        Message::Auth(a) if a.role == Role::Worker && key.verify(Role::Worker, &secret, &a.proof) => {}
+        Message::Auth(a) if a.role == Role::Worker && key.verify(Role::Worker, &secret, &a.proof) => {
+            tls::grant(&conn, false)
+        }
         Message::Auth(_) => {
             return Err(refuse(
                 &conn,

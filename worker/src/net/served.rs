@@ -70,6 +70,8 @@ pub struct Served {
     /// The `Hello` sent to every coordinator (its `stats` are refreshed on
     /// each handshake).
     hello: Hello,
+    /// Routed experts per token: the most experts one row may be sent to.
+    top_k: u32,
     requests: AtomicU64,
     experts_served: AtomicU64,
 }
@@ -196,6 +198,7 @@ impl Served {
                 max_frame: MAX_FRAME_LEN,
                 stats: WorkerStats::default(),
             },
+            top_k: cfg.top_k as u32,
             requests: AtomicU64::new(0),
             experts_served: AtomicU64::new(0),
         })
@@ -212,6 +215,11 @@ impl Served {
     /// The `Hello` as opened (its `stats` are those of start-up).
     pub fn hello_ref(&self) -> &Hello {
         &self.hello
+    }
+
+    /// Routed experts per token (the most groups one row may be in).
+    pub fn top_k(&self) -> u32 {
+        self.top_k
     }
 
     /// Counts one answered request of `groups` experts.

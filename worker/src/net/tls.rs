@@ -23,10 +23,24 @@ use super::NetError;
 pub const ALPN: &[u8] = b"charm/1";
 /// Server name the coordinator asks for (certificates are not checked by name).
 pub const SERVER_NAME: &str = "charm-worker";
-/// A connection with no traffic for this long is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection with no traffic for this long is closed. Sized for a LAN:
+/// with keep-alives every [`KEEP_ALIVE`], a peer that was killed, stopped
+/// or cut off is noticed within this time even when no request is waiting
+/// on it (requests waiting on it are re-sent much sooner: see the
+/// coordinator's hedging).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Keep-alive interval, well inside [`IDLE_TIMEOUT`].
-pub const KEEP_ALIVE: Duration = Duration::from_secs(5);
+pub const KEEP_ALIVE: Duration = Duration::from_millis(1000);
+/// Flow-control credit a peer has before it proved the cluster key: room
+/// for the handshake's small frames, nothing more, so a stranger cannot make
+/// us buffer more than this per connection.
+pub const PRE_AUTH_WINDOW: u32 = 16 << 10;
+/// Flow-control credit of an authenticated connection: room for a prefill
+/// chunk's activations or outputs in flight.
+pub const RECEIVE_WINDOW: u32 = 64 << 20;
+/// Per-stream credit (bounded by the connection's, so strangers get at
+/// most [`PRE_AUTH_WINDOW`] in all).
+pub const STREAM_WINDOW: u32 = 16 << 20;
 /// UDP receive (and send) buffer an endpoint asks for. A layer's replies
 /// arrive as one burst from every worker at once (a decode step's 32 KiB
 /// per worker is two dozen datagrams; a prefill chunk's are megabytes),
@@ -47,17 +61,30 @@ fn tls_err(e: impl std::fmt::Display) -> NetError {
     NetError::Tls(e.to_string())
 }
 
-fn transport() -> Arc<TransportConfig> {
+/// Transport settings before authentication: a worker accepts one stream
+/// (the handshake's) and a coordinator none (workers never open streams);
+/// both grant only [`PRE_AUTH_WINDOW`] of credit. [`grant`] opens up an
+/// authenticated connection.
+fn transport(server: bool) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
-    t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("30 s is a valid idle timeout")))
+    t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("4 s is a valid idle timeout")))
         .keep_alive_interval(Some(KEEP_ALIVE))
-        .max_concurrent_bidi_streams(VarInt::from_u32(MAX_STREAMS))
-        .max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS))
-        // Room for a prefill chunk's activations or outputs in flight.
-        .stream_receive_window(VarInt::from_u32(16 << 20))
-        .receive_window(VarInt::from_u32(64 << 20))
-        .send_window(64 << 20);
+        .max_concurrent_bidi_streams(VarInt::from_u32(u32::from(server)))
+        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .stream_receive_window(VarInt::from_u32(STREAM_WINDOW))
+        .receive_window(VarInt::from_u32(PRE_AUTH_WINDOW))
+        .send_window(u64::from(RECEIVE_WINDOW));
     Arc::new(t)
+}
+
+/// Gives an authenticated peer its full credit: [`RECEIVE_WINDOW`], and on
+/// a worker ([`server`] true) [`MAX_STREAMS`] streams each way.
+pub fn grant(conn: &quinn::Connection, server: bool) {
+    conn.set_receive_window(VarInt::from_u32(RECEIVE_WINDOW));
+    if server {
+        conn.set_max_concurrent_bi_streams(VarInt::from_u32(MAX_STREAMS));
+        conn.set_max_concurrent_uni_streams(VarInt::from_u32(MAX_STREAMS));
+    }
 }
 
 /// A server endpoint on `addr` with a fresh self-signed certificate.
@@ -72,7 +99,12 @@ pub fn server_endpoint(addr: SocketAddr) -> Result<Endpoint, NetError> {
         .map_err(tls_err)?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls).map_err(tls_err)?));
-    config.transport_config(transport());
+    config.transport_config(transport(true));
+    // Data of connections not yet accepted: a few datagrams each, bounded.
+    config
+        .max_incoming(4096)
+        .incoming_buffer_size(64 << 10)
+        .incoming_buffer_size_total(4 << 20);
     let socket = udp_socket(addr).map_err(|source| NetError::Bind { addr, source })?;
     Endpoint::new(
         quinn::EndpointConfig::default(),
@@ -93,7 +125,7 @@ pub fn client_endpoint(bind: SocketAddr) -> Result<Endpoint, NetError> {
         .with_no_client_auth();
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).map_err(tls_err)?));
-    config.transport_config(transport());
+    config.transport_config(transport(false));
     let socket = udp_socket(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
     let mut endpoint = Endpoint::new(
         quinn::EndpointConfig::default(),
