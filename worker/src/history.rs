@@ -33,16 +33,28 @@ impl RoutingHistory {
     pub fn load(path: &Path, fingerprint: &str, layers: usize, experts: usize) -> (Self, Option<String>) {
         let mut fresh = Self::new(fingerprint, layers, experts);
         fresh.path = Some(path.to_path_buf());
-        let Ok(text) = std::fs::read_to_string(path) else {
-            return (fresh, None);
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (fresh, None),
+            Err(e) => {
+                return (
+                    fresh,
+                    Some(format!(
+                        "{}: cannot read the routing history ({e}); ignoring it",
+                        path.display()
+                    )),
+                )
+            }
         };
-        match serde_json::from_str::<RoutingHistory>(&text) {
+        // serde_json refuses invalid UTF-8, truncated and malformed input
+        // with an error, never a panic.
+        match serde_json::from_slice::<RoutingHistory>(&bytes) {
             Ok(h) if h.fingerprint != fingerprint => (
                 fresh,
                 Some(format!(
-                    "{}: routing history is for another model (fingerprint {}…); ignoring it",
+                    "{}: routing history is for another model (fingerprint {}); ignoring it",
                     path.display(),
-                    &h.fingerprint[..h.fingerprint.len().min(12)]
+                    short_for_message(&h.fingerprint)
                 )),
             ),
             Ok(h) if h.counts.len() != layers || h.counts.iter().any(|l| l.len() != experts) => (
@@ -73,7 +85,7 @@ impl RoutingHistory {
             .get_mut(layer as usize)
             .and_then(|l| l.get_mut(expert as usize))
         {
-            *c += rows;
+            *c = c.saturating_add(rows);
         }
     }
 
@@ -105,6 +117,16 @@ impl RoutingHistory {
     }
 }
 
+/// The first 12 characters of an untrusted fingerprint, escaped (no
+/// control characters reach the log), with `…` when cut.
+fn short_for_message(fingerprint: &str) -> String {
+    let mut out: String = fingerprint.chars().take(12).flat_map(char::escape_debug).collect();
+    if fingerprint.chars().nth(12).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +150,71 @@ mod tests {
         std::fs::write(&path, "{ nope").unwrap();
         let (_, warn) = RoutingHistory::load(&path, "abc", 2, 4);
         assert!(warn.unwrap().contains("unreadable"));
+    }
+
+    /// A history whose fingerprint has multi-byte characters around byte 12
+    /// (where the message used to cut it by byte index) is ignored with a
+    /// warning, never a panic.
+    #[test]
+    fn foreign_history_with_multibyte_fingerprint_warns_without_panicking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routing-history.json");
+        for fp in [
+            "abcdefghijké€xyz",
+            "ééééééé",
+            "€",
+            "日本語のフィンガープリント",
+            "a\nb\u{1b}[31m",
+        ] {
+            let h = RoutingHistory {
+                fingerprint: fp.to_string(),
+                counts: vec![vec![1; 4]; 2],
+                path: None,
+            };
+            std::fs::write(&path, serde_json::to_vec(&h).unwrap()).unwrap();
+            let (got, warn) = RoutingHistory::load(&path, "abc", 2, 4);
+            let warn = warn.expect("a warning");
+            assert!(warn.contains("another model"), "{warn}");
+            assert!(!warn.contains('\n') && !warn.contains('\u{1b}'), "{warn:?}");
+            assert!(got.hottest().is_empty());
+        }
+        assert_eq!(short_for_message("abcdefghijké€xyz"), "abcdefghijké…");
+        assert_eq!(short_for_message("abc"), "abc");
+    }
+
+    /// Truncated, non-UTF-8 or hostile history files are ignored with a
+    /// warning; the counts start empty.
+    #[test]
+    fn corrupt_history_files_are_ignored_with_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routing-history.json");
+        let good = serde_json::to_vec(&RoutingHistory::new("abc", 2, 4)).unwrap();
+        let cases: Vec<Vec<u8>> = vec![
+            good[..good.len() / 2].to_vec(),
+            b"{\"fingerprint\":\"ab\xff\xfe\",\"counts\":[]}".to_vec(),
+            "{\"fingerprint\":\"é".as_bytes().to_vec(),
+            b"\xe2\x82".to_vec(),
+            b"{\"fingerprint\":\"abc\",\"counts\":[[1,2,3,-4],[0,0,0,0]]}".to_vec(),
+            b"{\"fingerprint\":\"abc\",\"counts\":[[1,2,3,4]]}".to_vec(),
+            b"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[".repeat(100),
+            Vec::new(),
+        ];
+        for bytes in cases {
+            std::fs::write(&path, &bytes).unwrap();
+            let (h, warn) = RoutingHistory::load(&path, "abc", 2, 4);
+            assert!(warn.is_some(), "no warning for {:?}", String::from_utf8_lossy(&bytes));
+            assert_eq!(h.counts, vec![vec![0; 4]; 2]);
+        }
+        // A directory where the file should be: unreadable, so a warning too.
+        let (_, warn) = RoutingHistory::load(dir.path(), "abc", 2, 4);
+        assert!(warn.unwrap().contains("cannot read"));
+    }
+
+    #[test]
+    fn counts_saturate_instead_of_overflowing() {
+        let mut h = RoutingHistory::new("abc", 1, 1);
+        h.record(0, 0, u64::MAX - 1);
+        h.record(0, 0, 5);
+        assert_eq!(h.counts[0][0], u64::MAX);
     }
 }
