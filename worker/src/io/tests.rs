@@ -1,10 +1,13 @@
 //! Tests of [`DiskReader`] on both backends, with and without direct I/O.
 //!
 //! io_uring runs when this machine allows it; otherwise its cases are skipped
-//! with a note on stderr, unless `CHARM_REQUIRE_IO_URING=1` makes that a
-//! failure. Direct I/O cases run in the first of the temp dir and the target
-//! dir whose filesystem supports `O_DIRECT`, and are skipped with a note
-//! when neither does.
+//! with a loud note on stderr. Direct I/O cases run in the first of the temp
+//! dir and the target dir whose filesystem supports `O_DIRECT` (`open`
+//! refusing with `EINVAL`, as tmpfs before Linux 6.6 does, is
+//! [`IoError::DirectIoUnsupported`]), and are skipped with a note when
+//! neither does. The seccomp fallback test is skipped when no filter can be
+//! installed. In CI strict mode (`CHARM_CI=1`, or `CHARM_REQUIRE_IO_URING=1`
+//! for io_uring alone) each of those skips is a failure instead.
 
 use super::*;
 use std::collections::HashMap;
@@ -14,6 +17,17 @@ use std::time::Duration;
 
 const FILE_LEN: usize = 3 << 20;
 const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// CI strict mode (`CHARM_CI=1`): a missing capability fails the test
+/// instead of skipping it.
+fn ci_strict() -> bool {
+    std::env::var("CHARM_CI").is_ok_and(|v| v == "1")
+}
+
+/// Whether io_uring is required (CI strict mode or `CHARM_REQUIRE_IO_URING=1`).
+fn io_uring_required() -> bool {
+    ci_strict() || std::env::var("CHARM_REQUIRE_IO_URING").is_ok_and(|v| v == "1")
+}
 
 /// splitmix64: deterministic pseudo-random numbers without a dependency.
 struct Rng(u64);
@@ -85,10 +99,10 @@ fn backends() -> Vec<Backend> {
             Err(e) => {
                 assert!(matches!(e, IoError::UringUnavailable { .. }), "{e}");
                 assert!(
-                    std::env::var("CHARM_REQUIRE_IO_URING").as_deref() != Ok("1"),
-                    "CHARM_REQUIRE_IO_URING=1 but {e}"
+                    !io_uring_required(),
+                    "CHARM_CI=1 (or CHARM_REQUIRE_IO_URING=1) but io_uring cannot run here: {e}"
                 );
-                eprintln!("note: skipping the io_uring backend: {e}");
+                eprintln!("WARNING: skipping every io_uring case (CHARM_CI=1 would fail): {e}");
             }
         }
     }
@@ -108,6 +122,12 @@ fn setup(len: usize, seed: u64, o: &ReaderOptions) -> Option<(TestFile, DiskRead
                 return Some((file, reader));
             }
             Err(e @ IoError::DirectIoUnsupported { .. }) if o.direct_io => {
+                let IoError::DirectIoUnsupported { source, .. } = &e else {
+                    unreachable!()
+                };
+                #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+                assert_eq!(source.raw_os_error(), Some(libc::EINVAL), "{e}");
+                let _ = source;
                 let msg = e.to_string();
                 assert!(msg.contains(&*file.path.to_string_lossy()), "{msg}");
                 assert!(msg.contains("O_DIRECT"), "{msg}");
@@ -116,8 +136,14 @@ fn setup(len: usize, seed: u64, o: &ReaderOptions) -> Option<(TestFile, DiskRead
             Err(e) => panic!("opening {} with {o:?}: {e}", file.path.display()),
         }
     }
+    assert!(
+        !ci_strict(),
+        "CHARM_CI=1 but no candidate dir supports O_DIRECT for {:?}: {}",
+        o.backend,
+        refusals.join("; ")
+    );
     eprintln!(
-        "note: skipping {:?} with direct I/O: no candidate dir supports it: {}",
+        "WARNING: skipping {:?} with direct I/O (CHARM_CI=1 would fail): no candidate dir supports it: {}",
         o.backend,
         refusals.join("; ")
     );
@@ -534,6 +560,39 @@ fn open_failure_names_the_file() {
     }
 }
 
+/// A filesystem that refuses `O_DIRECT` answers `open` with `EINVAL`
+/// ("Invalid argument"); that, and only that, is `DirectIoUnsupported`
+/// (procfs refuses it on every Linux, as tmpfs did before 6.6).
+#[cfg(target_os = "linux")]
+#[test]
+fn direct_io_refused_by_the_filesystem_is_direct_io_unsupported() {
+    let path = Path::new("/proc/self/status");
+    for backend in backends() {
+        match DiskReader::open(path, &opts(backend, true)) {
+            Err(e @ IoError::DirectIoUnsupported { .. }) => {
+                let msg = e.to_string();
+                assert!(msg.contains("/proc/self/status") && msg.contains("O_DIRECT"), "{msg}");
+                let IoError::DirectIoUnsupported { source, .. } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(source.raw_os_error(), Some(libc::EINVAL), "{e}");
+                assert_eq!(source.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+            }
+            other => panic!(
+                "{backend:?}: expected DirectIoUnsupported, got {:?}",
+                other.map(|r| r.backend())
+            ),
+        }
+        // Without direct I/O the same file opens.
+        DiskReader::open(path, &opts(backend, false)).unwrap();
+    }
+    // Another refusal at open is not mistaken for a missing O_DIRECT.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.bin");
+    let err = DiskReader::open(&missing, &opts(Backend::Pread, true)).err();
+    assert!(matches!(err, Some(IoError::Open { .. })), "{err:?}");
+}
+
 #[cfg(not(target_os = "linux"))]
 #[test]
 fn io_uring_is_refused_off_linux() {
@@ -549,9 +608,137 @@ fn reader_is_send_and_sync() {
     check::<ReadDone>();
 }
 
+/// A seccomp filter, as BPF instructions.
+#[cfg(target_os = "linux")]
+type Filter = Vec<libc::sock_filter>;
+
+#[cfg(target_os = "linux")]
+fn bpf(code: u32, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// Makes `io_uring_setup` fail with `EPERM`, as container runtimes and
+/// `kernel.io_uring_disabled=2` do.
+#[cfg(target_os = "linux")]
+fn deny_io_uring() -> Filter {
+    // seccomp_data.nr is at offset 0.
+    vec![
+        bpf(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        bpf(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            0,
+            1,
+            libc::SYS_io_uring_setup as u32,
+        ),
+        bpf(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        bpf(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+/// Makes every `openat` with `O_DIRECT` fail with `EINVAL`, exactly as a
+/// filesystem without direct I/O (tmpfs before Linux 6.6) answers.
+#[cfg(target_os = "linux")]
+fn deny_o_direct() -> Filter {
+    // seccomp_data: nr at 0, args[] from 16; openat's flags are args[2],
+    // whose low 32 bits lie at 32 (little-endian) or 36 (big-endian).
+    let flags = if cfg!(target_endian = "little") { 32 } else { 36 };
+    vec![
+        bpf(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        bpf(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            0,
+            3,
+            libc::SYS_openat as u32,
+        ),
+        bpf(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, flags),
+        bpf(
+            libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K,
+            0,
+            1,
+            libc::O_DIRECT as u32,
+        ),
+        bpf(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | libc::EINVAL as u32,
+        ),
+        bpf(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+/// Runs the test `name` (of this module) alone in a child process of this
+/// test binary under `filter`, with `env` set (`None`: removed). `Err` when
+/// the filter cannot be installed here.
+#[cfg(target_os = "linux")]
+fn run_under_seccomp(
+    name: &str,
+    filter: Filter,
+    env: &[(&str, Option<&str>)],
+) -> std::io::Result<std::process::Output> {
+    use std::os::unix::process::CommandExt;
+    let name = module_path!().split_once("::").map_or("", |(_, m)| m).to_owned() + "::" + name;
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", &name, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    // SAFETY: the hook only makes two system calls (async-signal-safe) on
+    // data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr() as *mut libc::sock_filter,
+            };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::syscall(
+                    libc::SYS_seccomp,
+                    libc::SECCOMP_SET_MODE_FILTER,
+                    0,
+                    &prog as *const libc::sock_fprog,
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output()
+}
+
+/// [`run_under_seccomp`], or `None` (with a loud note; a failure under
+/// `CHARM_CI=1`) when no seccomp filter can be installed here.
+#[cfg(target_os = "linux")]
+fn child_under_seccomp(what: &str, name: &str, filter: Filter, env: &[(&str, Option<&str>)]) -> Option<(bool, String)> {
+    match run_under_seccomp(name, filter, env) {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            Some((out.status.success(), text))
+        }
+        Err(e) => {
+            assert!(!ci_strict(), "CHARM_CI=1 but no seccomp filter can be installed: {e}");
+            eprintln!("WARNING: skipping {what} (CHARM_CI=1 would fail): cannot install a seccomp filter: {e}");
+            None
+        }
+    }
+}
+
 /// Runs this test again in a child process whose seccomp filter makes
-/// `io_uring_setup` fail with `EPERM` (as container runtimes and
-/// `kernel.io_uring_disabled=2` do); the child checks that the automatic
+/// `io_uring_setup` fail with `EPERM`; the child checks that the automatic
 /// choice falls back to pread and that asking for io_uring says why not.
 #[cfg(target_os = "linux")]
 #[test]
@@ -582,70 +769,68 @@ fn falls_back_to_pread_when_io_uring_is_denied() {
         println!("fallback checked under seccomp");
         return;
     }
-
-    use std::os::unix::process::CommandExt;
-    let stmt = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
-        code: code as u16,
-        jt,
-        jf,
-        k,
+    let Some((ok, out)) = child_under_seccomp(
+        "the fallback test",
+        "falls_back_to_pread_when_io_uring_is_denied",
+        deny_io_uring(),
+        &[(CHILD, Some("1"))],
+    ) else {
+        return;
     };
-    // seccomp_data.nr is at offset 0.
-    let filter = [
-        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
-        stmt(
-            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
-            0,
-            1,
-            libc::SYS_io_uring_setup as u32,
-        ),
-        stmt(
-            libc::BPF_RET | libc::BPF_K,
-            0,
-            0,
-            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
-        ),
-        stmt(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-    ];
-    let name = module_path!().split_once("::").map_or("", |(_, m)| m).to_owned()
-        + "::falls_back_to_pread_when_io_uring_is_denied";
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", &name, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1");
-    // SAFETY: the hook only makes two system calls (async-signal-safe) on
-    // data prepared before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            let prog = libc::sock_fprog {
-                len: filter.len() as u16,
-                filter: filter.as_ptr() as *mut libc::sock_filter,
-            };
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-                || libc::syscall(
-                    libc::SYS_seccomp,
-                    libc::SECCOMP_SET_MODE_FILTER,
-                    0,
-                    &prog as *const libc::sock_fprog,
-                ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let out = match cmd.output() {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("note: skipping the fallback test: cannot install a seccomp filter: {e}");
-            return;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("fallback checked under seccomp"),
-        "child failed: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        ok && out.contains("fallback checked under seccomp"),
+        "child failed:\n{out}"
     );
     eprintln!("child with io_uring_setup denied: fell back to pread");
+}
+
+/// Where io_uring is denied, the io_uring cases skip loudly for a developer
+/// but fail under `CHARM_CI=1` (and under `CHARM_REQUIRE_IO_URING=1`).
+#[cfg(target_os = "linux")]
+#[test]
+fn ci_strict_mode_fails_instead_of_skipping_io_uring() {
+    let test = "random_reads_in_one_submit";
+    let run =
+        |env: &[(&str, Option<&str>)]| child_under_seccomp("the io_uring strict-mode test", test, deny_io_uring(), env);
+    let relaxed = [("CHARM_CI", None), ("CHARM_REQUIRE_IO_URING", None)];
+    let Some((ok, out)) = run(&relaxed) else { return };
+    assert!(ok, "without CHARM_CI the io_uring cases skip:\n{out}");
+    assert!(out.contains("WARNING: skipping every io_uring case"), "{out}");
+    for strict in [
+        [("CHARM_CI", Some("1")), ("CHARM_REQUIRE_IO_URING", None)],
+        [("CHARM_CI", None), ("CHARM_REQUIRE_IO_URING", Some("1"))],
+    ] {
+        let (ok, out) = run(&strict).expect("the filter installed a moment ago");
+        assert!(!ok, "{strict:?}: io_uring denied must fail the test:\n{out}");
+        assert!(out.contains("io_uring cannot run here"), "{out}");
+    }
+}
+
+/// Where every filesystem refuses `O_DIRECT` (`EINVAL` at open), the direct
+/// I/O cases skip loudly for a developer but fail under `CHARM_CI=1`.
+#[cfg(target_os = "linux")]
+#[test]
+fn ci_strict_mode_fails_instead_of_skipping_direct_io() {
+    let test = "random_reads_in_one_submit";
+    let run =
+        |env: &[(&str, Option<&str>)]| child_under_seccomp("the O_DIRECT strict-mode test", test, deny_o_direct(), env);
+    let Some((ok, out)) = run(&[("CHARM_CI", None)]) else {
+        return;
+    };
+    assert!(ok, "without CHARM_CI the direct I/O cases skip:\n{out}");
+    assert!(
+        out.contains("WARNING: skipping") && out.contains("with direct I/O"),
+        "{out}"
+    );
+    assert!(out.contains("Invalid argument"), "the refusal is EINVAL: {out}");
+    assert!(
+        out.contains("direct_io=false") && !out.contains("direct_io=true"),
+        "{out}"
+    );
+    let (ok, out) = run(&[("CHARM_CI", Some("1"))]).expect("the filter installed a moment ago");
+    assert!(!ok, "O_DIRECT refused everywhere must fail under CHARM_CI=1:\n{out}");
+    assert!(
+        out.contains("CHARM_CI=1 but no candidate dir supports O_DIRECT"),
+        "{out}"
+    );
 }
