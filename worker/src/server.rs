@@ -29,7 +29,7 @@ use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use charm_proto::{ErrorKind, ExpertBatch, ExpertsOut, Message, RunExperts, WireError, MAX_FRAME_LEN};
+use charm_proto::{ErrorKind, ExpertBatch, ExpertsOut, FrameError, Message, RunExperts, WireError, MAX_FRAME_LEN};
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use tokio::sync::Semaphore;
 
@@ -179,6 +179,19 @@ async fn answer(conn: Connection, mut send: SendStream, mut recv: RecvStream, se
     let msg = match read_frame(&mut recv, MAX_FRAME_LEN).await {
         Ok((m, _)) => m,
         Err(NetError::Connection(_)) => return,
+        // A well-framed request whose contents do not add up is refused on
+        // its own stream; the connection carries on.
+        Err(NetError::Frame(e @ FrameError::Invalid { .. })) => {
+            tracing::warn!("refused a request from {}: {e}", conn.remote_address());
+            let reply = Message::Error(WireError {
+                kind: ErrorKind::Malformed,
+                message: e.to_string(),
+            });
+            if write_frame(&mut send, &reply).await.is_ok() {
+                let _ = send.finish();
+            }
+            return;
+        }
         Err(e) => return violation(&conn, &e),
     };
     let reply = match msg {
