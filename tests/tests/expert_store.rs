@@ -16,8 +16,31 @@ use charm_coordinator::{Engine, EngineOptions, GenerateParams, SamplingParams};
 use charm_models::{ExpertError, ExpertService, ExpertStats, Model, ModelConfig};
 use charm_proto::{ExpertBatch, ExpertOutputs};
 use charm_tests::{fixture, repo_root, Reference};
-use charm_worker::io::Backend;
+use charm_worker::io::{Backend, DiskReader, IoError, ReaderOptions};
 use charm_worker::{InProcessWorker, ResidentStore};
+
+/// CI strict mode (`CHARM_CI=1`): a combination this machine cannot run
+/// fails instead of being skipped.
+fn strict() -> bool {
+    std::env::var("CHARM_CI").is_ok_and(|v| v == "1")
+}
+
+/// Whether `experts` can be read with `backend` and `direct_io` here: `Err`
+/// says why not when io_uring is unavailable or the filesystem refuses
+/// `O_DIRECT` (told apart by the reader's typed error, not its message).
+/// Any other failure to open is a test failure.
+fn io_capability(experts: &Path, backend: Backend, direct_io: bool) -> Result<(), String> {
+    let o = ReaderOptions {
+        direct_io,
+        backend: Some(backend),
+        ..ReaderOptions::default()
+    };
+    match DiskReader::open(experts, &o) {
+        Ok(_) => Ok(()),
+        Err(e @ (IoError::UringUnavailable { .. } | IoError::DirectIoUnsupported { .. })) => Err(e.to_string()),
+        Err(e) => panic!("opening {} with {o:?}: {e}", experts.display()),
+    }
+}
 
 /// A scratch directory on the repository's disk (O_DIRECT needs a real
 /// filesystem; /tmp may be tmpfs elsewhere).
@@ -119,17 +142,16 @@ fn placement_and_io_settings_never_change_a_bit() {
                         o.io_backend = Some(backend);
                         let what =
                             format!("{quant:?} cache={cache} prefetch={prefetch} {backend:?} direct={direct_io}");
+                        // io_uring or O_DIRECT may be unavailable on a developer's
+                        // machine: that combination cannot run (loudly), the others
+                        // still must agree. CI (`CHARM_CI=1`) runs every one.
+                        if let Err(why) = io_capability(&c.join("experts.bin"), backend, direct_io) {
+                            assert!(!strict(), "CHARM_CI=1 but {what} cannot run here: {why}");
+                            eprintln!("WARNING: skipping {what} (CHARM_CI=1 would fail): {why}");
+                            continue;
+                        }
                         let engine = match Engine::load(&c, &o) {
                             Ok((e, _)) => e,
-                            // io_uring or O_DIRECT may be unavailable on some machines:
-                            // that combination cannot run, the others still must agree.
-                            Err(e)
-                                if format!("{e}").contains("io_uring is unavailable")
-                                    || format!("{e}").contains("does not support O_DIRECT") =>
-                            {
-                                eprintln!("skipping {what}: {e}");
-                                continue;
-                            }
                             Err(e) => panic!("{what}: {e}"),
                         };
                         let (ids, logits, _) = run(&engine, &r.prompt_ids);
@@ -146,6 +168,27 @@ fn placement_and_io_settings_never_change_a_bit() {
             assert_eq!(baseline.unwrap().0, r.greedy_ids);
         }
     }
+}
+
+/// A filesystem refusing `O_DIRECT` (procfs always does; tmpfs before Linux
+/// 6.6) is recognised by the reader's typed error, so the placement test
+/// skips (or, under `CHARM_CI=1`, fails) instead of panicking on a message
+/// it did not expect.
+#[cfg(target_os = "linux")]
+#[test]
+fn direct_io_refusal_is_told_apart_by_error_type() {
+    let proc_file = Path::new("/proc/self/status");
+    let why = io_capability(proc_file, Backend::Pread, true).unwrap_err();
+    assert!(why.contains("O_DIRECT") && why.contains("Invalid argument"), "{why}");
+    assert_eq!(io_capability(proc_file, Backend::Pread, false), Ok(()));
+    // The scratch dir is on the repository's disk, which CI keeps O_DIRECT-capable.
+    let tmp = scratch();
+    let experts = tmp.path().join("experts.bin");
+    std::fs::write(&experts, vec![0u8; 8192]).unwrap();
+    let here = io_capability(&experts, Backend::Pread, true);
+    assert!(here.is_ok() || !strict(), "CHARM_CI=1 but {here:?}");
+    let missing = std::panic::catch_unwind(|| io_capability(&tmp.path().join("missing.bin"), Backend::Pread, true));
+    assert!(missing.is_err(), "a missing file is a failure, not a skip");
 }
 
 /// Counts the unique experts of every layer step.
@@ -315,6 +358,35 @@ fn bad_containers_are_clear_errors() {
     std::fs::remove_file(c.join("experts.bin")).unwrap();
     let e = load_err(&c);
     assert!(e.contains("experts.bin"), "{e}");
+}
+
+/// A manifest whose record lies past the end of `experts.bin`, or whose
+/// `offset + padded_len` overflows, is refused at load with an error naming
+/// the record: no panic, no read, no huge allocation.
+#[test]
+fn corrupt_record_offsets_are_clear_errors_naming_the_record() {
+    let tmp = scratch();
+    let c = container(tmp.path(), "olmoe", Quant::Bf16);
+    let path = c.join("manifest.json");
+    let original = std::fs::read_to_string(&path).unwrap();
+    let m = Manifest::open(&c).unwrap();
+    let (layer, expert) = (m.records[1].layer, m.records[1].expert);
+    for (offset, why) in [
+        (u64::MAX - 4095, "overflows"),
+        (m.experts_len, "beyond the end of experts.bin"),
+        (1 << 50, "beyond the end of experts.bin"),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_str(&original).unwrap();
+        v["records"][1]["offset"] = offset.into();
+        std::fs::write(&path, v.to_string()).unwrap();
+        let e = load_err(&c);
+        assert!(
+            e.contains("manifest.json") && e.contains(&format!("layer {layer} expert {expert}")) && e.contains(why),
+            "{e}"
+        );
+    }
+    std::fs::write(&path, original).unwrap();
+    assert!(Engine::load(&c, &opts(tmp.path(), Some(0))).is_ok());
 }
 
 #[test]
