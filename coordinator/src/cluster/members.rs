@@ -617,6 +617,29 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_announcing_a_tiny_frame_limit_is_refused() {
+        let (_rt, s) = shared();
+        let hello = |max_frame| Hello {
+            software: "charm-worker test".into(),
+            fingerprint: "fp".into(),
+            num_layers: 1,
+            num_experts: 4,
+            hidden: 8,
+            holdings: charm_proto::Holdings::from_experts((0..4).map(|e| (0, e))),
+            format: "test".into(),
+            expert_bytes: 1,
+            cache_bytes: 1,
+            disk_bytes_per_s: 1.0,
+            expert_rows_per_s: 1.0,
+            max_frame,
+            stats: WorkerStats::default(),
+        };
+        assert_eq!(s.check(&hello(charm_proto::MAX_FRAME_LEN)), Ok(()));
+        let err = s.check(&hello(64)).unwrap_err();
+        assert!(err.contains("frames of only 64 bytes"), "{err}");
+    }
+
+    #[test]
     fn mdns_sightings_are_capped_and_expire() {
         let (_rt, s) = shared();
         let fixed = addr(999);
