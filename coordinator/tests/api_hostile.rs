@@ -87,7 +87,7 @@ fn wait_served(addr: SocketAddr) {
 fn slow_header_client_is_dropped() {
     let srv = server(|c| {
         short(c, 60_000);
-        c.header_read_timeout = Duration::from_millis(300);
+        c.header_read_timeout = Duration::from_millis(500);
     });
     let addr = srv.addr();
     // Half a request line, then nothing: closed without an answer.
@@ -134,7 +134,7 @@ fn slow_header_client_is_dropped() {
 fn slow_body_client_is_dropped() {
     let srv = server(|c| {
         short(c, 60_000);
-        c.body_read_timeout = Duration::from_millis(300);
+        c.body_read_timeout = Duration::from_millis(500);
     });
     let addr = srv.addr();
     let mut s = connect(addr);
@@ -152,7 +152,7 @@ fn slow_body_client_is_dropped() {
 fn idle_keep_alive_connection_is_closed() {
     let srv = server(|c| {
         short(c, 60_000);
-        c.idle_timeout = Duration::from_millis(300);
+        c.idle_timeout = Duration::from_millis(1000);
     });
     let addr = srv.addr();
     let mut s = connect(addr);
@@ -169,24 +169,28 @@ fn idle_keep_alive_connection_is_closed() {
 
 #[test]
 fn long_answers_and_active_streams_outlive_the_timeouts() {
-    // 10 ms per layer step: 30 tokens take well over the 200 ms timeouts.
-    let (engine, info, gate) = gated_engine(false, Duration::from_millis(10));
-    let srv = server_with(engine, &info, |c| short(c, 200));
+    // 15 ms per layer step (2 layers): 40 tokens take well over the 500 ms
+    // timeouts.
+    let (engine, info, gate) = gated_engine(false, Duration::from_millis(15));
+    let srv = server_with(engine, &info, |c| short(c, 500));
     let addr = srv.addr();
     // A non-streaming answer that waits (held at the gate) past every timeout.
     let waiting = std::thread::spawn(move || post(addr, CHAT, &chat_body("wait for it", 3)));
     gate.wait_arrival();
-    std::thread::sleep(Duration::from_millis(600));
+    std::thread::sleep(Duration::from_millis(1200));
     gate.open();
     let r = waiting.join().unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["usage"]["completion_tokens"], 3);
     // A stream that keeps producing for longer than every timeout.
-    let mut body = chat_body("Tell me a long story", 30);
+    let mut body = chat_body("Tell me a long story", 40);
     body["stream"] = json!(true);
-    body["stop"] = json!([]);
+    body["stream_options"] = json!({"include_usage": true});
     let events = SseStream::post(addr, CHAT, &body).collect();
+    let n = events.len();
     assert_eq!(events.last().map(|e| e.data.as_str()), Some("[DONE]"), "{events:?}");
+    let usage: Value = serde_json::from_str(&events[n - 2].data).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 40, "the whole stream: {usage}");
 }
 
 #[test]
