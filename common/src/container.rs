@@ -575,36 +575,43 @@ pub fn record_weights(
     }
     let part = |p: &PartLayout| -> Result<Weight, ContainerError> {
         let bad = |e: crate::QuantError| ContainerError::Layout(e.to_string());
-        let values = p.offset + p.scale_bytes;
+        let outside = || {
+            ContainerError::Layout(format!(
+                "a {} × {} part at offset {} does not lie inside its {}-byte record",
+                p.rows,
+                p.cols,
+                p.offset,
+                src.bytes().len()
+            ))
+        };
+        let values = p.offset.checked_add(p.scale_bytes).ok_or_else(outside)?;
+        let n = p.rows.checked_mul(p.cols).ok_or_else(outside)?;
         let data = match quant {
-            Quant::Gguf => {
-                let n = p.rows * p.cols;
-                match p.ggml {
-                    Some(GgmlType::F32) => WeightData::F32(Buf::shared(src.clone(), values, n)),
-                    Some(GgmlType::F16) => WeightData::F16(Buf::shared(src.clone(), values, n)),
-                    Some(GgmlType::BF16) => WeightData::BF16(Buf::shared(src.clone(), values, n)),
-                    Some(ty) => WeightData::Gguf {
-                        ty,
-                        data: Buf::shared(src.clone(), values, p.value_bytes),
-                    },
-                    None => return Err(ContainerError::Layout("gguf part without a type".into())),
-                }
-            }
-            Quant::Bf16 => WeightData::BF16(Buf::shared(src.clone(), p.offset, p.rows * p.cols)),
+            Quant::Gguf => match p.ggml {
+                Some(GgmlType::F32) => WeightData::F32(shared(&src, values, n).ok_or_else(outside)?),
+                Some(GgmlType::F16) => WeightData::F16(shared(&src, values, n).ok_or_else(outside)?),
+                Some(GgmlType::BF16) => WeightData::BF16(shared(&src, values, n).ok_or_else(outside)?),
+                Some(ty) => WeightData::Gguf {
+                    ty,
+                    data: shared(&src, values, p.value_bytes).ok_or_else(outside)?,
+                },
+                None => return Err(ContainerError::Layout("gguf part without a type".into())),
+            },
+            Quant::Bf16 => WeightData::BF16(shared(&src, p.offset, n).ok_or_else(outside)?),
             Quant::Int8 { .. } => WeightData::int8(
                 p.rows,
                 p.cols,
                 p.group,
-                Buf::shared(src.clone(), p.offset, p.scale_bytes / 4),
-                Buf::shared(src.clone(), values, p.value_bytes),
+                shared(&src, p.offset, p.scale_bytes / 4).ok_or_else(outside)?,
+                shared(&src, values, p.value_bytes).ok_or_else(outside)?,
             )
             .map_err(bad)?,
             Quant::Int4 { .. } => WeightData::int4(
                 p.rows,
                 p.cols,
                 p.group,
-                Buf::shared(src.clone(), p.offset, p.scale_bytes / 4),
-                Buf::shared(src.clone(), values, p.value_bytes),
+                shared(&src, p.offset, p.scale_bytes / 4).ok_or_else(outside)?,
+                shared(&src, values, p.value_bytes).ok_or_else(outside)?,
             )
             .map_err(bad)?,
         };
@@ -615,6 +622,13 @@ pub fn record_weights(
         part(&layout.parts[1])?,
         part(&layout.parts[2])?,
     ])
+}
+
+/// `len` elements of `T` at byte `start` of `src`, or `None` when that range
+/// does not lie inside `src` (so [`Buf::shared`] cannot panic).
+fn shared<T: bytemuck::Pod>(src: &Arc<dyn ByteSource>, start: usize, len: usize) -> Option<Buf<T>> {
+    let end = len.checked_mul(std::mem::size_of::<T>())?.checked_add(start)?;
+    (end <= src.bytes().len()).then(|| Buf::shared(src.clone(), start, len))
 }
 
 /// Checks a record's bytes against its checksum.
@@ -840,6 +854,33 @@ mod tests {
         assert!(matches!(dense_identity(&path), Err(ContainerError::Io { .. })));
         std::fs::write(&path, b"GGUF\0\0\0\0").unwrap();
         assert!(dense_identity(&path).is_ok());
+    }
+
+    /// `record_weights` on a hand-made layout whose parts lie outside the
+    /// record's bytes is an error, not a slice panic.
+    #[test]
+    fn record_weights_with_parts_outside_the_record_is_a_typed_error() {
+        let layout = record_layout(64, 32, Quant::Int8 { group: 0 }).unwrap();
+        let src: Arc<dyn ByteSource> = Arc::new(vec![0u8; layout.len]);
+        assert!(record_weights(src.clone(), &layout, Quant::Int8 { group: 0 }).is_ok());
+        for edit in [
+            (|p: &mut PartLayout| p.offset = usize::MAX - 8) as fn(&mut PartLayout),
+            |p| p.value_bytes = usize::MAX,
+            |p| p.rows = usize::MAX,
+            |p| p.scale_bytes = 1 << 40,
+        ] {
+            for quant in [Quant::Int8 { group: 0 }, Quant::Bf16] {
+                let mut bad = layout;
+                edit(&mut bad.parts[2]);
+                match record_weights(src.clone(), &bad, quant) {
+                    Err(ContainerError::Layout(_)) => {}
+                    other => panic!(
+                        "{quant:?} {bad:?}: expected a Layout error, got {:?}",
+                        other.map(|_| ())
+                    ),
+                }
+            }
+        }
     }
 
     impl Record {
