@@ -9,6 +9,8 @@
 
 #![allow(dead_code)] // each test file uses its own part of these helpers
 
+pub mod serve;
+
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
