@@ -8,8 +8,9 @@
 //!   failures) and no aggregate `cluster` or `in-process` series;
 //!   `/api/state` lists both workers with the same numbers, their owned
 //!   experts covering the model. Then one worker is killed: after the next
-//!   request its series says `up` 0 with a failure counted, and the
-//!   dashboard row says `down`, while the survivor keeps serving.
+//!   request its series says `up` 0 with its request re-sent (a hedge or a
+//!   failover counted), and the dashboard row says `down`, while the
+//!   survivor keeps serving.
 
 mod cluster_support;
 
@@ -179,6 +180,9 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(sample(&m, "charm_worker_up", &kept), Some(1.0), "{m}");
+    let resent = sample(&m, "charm_worker_hedges_total", &lost).unwrap()
+        + sample(&m, "charm_worker_failovers_total", &lost).unwrap();
+    assert!(resent >= 1.0, "the lost worker's request was re-sent:\n{m}");
     assert_eq!(sample(&m, "charm_worker_experts", &lost), Some(0.0), "{m}");
     assert!(
         sample(&m, "charm_worker_experts_served_total", &kept).unwrap() > served_before,
