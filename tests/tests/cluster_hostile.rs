@@ -14,6 +14,9 @@
 //!   authenticating within the handshake timeout (every pushing one for its
 //!   malformed first frame), and the worker's peak RSS grows by less than
 //!   32 MiB.
+//! - `half_open_connections_beyond_the_cap_are_refused`: an in-process
+//!   server allowing 2 unauthenticated connections refuses the third before
+//!   its handshake, and takes new ones once the first two timed out.
 
 mod cluster_support;
 
@@ -209,4 +212,44 @@ fn strangers_get_nothing_before_the_key_proof() {
     let grew = w.peak_rss_kib().saturating_sub(rss_before);
     assert!(grew < 32 << 10, "peak memory grew by {grew} KiB");
     assert_eq!(greedy(&e, &r.prompt_ids, 16), r.greedy_ids);
+}
+
+#[test]
+fn half_open_connections_beyond_the_cap_are_refused() {
+    use charm_worker::net::served::{ServeOptions, Served};
+    use charm_worker::server::{run, ServerOptions};
+    let dir = fixture("olmoe");
+    let served = std::sync::Arc::new(Served::open(&dir, &ServeOptions::default()).unwrap());
+    let rt = rt();
+    rt.block_on(async {
+        let endpoint = tls::server_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let mut opts = ServerOptions::new(ClusterKey::generate());
+        opts.max_half_open = 2;
+        opts.handshake_timeout = Duration::from_millis(500);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(run(endpoint, served, opts, async {
+            let _ = stopped.await;
+        }));
+        let ep = tls::client_endpoint("127.0.0.1:0".parse().unwrap()).unwrap();
+        let knock = || async { ep.connect(addr, tls::SERVER_NAME).unwrap().await };
+        let a = knock().await.expect("first half-open slot");
+        let b = knock().await.expect("second half-open slot");
+        match knock().await {
+            Err(quinn::ConnectionError::ConnectionClosed(c)) => {
+                assert_eq!(c.error_code, quinn::TransportErrorCode::CONNECTION_REFUSED, "{c:?}")
+            }
+            other => panic!("a third stranger was let in: {other:?}"),
+        }
+        // Both silent ones are closed at the handshake timeout; then there
+        // is room again.
+        for c in [a, b] {
+            let why = tokio::time::timeout(Duration::from_secs(5), c.closed()).await.unwrap();
+            assert!(matches!(why, quinn::ConnectionError::ApplicationClosed(_)), "{why:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        knock().await.expect("room again after the timeouts");
+        let _ = stop.send(());
+        let _ = server.await;
+    });
 }

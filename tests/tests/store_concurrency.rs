@@ -4,6 +4,9 @@
 //!   request naming an expert the (partial) container lacks is an error,
 //!   and the experts named before it are not left marked "being read"
 //!   with no read sent — the next request for one of them completes.
+//! - `local_on_a_partial_container_fails_with_one_line`: `coordinator
+//!   --local` on a container missing two of layer 0's experts ends with
+//!   one error line naming one, instead of hanging.
 //! - `the_store_lock_is_not_held_across_compute`: while one request's
 //!   experts are being computed (its callback blocks), counters can be
 //!   read and another request completes.
@@ -111,4 +114,29 @@ fn the_store_lock_is_not_held_across_compute() {
     release.send(()).unwrap();
     busy.join().unwrap().unwrap();
     assert!(s.stats().expert_misses >= 4);
+}
+
+#[test]
+fn local_on_a_partial_container_fails_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = convert_bf16(&fixture("olmoe"), tmp.path(), "olmoe-bf16");
+    let part = partial_container(&full, tmp.path(), "part", |l, e| !(l == 0 && (e == 3 || e == 5)));
+    let out = within(Duration::from_secs(60), move || {
+        coordinator(&[
+            "--local",
+            "--model",
+            part.to_str().unwrap(),
+            "generate",
+            "--prompt-ids",
+            "1,2,3,4,5,6,7,8,9,10,11,12",
+            "--max-tokens",
+            "8",
+        ])
+    })
+    .expect("the coordinator ended instead of hanging");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: no weights for layer 0 expert"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
