@@ -18,7 +18,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use charm_tests::fixture;
 use cluster_support::serve::*;
 use cluster_support::*;
 use serde_json::{json, Value};
@@ -69,12 +68,7 @@ fn dashboard_workers(state: &Value) -> HashMap<String, Value> {
 
 #[test]
 fn metrics_and_dashboard_list_each_cluster_worker() {
-    let dir = fixture("qwen3moe-chat");
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "{}: tokenizer missing; run scripts/fetch_test_material.sh",
-        dir.display()
-    );
+    let dir = chat_fixture();
     let tmp = tempfile::tempdir().unwrap();
     let key = keygen(tmp.path(), "cluster.key");
     let mut workers: Vec<Worker> = (0..2).map(|_| Worker::start(&dir, &key, &[])).collect();

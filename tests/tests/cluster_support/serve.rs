@@ -11,6 +11,18 @@ use serde_json::Value;
 
 use super::bin;
 
+/// The Qwen3-MoE fixture with its real tokenizer (fetched by
+/// `scripts/fetch_test_material.sh`), for tests that speak text.
+pub fn chat_fixture() -> std::path::PathBuf {
+    let dir = charm_tests::fixture("qwen3moe-chat");
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "{}: tokenizer missing; run scripts/fetch_test_material.sh",
+        dir.display()
+    );
+    dir
+}
+
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A `coordinator serve` process; killed when dropped.
