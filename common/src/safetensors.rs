@@ -2,6 +2,12 @@
 //! shards listed by `model.safetensors.index.json`. Files are memory-mapped
 //! (memmap2) and their headers validated once at open; tensors are then
 //! looked up by name without copying.
+//!
+//! A vision-language checkpoint stores its language model under
+//! `model.language_model.` (Qwen3.5's `Qwen3_5MoeForConditionalGeneration`):
+//! those tensors are named `model.` here, as the text model names them, and
+//! the vision tower's `model.visual.` tensors are left out — charm runs the
+//! language model alone.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -50,6 +56,11 @@ pub struct TensorRef<'a> {
     end: usize,
 }
 
+/// Where a vision-language checkpoint keeps its language model.
+const LANGUAGE_MODEL: &str = "model.language_model.";
+/// A vision-language checkpoint's vision tower (not run).
+const VISUAL: &str = "model.visual.";
+
 impl TensorFiles {
     /// Opens `dir/model.safetensors`, or every shard named by
     /// `dir/model.safetensors.index.json`.
@@ -78,7 +89,25 @@ impl TensorFiles {
             }
             out.add_file(&path)?;
         }
+        out.as_language_model();
         Ok(out)
+    }
+
+    /// Names a vision-language checkpoint's language model as the text
+    /// model does and drops its vision tower (see the module docs).
+    fn as_language_model(&mut self) {
+        if !self.entries.keys().any(|k| k.starts_with(LANGUAGE_MODEL)) {
+            return;
+        }
+        let entries = std::mem::take(&mut self.entries);
+        self.entries = entries
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with(VISUAL))
+            .map(|(k, e)| match k.strip_prefix(LANGUAGE_MODEL) {
+                Some(rest) => (format!("model.{rest}"), e),
+                None => (k, e),
+            })
+            .collect();
     }
 
     /// Opens one safetensors file (a container's `dense.safetensors`).
@@ -197,8 +226,13 @@ impl TensorFiles {
 
     /// A 1-D vector of length `len` as f32, checked against the expected shape.
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        self.array(name, &[len])
+    }
+
+    /// A tensor of exactly `shape` as f32, row-major.
+    pub fn array(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
         let t = self.get(name)?;
-        t.expect_shape(&[len])?;
+        t.expect_shape(shape)?;
         Ok(t.data().to_f32_vec())
     }
 }

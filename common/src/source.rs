@@ -14,6 +14,9 @@ pub trait WeightSource: Send + Sync {
     /// A 1-D tensor of `len` elements as f32.
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError>;
 
+    /// A tensor of exactly `shape` as f32, row-major (e.g. a conv weight).
+    fn array(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError>;
+
     /// Whether a tensor of that name exists.
     fn contains(&self, name: &str) -> bool;
 }
@@ -25,6 +28,10 @@ impl WeightSource for crate::TensorFiles {
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         crate::TensorFiles::vector(self, name, len)
+    }
+
+    fn array(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        crate::TensorFiles::array(self, name, shape)
     }
 
     fn contains(&self, name: &str) -> bool {

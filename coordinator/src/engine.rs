@@ -363,7 +363,9 @@ impl Engine {
         let t0 = Instant::now();
         let before = self.experts.stats();
 
-        // Reuse the shared prefix; always recompute at least the last prompt token.
+        // Reuse the shared prefix; always recompute at least the last prompt
+        // token. A recurrent layer's state cannot be cut back: a prefix
+        // shorter than what it has seen starts the sequence over.
         let common = session
             .tokens
             .iter()
@@ -371,7 +373,7 @@ impl Engine {
             .take_while(|(a, b)| a == b)
             .count()
             .min(prompt.len() - 1);
-        session.cache.truncate(common);
+        let common = session.cache.truncate(common);
         session.tokens.truncate(common);
 
         let mut prof = PhaseTimes::default();

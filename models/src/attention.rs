@@ -1,8 +1,9 @@
-//! Causal self-attention with GQA, optional QK-norm, q/k/v biases, RoPE and
-//! an optional sliding window; keys and values go through the layer's
-//! [`LayerKv`] so decode cost grows only with context length.
+//! Causal self-attention with GQA, optional QK-norm, q/k/v biases, RoPE
+//! (full or partial), an optional sliding window and an optional per-head
+//! output gate (Qwen3-Next, Qwen3.5); keys and values go through the
+//! layer's [`LayerKv`] so decode cost grows only with context length.
 
-use charm_common::kernels::{rms_norm, rms_norm_rows, softmax};
+use charm_common::kernels::{rms_norm, rms_norm_rows, sigmoid, softmax};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -47,6 +48,8 @@ pub struct Attention {
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     qk_norm_kind: QkNorm,
     clip_qkv: Option<f32>,
+    /// `q_proj` yields `[q | gate]` per head; the output is gated by `sigmoid(gate)`.
+    output_gate: bool,
     window: Option<usize>,
     qk_rows_interleaved: bool,
     heads: usize,
@@ -69,19 +72,15 @@ impl Attention {
         } else {
             None
         };
+        let norm = |name: &str, len| crate::config::norm_weight(files, cfg, &format!("{p}.{name}.weight"), len);
         let qk_norm = match cfg.qk_norm {
             QkNorm::None => None,
-            QkNorm::Full => Some((
-                files.vector(&format!("{p}.q_norm.weight"), q)?,
-                files.vector(&format!("{p}.k_norm.weight"), kv)?,
-            )),
-            QkNorm::PerHead => Some((
-                files.vector(&format!("{p}.q_norm.weight"), cfg.head_dim)?,
-                files.vector(&format!("{p}.k_norm.weight"), cfg.head_dim)?,
-            )),
+            QkNorm::Full => Some((norm("q_norm", q)?, norm("k_norm", kv)?)),
+            QkNorm::PerHead => Some((norm("q_norm", cfg.head_dim)?, norm("k_norm", cfg.head_dim)?)),
         };
+        let q_rows = if cfg.attn_output_gate { 2 * q } else { q };
         Ok(Attention {
-            q_proj: files.matrix(&format!("{p}.q_proj.weight"), q, h)?,
+            q_proj: files.matrix(&format!("{p}.q_proj.weight"), q_rows, h)?,
             k_proj: files.matrix(&format!("{p}.k_proj.weight"), kv, h)?,
             v_proj: files.matrix(&format!("{p}.v_proj.weight"), kv, h)?,
             o_proj: files.matrix(&format!("{p}.o_proj.weight"), h, q)?,
@@ -89,6 +88,7 @@ impl Attention {
             qk_norm,
             qk_norm_kind: cfg.qk_norm,
             clip_qkv: cfg.clip_qkv,
+            output_gate: cfg.attn_output_gate,
             window: cfg.sliding_window[layer],
             qk_rows_interleaved: cfg.qk_rows_interleaved,
             heads: cfg.num_heads,
@@ -119,7 +119,7 @@ impl Attention {
         let started = Instant::now();
         let n = positions.len();
         let (qd, kvd, hd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim);
-        let mut q = vec![0.0; n * qd];
+        let mut q = vec![0.0; n * qd * if self.output_gate { 2 } else { 1 }];
         let mut k = vec![0.0; n * kvd];
         let mut v = vec![0.0; n * kvd];
         Weight::matmul_many(
@@ -128,6 +128,8 @@ impl Attention {
             n,
             &mut [&mut q, &mut k, &mut v],
         );
+        // query_states, gate = torch.chunk(self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
+        let gate = self.output_gate.then(|| split_gate(&mut q, hd));
         if let Some([bq, bk, bv]) = &self.qkv_bias {
             add_rows(&mut q, bq);
             add_rows(&mut k, bk);
@@ -190,11 +192,31 @@ impl Attention {
             o.fill(0.0);
             kv_ref.values(h / group, start, pos + 1).add_weighted(&scores, o);
         });
+        // attn_output = attn_output * torch.sigmoid(gate)
+        if let Some(gate) = &gate {
+            for (c, g) in ctx.iter_mut().zip(gate) {
+                *c *= sigmoid(*g);
+            }
+        }
         times.heads_ms += ms(started);
         let started = Instant::now();
         self.o_proj.matmul(&ctx, n, out);
         times.o_proj_ms += ms(started);
     }
+}
+
+/// Splits `q_proj`'s `[q | gate]`-per-head output in place: `q` keeps the
+/// queries (`heads × head_dim` per row); the gates are returned in the same
+/// layout.
+fn split_gate(q: &mut Vec<f32>, head_dim: usize) -> Vec<f32> {
+    let mut queries = Vec::with_capacity(q.len() / 2);
+    let mut gates = Vec::with_capacity(q.len() / 2);
+    for pair in q.chunks_exact(2 * head_dim) {
+        queries.extend_from_slice(&pair[..head_dim]);
+        gates.extend_from_slice(&pair[head_dim..]);
+    }
+    *q = queries;
+    gates
 }
 
 /// Reorders every `head_dim`-wide head from interleaved rotary pairs
@@ -221,7 +243,16 @@ fn add_rows(xs: &mut [f32], bias: &[f32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::deinterleave_heads;
+    use super::{deinterleave_heads, split_gate};
+
+    #[test]
+    fn gated_queries_split_per_head() {
+        // Two heads of 2: [q0 q0 g0 g0 | q1 q1 g1 g1] per row, two rows.
+        let mut q = vec![1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15., 16.];
+        let g = split_gate(&mut q, 2);
+        assert_eq!(q, vec![1., 2., 5., 6., 9., 10., 13., 14.]);
+        assert_eq!(g, vec![3., 4., 7., 8., 11., 12., 15., 16.]);
+    }
 
     #[test]
     fn interleaved_pairs_become_halves() {

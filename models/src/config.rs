@@ -24,6 +24,15 @@ pub enum QkNorm {
     PerHead,
 }
 
+/// A layer's token mixer kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MixerKind {
+    /// Softmax attention over a KV cache (full, sliding or gated).
+    Attention,
+    /// Gated DeltaNet linear attention over a recurrent state.
+    GatedDeltaNet,
+}
+
 /// Everything the decoder needs to know, whatever the family.
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -69,6 +78,19 @@ pub struct ModelConfig {
     /// interleaved (llama.cpp's `llama` GGUF layout) rather than as halves;
     /// attention reorders the projected q and k before RoPE.
     pub qk_rows_interleaved: bool,
+    /// Each layer's token mixer (from `layer_types`).
+    pub mixers: Vec<MixerKind>,
+    /// The gated DeltaNet layers' shape, when the model has any.
+    pub delta_net: Option<crate::gated_delta_net::DeltaNetShape>,
+    /// Leading dimensions of each head that RoPE rotates
+    /// (`head_dim * partial_rotary_factor`; `head_dim` for most families).
+    pub rotary_dim: usize,
+    /// `q_proj` also yields a per-head output gate: `[q | gate]` per head,
+    /// and attention's output is multiplied by `sigmoid(gate)`.
+    pub attn_output_gate: bool,
+    /// RMSNorm weights are zero-centred: the norm multiplies by `1 + w`
+    /// (the decoder's, the final and the q/k norms); folded in at load.
+    pub zero_centred_norms: bool,
 }
 
 impl ModelConfig {
@@ -129,11 +151,41 @@ impl ModelConfig {
                 self.top_k, self.num_experts
             ));
         }
-        if self.moe_layers.len() != self.num_layers || self.sliding_window.len() != self.num_layers {
+        if self.moe_layers.len() != self.num_layers
+            || self.sliding_window.len() != self.num_layers
+            || self.mixers.len() != self.num_layers
+        {
             return Err("per-layer settings do not cover every layer".into());
+        }
+        if self.rotary_dim == 0 || self.rotary_dim > self.head_dim || !self.rotary_dim.is_multiple_of(2) {
+            return Err(format!(
+                "the rotary dimension {} (head_dim × partial_rotary_factor) must be even and between 2 and head_dim {}",
+                self.rotary_dim, self.head_dim
+            ));
+        }
+        if self.mixers.contains(&MixerKind::GatedDeltaNet) {
+            match &self.delta_net {
+                Some(d) => d.validate()?,
+                None => return Err("linear_attention layers need the linear_* keys".into()),
+            }
         }
         Ok(())
     }
+}
+
+/// A norm weight of `len` from `files`, with the `1 + w` of zero-centred
+/// norms folded in (`output * (1.0 + self.weight.float())`).
+pub fn norm_weight(
+    files: &dyn charm_common::WeightSource,
+    cfg: &ModelConfig,
+    name: &str,
+    len: usize,
+) -> Result<Vec<f32>, charm_common::LoadError> {
+    let mut w = files.vector(name, len)?;
+    if cfg.zero_centred_norms {
+        w.iter_mut().for_each(|x| *x += 1.0);
+    }
+    Ok(w)
 }
 
 /// A parsed JSON config with its path, for key lookups with clear errors.
@@ -244,6 +296,26 @@ impl RawConfig {
         Ok(self.id_list(key)?.into_iter().map(|v| v as usize).collect())
     }
 
+    /// A vision-language wrapper's language model config: the
+    /// `text_config` object, with the wrapper's own top-level keys (ids,
+    /// tied embeddings) where the text config lacks them. `None` when there
+    /// is no `text_config`.
+    pub fn text_config(&self) -> Option<RawConfig> {
+        let text = self.value.get("text_config")?.as_object()?;
+        let mut merged = text.clone();
+        if let Some(top) = self.value.as_object() {
+            for (k, v) in top {
+                if k != "text_config" && k != "vision_config" && !merged.contains_key(k) {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Some(RawConfig {
+            path: self.path.clone(),
+            value: Value::Object(merged),
+        })
+    }
+
     /// Common attention / embedding fields shared by every family.
     /// Family parsers fill in the MoE-specific ones.
     pub fn base(&self, family: Family) -> Result<ModelConfig, ModelError> {
@@ -289,6 +361,11 @@ impl RawConfig {
             eos_token_ids: eos,
             bos_token_id: self.id_list("bos_token_id")?.first().copied(),
             qk_rows_interleaved: false,
+            mixers: vec![MixerKind::Attention; num_layers],
+            delta_net: None,
+            rotary_dim: head_dim,
+            attn_output_gate: false,
+            zero_centred_norms: false,
         })
     }
 

@@ -14,10 +14,11 @@ use charm_common::{TensorFiles, Weight, WeightSource};
 use charm_proto::{ExpertBatch, ExpertOutputs, PrefetchHint};
 
 use crate::attention::{Attention, AttentionTimes};
-use crate::config::ModelConfig;
+use crate::config::{norm_weight, MixerKind, ModelConfig};
 use crate::error::{ExpertError, ModelError};
 use crate::ffn::SwiGlu;
-use crate::kv_cache::{KvCache, KvDtype};
+use crate::gated_delta_net::GatedDeltaNet;
+use crate::kv_cache::{KvCache, KvDtype, LayerCache};
 use crate::rope::Rope;
 use crate::router::{batch_union, Router};
 
@@ -39,10 +40,16 @@ pub struct Model {
 struct Layer {
     /// `[hidden]`
     input_norm: Vec<f32>,
-    attn: Attention,
+    mixer: Mixer,
     /// `[hidden]`
     post_norm: Vec<f32>,
     mlp: Mlp,
+}
+
+/// A layer's token mixer: `self_attn` or `linear_attn`.
+enum Mixer {
+    Attention(Box<Attention>),
+    GatedDeltaNet(Box<GatedDeltaNet>),
 }
 
 enum Mlp {
@@ -114,10 +121,16 @@ impl Model {
                 let n = ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.{x}.weight"));
                 Mlp::Dense(Box::new(SwiGlu::load(files, &n, h, cfg.intermediate_size)?))
             };
+            let mixer = match (cfg.mixers[l], cfg.delta_net) {
+                (MixerKind::GatedDeltaNet, Some(shape)) => {
+                    Mixer::GatedDeltaNet(Box::new(GatedDeltaNet::load(files, shape, h, cfg.rms_norm_eps, l)?))
+                }
+                _ => Mixer::Attention(Box::new(Attention::load(files, &cfg, l)?)),
+            };
             layers.push(Layer {
-                input_norm: files.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                attn: Attention::load(files, &cfg, l)?,
-                post_norm: files.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                input_norm: norm_weight(files, &cfg, &format!("{p}.input_layernorm.weight"), h)?,
+                mixer,
+                post_norm: norm_weight(files, &cfg, &format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp,
             });
         }
@@ -128,8 +141,8 @@ impl Model {
         };
         Ok(Model {
             embed: files.matrix("model.embed_tokens.weight", v, h)?,
-            norm: files.vector("model.norm.weight", h)?,
-            rope: Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_linear_factor),
+            norm: norm_weight(files, &cfg, "model.norm.weight", h)?,
+            rope: Rope::partial(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rope_linear_factor),
             layers,
             lm_head,
             cfg,
@@ -137,13 +150,17 @@ impl Model {
         })
     }
 
-    /// An empty KV cache for one sequence.
+    /// An empty cache for one sequence: keys and values for attention
+    /// layers, conv and recurrent state for gated DeltaNet layers.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(
-            self.cfg.num_layers,
-            self.cfg.num_kv_heads,
-            self.cfg.head_dim,
-            self.kv_dtype,
+        KvCache::of(
+            self.layers
+                .iter()
+                .map(|l| match &l.mixer {
+                    Mixer::Attention(_) => LayerCache::kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype),
+                    Mixer::GatedDeltaNet(d) => LayerCache::Recurrent(d.new_state()),
+                })
+                .collect(),
         )
     }
 
@@ -188,14 +205,18 @@ impl Model {
         let mut xs = st.hidden.clone();
         rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
         let mut attn_out = vec![0.0; n * h];
-        l.attn.forward_timed(
-            &xs,
-            &st.positions,
-            &self.rope,
-            &mut cache.layers[layer],
-            &mut attn_out,
-            times,
-        );
+        match (&l.mixer, &mut cache.layers[layer]) {
+            (Mixer::Attention(a), LayerCache::Kv(kv)) => {
+                a.forward_timed(&xs, &st.positions, &self.rope, kv, &mut attn_out, times)
+            }
+            (Mixer::GatedDeltaNet(d), LayerCache::Recurrent(state)) => {
+                let t = std::time::Instant::now();
+                debug_assert_eq!(state.len(), st.positions[0], "positions must continue the state");
+                d.forward(&xs, n, state, &mut attn_out);
+                times.heads_ms += t.elapsed().as_secs_f64() * 1e3;
+            }
+            _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
+        }
         add_into(&mut st.hidden, &attn_out);
     }
 

@@ -2,7 +2,7 @@
 
 use crate::config::{ModelConfig, RawConfig};
 use crate::error::ModelError;
-use crate::{llama, mixtral, olmoe, qwen2_moe, qwen3_moe};
+use crate::{llama, mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next};
 
 /// A supported architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,6 +13,10 @@ pub enum Family {
     Qwen2Moe,
     /// Dense Llama (no routed experts).
     Llama,
+    /// Gated DeltaNet + gated attention hybrid.
+    Qwen3Next,
+    /// Qwen3.5 / Qwen3.6 MoE, the same hybrid with separate projections.
+    Qwen35Moe,
 }
 
 /// Tensor naming of a family's MoE block.
@@ -27,12 +31,14 @@ pub struct MoeNames {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 7] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
         Family::Qwen2Moe,
         Family::Llama,
+        Family::Qwen3Next,
+        Family::Qwen35Moe,
     ];
 
     /// The `architectures` entry of this family.
@@ -43,6 +49,17 @@ impl Family {
             Family::Mixtral => "MixtralForCausalLM",
             Family::Qwen2Moe => "Qwen2MoeForCausalLM",
             Family::Llama => "LlamaForCausalLM",
+            Family::Qwen3Next => "Qwen3NextForCausalLM",
+            Family::Qwen35Moe => "Qwen3_5MoeForCausalLM",
+        }
+    }
+
+    /// Other `architectures` entries read as this family (a wrapper whose
+    /// language model is this family).
+    fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Family::Qwen35Moe => &["Qwen3_5MoeForConditionalGeneration"],
+            _ => &[],
         }
     }
 
@@ -53,7 +70,10 @@ impl Family {
         if let Some(list) = raw.lookup(&["architectures"]).and_then(|v| v.as_array()) {
             let names: Vec<&str> = list.iter().filter_map(|v| v.as_str()).collect();
             for name in &names {
-                if let Some(f) = Family::ALL.iter().find(|f| f.architecture() == *name) {
+                if let Some(f) = Family::ALL
+                    .iter()
+                    .find(|f| f.architecture() == *name || f.aliases().contains(name))
+                {
                     return Ok(*f);
                 }
             }
@@ -69,6 +89,8 @@ impl Family {
             "mixtral" => Family::Mixtral,
             "qwen2_moe" => Family::Qwen2Moe,
             "llama" => Family::Llama,
+            "qwen3_next" => Family::Qwen3Next,
+            "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
             _ => {
                 return Err(ModelError::UnknownArchitecture {
                     name: format!("(no architectures; model_type {model_type:?})"),
@@ -87,6 +109,8 @@ impl Family {
             Family::Mixtral => mixtral::parse(raw),
             Family::Qwen2Moe => qwen2_moe::parse(raw),
             Family::Llama => llama::parse(raw),
+            Family::Qwen3Next => qwen3_next::parse(raw),
+            Family::Qwen35Moe => qwen3_5_moe::parse(raw),
         }
     }
 
@@ -94,7 +118,12 @@ impl Family {
     pub fn moe_names(self) -> MoeNames {
         match self {
             Family::Mixtral => mixtral::MOE_NAMES,
-            Family::Olmoe | Family::Qwen3Moe | Family::Qwen2Moe | Family::Llama => MoeNames {
+            Family::Olmoe
+            | Family::Qwen3Moe
+            | Family::Qwen2Moe
+            | Family::Llama
+            | Family::Qwen3Next
+            | Family::Qwen35Moe => MoeNames {
                 block: "mlp",
                 proj: ["gate_proj", "up_proj", "down_proj"],
             },

@@ -16,7 +16,7 @@ use std::path::Path;
 use charm_common::gguf::{GgufError, GgufFile, MetaValue};
 use charm_common::{LoadError, Weight, WeightSource};
 
-use crate::config::{ModelConfig, QkNorm};
+use crate::config::{MixerKind, ModelConfig, QkNorm};
 use crate::error::ModelError;
 use crate::family::Family;
 
@@ -148,6 +148,11 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         eos_token_ids: eos,
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         qk_rows_interleaved: arch == "llama",
+        mixers: vec![MixerKind::Attention; layers],
+        delta_net: None,
+        rotary_dim: head_dim,
+        attn_output_gate: false,
+        zero_centred_norms: false,
     };
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)
@@ -252,6 +257,18 @@ impl WeightSource for GgufModel {
             _ => Err(LoadError::Gguf(GgufError::MissingTensor {
                 path: self.file.path().to_path_buf(),
                 name: name.to_string(),
+            })),
+        }
+    }
+
+    /// Only 1-D arrays are read from GGUF files so far (the families that
+    /// need more, such as a DeltaNet conv weight, are not mapped yet).
+    fn array(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
+        match shape {
+            [len] => self.vector(name, *len),
+            _ => Err(LoadError::Gguf(GgufError::MissingTensor {
+                path: self.file.path().to_path_buf(),
+                name: format!("{name} (a {}-D tensor, not read from GGUF files yet)", shape.len()),
             })),
         }
     }

@@ -1,14 +1,17 @@
-//! Per-layer key/value cache of one sequence.
+//! The cache of one sequence: one entry per layer, of that layer's mixer
+//! kind ([`LayerCache`]): keys and values for attention layers, conv and
+//! recurrent state for gated DeltaNet layers.
 //!
 //! Keys are stored after RoPE. Each layer owns its own cache, so layers of
-//! different kinds (full, sliding, later MLA or recurrent state) can keep
-//! different shapes.
+//! different kinds (full, sliding, later MLA) can keep different shapes.
 
 use std::fmt;
 use std::str::FromStr;
 
 use charm_common::kernels::{add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+
+use crate::recurrent_state::RecurrentState;
 
 /// The element type the cache stores keys and values in. Not a placement
 /// choice: it is part of what the model computes (f16 rounds every cached
@@ -219,26 +222,68 @@ impl LayerKv {
     }
 }
 
+/// One layer's cache, of its mixer's kind.
+#[derive(Clone, Debug)]
+pub enum LayerCache {
+    /// Attention: keys and values of every position.
+    Kv(LayerKv),
+    /// Gated DeltaNet: conv inputs and recurrent state after the last position.
+    Recurrent(RecurrentState),
+}
+
+impl LayerCache {
+    /// An empty key/value cache of `kv_heads` heads of `head_dim` in `dtype`.
+    pub fn kv(kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
+        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype))
+    }
+
+    /// Positions seen.
+    pub fn len(&self) -> usize {
+        match self {
+            LayerCache::Kv(kv) => kv.len(),
+            LayerCache::Recurrent(s) => s.len(),
+        }
+    }
+
+    /// Whether no position was seen.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        match self {
+            LayerCache::Kv(kv) => kv.bytes(),
+            LayerCache::Recurrent(s) => s.bytes(),
+        }
+    }
+}
+
 /// The whole cache of one sequence.
 #[derive(Clone, Debug)]
 pub struct KvCache {
-    pub layers: Vec<LayerKv>,
+    pub layers: Vec<LayerCache>,
 }
 
 impl KvCache {
-    /// An empty cache for `num_layers` layers of `kv_heads` heads of
-    /// `head_dim`, stored as `dtype`.
+    /// An empty cache for `num_layers` attention layers of `kv_heads` heads
+    /// of `head_dim`, stored as `dtype`.
     pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
         KvCache {
             layers: (0..num_layers)
-                .map(|_| LayerKv::new(kv_heads, head_dim, dtype))
+                .map(|_| LayerCache::kv(kv_heads, head_dim, dtype))
                 .collect(),
         }
     }
 
+    /// A cache of the given per-layer caches.
+    pub fn of(layers: Vec<LayerCache>) -> Self {
+        KvCache { layers }
+    }
+
     /// Positions cached (the next token's position).
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, LayerKv::len)
+        self.layers.first().map_or(0, LayerCache::len)
     }
 
     /// Whether nothing is cached.
@@ -246,16 +291,29 @@ impl KvCache {
         self.len() == 0
     }
 
-    /// Forgets every position from `len` on (reuse of a shared prefix).
-    pub fn truncate(&mut self, len: usize) {
+    /// Forgets every position from `len` on (reuse of a shared prefix) and
+    /// returns how many positions are kept: `len` (or what was cached, if
+    /// less), except that a recurrent layer cannot go back, so with one
+    /// whose state is past `len` the whole cache starts over and 0 is kept.
+    pub fn truncate(&mut self, len: usize) -> usize {
+        let recurrent_past = self
+            .layers
+            .iter()
+            .any(|l| matches!(l, LayerCache::Recurrent(s) if s.len() > len));
+        let keep = if recurrent_past { 0 } else { len.min(self.len()) };
         for l in &mut self.layers {
-            l.truncate(len);
+            match l {
+                LayerCache::Kv(kv) => kv.truncate(keep),
+                LayerCache::Recurrent(s) if s.len() > keep => s.reset(),
+                LayerCache::Recurrent(_) => {}
+            }
         }
+        keep
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(LayerKv::bytes).sum()
+        self.layers.iter().map(LayerCache::bytes).sum()
     }
 }
 
@@ -263,12 +321,22 @@ impl KvCache {
 mod tests {
     use super::*;
 
+    fn kv(c: &KvCache, l: usize) -> &LayerKv {
+        match &c.layers[l] {
+            LayerCache::Kv(kv) => kv,
+            LayerCache::Recurrent(_) => panic!("layer {l} is recurrent"),
+        }
+    }
+
     fn filled(dtype: KvDtype) -> KvCache {
         let mut c = KvCache::new(2, 2, 4, dtype);
         for pos in 0..3 {
             let k: Vec<f32> = (0..8).map(|i| pos as f32 + i as f32 / 3.0).collect();
             let v: Vec<f32> = k.iter().map(|x| -x).collect();
             for l in &mut c.layers {
+                let LayerCache::Kv(l) = l else {
+                    unreachable!("attention layers")
+                };
                 l.push(&k, &v);
             }
         }
@@ -283,8 +351,8 @@ mod tests {
         assert_eq!(2 * half.bytes(), exact.bytes());
         // Head 1's keys of positions 1..3 against q = 1: each row's sum.
         let (mut a, mut b) = ([0.0; 2], [0.0; 2]);
-        exact.layers[0].keys(1, 1, 3).dots(&[1.0; 4], &mut a);
-        half.layers[0].keys(1, 1, 3).dots(&[1.0; 4], &mut b);
+        kv(&exact, 0).keys(1, 1, 3).dots(&[1.0; 4], &mut a);
+        kv(&half, 0).keys(1, 1, 3).dots(&[1.0; 4], &mut b);
         let rounded = |x: f32| half::f16::from_f32(x).to_f32();
         for (pos, (&a, &b)) in a.iter().zip(&b).enumerate() {
             let row: Vec<f32> = (4..8).map(|i| (pos + 1) as f32 + i as f32 / 3.0).collect();
@@ -293,7 +361,7 @@ mod tests {
             assert_ne!(a, b, "1/3 steps are not f16 numbers");
         }
         let mut out = [0.0; 4];
-        half.layers[1].values(0, 0, 1).add_weighted(&[2.0], &mut out);
+        kv(&half, 1).values(0, 0, 1).add_weighted(&[2.0], &mut out);
         assert_eq!(out, [0.0, rounded(-2.0 / 3.0), rounded(-4.0 / 3.0), -2.0]);
     }
 
@@ -305,8 +373,24 @@ mod tests {
             c.truncate(1);
             assert_eq!(c.len(), 1);
             assert_eq!(3 * c.bytes(), full);
-            assert_eq!(c.layers[0].dtype(), dtype);
+            assert_eq!(kv(&c, 0).dtype(), dtype);
         }
+    }
+
+    #[test]
+    fn a_recurrent_layer_past_the_cut_restarts_the_whole_cache() {
+        let mut c = filled(KvDtype::F32);
+        let mut state = RecurrentState::new(4, 3, 1, 2, 2);
+        for _ in 0..3 {
+            state.advance();
+        }
+        c.layers.push(LayerCache::Recurrent(state));
+        // Extending what is cached keeps everything.
+        assert_eq!(c.truncate(3), 3);
+        assert_eq!(c.len(), 3);
+        // Cutting back cannot rewind the recurrent state: start over.
+        assert_eq!(c.truncate(1), 0);
+        assert!(c.layers.iter().all(LayerCache::is_empty));
     }
 
     #[test]
