@@ -16,6 +16,23 @@ reference.json with outputs computed by the transformers implementation:
   qwen3moe-chat/  Qwen3MoeForCausalLM   stored bfloat16, the real Qwen3 vocabulary (151936),
                                         tied embeddings; prompt = the chat-templated question
                                         "What is the capital of France?"
+  qwen3next/      Qwen3NextForCausalLM  float32, gated-DeltaNet hybrid: layers [linear, linear, linear,
+                                        full] (full_attention_interval 4), 2 key / 4 value heads of
+                                        16 / 32 dims in the linear layers, conv kernel 4, gated full
+                                        attention (4 q / 2 kv heads of 64, partial rotary 0.25), 8
+                                        experts top-2 (norm_topk_prob) + sigmoid-gated shared expert,
+                                        zero-centred (1 + w) RMSNorms; 40-token prompt; config.json in
+                                        the hub spelling (full_attention_interval, rope_theta,
+                                        partial_rotary_factor, torch_dtype)
+  qwen35moe/      Qwen3_5MoeForCausalLM the same sizes and layer mix as qwen3_5_moe_text (separate
+                                        in_proj_qkv / z / b / a, rope_parameters with mrope_section),
+                                        per-expert weights as save_pretrained writes them
+  qwen35moe-vl/   Qwen3_5MoeForConditionalGeneration  qwen35moe's weights laid out like the hub
+                                        checkpoints: model.language_model.*, fused experts
+                                        (mlp.experts.gate_up_proj / down_proj), lm_head.weight, a tiny
+                                        vision tower (model.visual.*) and two mtp.* tensors that a text
+                                        loader must ignore; text_config / vision_config; reference.json
+                                        is qwen35moe's (re-checked on the extracted text weights)
   tokenizers/qwen3_cases.json, tokenizers/olmo_cases.json
                   encode / decode (and, for Qwen3, chat template) cases from the real tokenizers.
 
@@ -24,11 +41,20 @@ against model.generate with a KV cache), the argmax at every position of one tea
 forward over prompt+greedy, the float32 logits at the last position (top 64 only for the chat
 fixture), and sanity numbers: min_margin (smallest top-1 minus top-2 logit gap over every
 teacher-forced position and greedy step), min_router_gap (smallest gap between the k-th and
-(k+1)-th router probability), distinct_experts_per_layer.
+(k+1)-th router probability), distinct_experts_per_layer. The hybrids (qwen3next, qwen35moe,
+qwen35moe-vl) add layer_types and stepwise_vs_full_max_abs_logit_diff: the largest logit
+difference between transformers' own token-by-token decode through its cache (conv-state update,
+recurrent gated delta rule) and one full forward (chunked delta rule) over prompt+greedy; and a
+small debug.json: for prompt position 0 and the last prompt position, the first 8 values after
+the embedding, after every decoder layer (and of each layer's token-mixer and MoE outputs), after
+the final norm, and the first 8 logits at the last prompt position.
 
 All references are computed in float32 with eager attention. Every >=2-D weight is re-drawn
 from N(0, std) with std larger than the default init (so logits are not flat), every norm
 weight from U(0.5, 1.5) and every bias from N(0, 0.1) (so a wrongly loaded norm or bias shows).
+The hybrids (see randomize_hybrid) draw their zero-centred (1 + w) norm weights from U(-0.5, 0.5),
+the gated output norm from U(0.5, 1.5), A_log, dt_bias and the conv1d weights as noted there, and
+use router std 0.2.
 For the bf16/f16 fixtures the weights are rounded to the stored dtype and back, so the float32
 reference model holds exactly the upcast stored weights. Model seeds are tried in order until
 the seed passes every check, so token-exact tests are not flaky; the chosen seed is recorded:
@@ -47,7 +73,10 @@ safetensors, see the test-material notes in the docs: `python -m venv /work/venv
 transformers safetensors`. Then, from any directory:
 
     scripts/fetch_test_material.sh          # real tokenizers into tests/material/
-    /work/venv/bin/python scripts/make_fixtures.py
+    /work/venv/bin/python scripts/make_fixtures.py                       # everything
+    /work/venv/bin/python scripts/make_fixtures.py qwen3next qwen35moe   # only the named ones
+    (names: olmoe qwen3moe mixtral qwen2moe qwen3moe-chat tokenizers qwen3next qwen35moe
+     qwen35moe-vl; qwen35moe-vl reads qwen35moe, so make that first)
 
 It overwrites the fixture directories (keeping the gitignored tokenizer files that
 fetch_test_material.sh copied into qwen3moe-chat/). Deterministic: fixed seeds, one thread.
@@ -74,6 +103,12 @@ from transformers import (
     Qwen2MoeForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3_5MoeTextConfig,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,10 +233,10 @@ def check_reload(directory, cls, prompt_ids, greedy, expected_last):
 # fixture builder
 
 
-def prompt_for(name, vocab, avoid):
+def prompt_for(name, vocab, avoid, length=PROMPT_LEN):
     g = torch.Generator().manual_seed(sum(map(ord, name)))
     ids = []
-    while len(ids) < PROMPT_LEN:
+    while len(ids) < length:
         t = int(torch.randint(0, vocab, (1,), generator=g))
         if t not in avoid:
             ids.append(t)
@@ -222,6 +257,8 @@ def build(
     save_kwargs=None,
     rewrite_config=None,
     top_logits=None,
+    randomizer=randomize,
+    extra=None,
 ):
     eos = gen_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
@@ -232,7 +269,7 @@ def build(
     for seed in range(MAX_SEEDS):
         torch.manual_seed(seed)
         model = cls(config).eval()
-        randomize(model, *stds, seed)
+        randomizer(model, *stds, seed)
         if dtype != torch.float32:
             round_to(model, dtype)
         ref, problems = analyse(model, prompt_ids, eos_ids, top_k)
@@ -289,6 +326,8 @@ def build(
     reference["min_margin"] = ref["min_margin"]
     reference["min_router_gap"] = ref["min_router_gap"]
     reference["distinct_experts_per_layer"] = ref["distinct_experts_per_layer"]
+    if extra:  # fixture-specific sanity numbers (and side files such as debug.json)
+        reference.update(extra(model, prompt_ids, ref, out_dir))
     reference["transformers_version"] = transformers.__version__
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
     print(
@@ -320,8 +359,8 @@ TINY_SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 COMMON = dict(vocab_size=1024, max_position_embeddings=512, attn_implementation="eager", **TINY_SPECIAL)
 
 
-def tiny_prompt(name):
-    return prompt_for(name, 1024, avoid={0, 1, 2})
+def tiny_prompt(name, length=PROMPT_LEN):
+    return prompt_for(name, 1024, avoid={0, 1, 2}, length=length)
 
 
 def make_olmoe():
@@ -450,6 +489,346 @@ def make_qwen3moe_chat():
     prompt = chat_prompt_ids(tok)
     args = ("qwen3moe-chat", Qwen3MoeForCausalLM, cfg, "qwen3_moe", "bfloat16", (0.8, 0.7, 0.3), gen, prompt)
     return build(*args, min_margin=1e-2, top_logits=64)
+
+
+# --------------------------------------------------------------------------------------------
+# gated DeltaNet hybrids (Qwen3-Next, Qwen3.5-MoE)
+
+HYBRID_PROMPT_LEN = 40  # long enough that the conv and recurrent states carry information
+HYBRID_LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
+HYBRID_SIZES = dict(
+    hidden_size=64,
+    num_hidden_layers=len(HYBRID_LAYER_TYPES),
+    # full-attention layers: 4 query heads, 2 KV heads, head_dim 64 (rotary part 0.25 * 64 = 16)
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    # gated DeltaNet layers: 2 key heads of 16, 4 value heads of 32 (two value heads per key head)
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    # 2 * 24 != hidden, so a transposed fused gate_up_proj [experts, 2 * 24, 64] cannot load
+    moe_intermediate_size=24,
+    shared_expert_intermediate_size=40,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+
+# the router std of TINY_STDS (0.1) almost never gives a router gap >= 1e-3 over the 56 positions
+# of 4 MoE layers; 0.2 does for a few percent of seeds
+HYBRID_STDS = (0.2, 0.05, 0.2)
+
+
+def randomize_hybrid(model, std, embed_std, router_std, seed):
+    """`randomize` for the gated-DeltaNet hybrids: the zero-centred RMSNorms (weight w, scale
+    1 + w) get w from U(-0.5, 0.5); the gated RMSNorm of the DeltaNet output (plain scale w) gets
+    U(0.5, 1.5); A_log from U(-3, 0.5) (A = exp(A_log) in (0.05, 1.65), so some heads keep a long
+    memory); dt_bias from U(-1, 1); the depthwise conv1d weights from N(0, 0.5); the router, the
+    shared-expert gate and every other matrix as in `randomize`."""
+    zero_centred = {
+        f"{name}.weight"
+        for name, m in model.named_modules()
+        if type(m).__name__ in ("Qwen3NextRMSNorm", "Qwen3_5MoeRMSNorm")
+    }
+    gated = {
+        f"{name}.weight"
+        for name, m in model.named_modules()
+        if type(m).__name__ in ("Qwen3NextRMSNormGated", "Qwen3_5MoeRMSNormGated")
+    }
+    g = torch.Generator().manual_seed(seed)
+    seen = set()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("conv1d.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif p.ndim >= 2:
+                if "embed_tokens" in name:
+                    s = embed_std
+                elif name.endswith(".gate.weight"):  # the router (not shared_expert_gate)
+                    s = router_std
+                else:
+                    s = std
+                p.copy_(torch.randn(p.shape, generator=g) * s)
+            elif name.endswith("A_log"):
+                p.copy_(-3.0 + 3.5 * torch.rand(p.shape, generator=g))
+            elif name.endswith("dt_bias"):
+                p.copy_(-1.0 + 2.0 * torch.rand(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif name in zero_centred:
+                p.copy_(torch.rand(p.shape, generator=g) - 0.5)
+            elif name in gated:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                raise AssertionError(f"randomize_hybrid: no rule for {name} {tuple(p.shape)}")
+            seen.add(name)
+    assert (zero_centred | gated) <= seen, (zero_centred | gated) - seen
+
+
+def first8(t):
+    return [float(x) for x in t.flatten()[:8]]
+
+
+@torch.no_grad()
+def stepwise_vs_full(model, ids):
+    """Feed `ids` one token at a time through transformers' cache (conv state update and the
+    recurrent gated delta rule after the first token) and compare with one full forward (the
+    chunked delta rule). Returns (max |logit difference|, argmax agrees everywhere)."""
+    from transformers import DynamicCache
+
+    full = model(torch.tensor([ids])).logits[0]
+    cache = DynamicCache(config=model.config)
+    steps = []
+    for t in ids:
+        out = model(torch.tensor([[t]]), cache=cache, use_cache=True)
+        steps.append(out.logits[0, -1])
+    steps = torch.stack(steps)
+    diff = float((steps - full).abs().max())
+    same = bool((steps.argmax(-1) == full.argmax(-1)).all())
+    return diff, same
+
+
+@torch.no_grad()
+def debug_trace(model, prompt_ids, layer_types):
+    """First 8 values of the residual stream after the embedding and after every decoder layer
+    (plus each layer's token-mixer and MLP/MoE outputs, and the final norm) at prompt position 0
+    and the last prompt position, and the first 8 logits at the last prompt position."""
+    base = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    captured = {}
+
+    def hook(key):
+        def f(_module, _inputs, output):
+            captured[key] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+
+        return f
+
+    handles = [base.embed_tokens.register_forward_hook(hook("embedding")), base.norm.register_forward_hook(hook("norm"))]
+    for i, layer in enumerate(base.layers):
+        mixer = layer.linear_attn if layer_types[i] == "linear_attention" else layer.self_attn
+        handles += [
+            layer.register_forward_hook(hook(f"layer{i}")),
+            mixer.register_forward_hook(hook(f"mixer{i}")),
+            layer.mlp.register_forward_hook(hook(f"mlp{i}")),
+        ]
+    out = model(torch.tensor([prompt_ids]), output_hidden_states=True)
+    for h in handles:
+        h.remove()
+    hs = out.hidden_states
+    assert len(hs) == len(layer_types) + 1
+    assert torch.equal(hs[0], captured["embedding"])
+    for i in range(len(layer_types) - 1):
+        assert torch.equal(hs[i + 1], captured[f"layer{i}"]), i
+    # the last entry of output_hidden_states is the final-normed state in transformers 5
+    last_is_normed = torch.equal(hs[-1], captured["norm"])
+    assert last_is_normed or torch.equal(hs[-1], captured[f"layer{len(layer_types) - 1}"])
+
+    positions = []
+    for pos in (0, len(prompt_ids) - 1):
+        positions.append(
+            {
+                "position": pos,
+                "token_id": prompt_ids[pos],
+                "embedding": first8(captured["embedding"][0, pos]),
+                "after_layer": [first8(captured[f"layer{i}"][0, pos]) for i in range(len(layer_types))],
+                "mixer_out": [first8(captured[f"mixer{i}"][0, pos]) for i in range(len(layer_types))],
+                "mlp_out": [first8(captured[f"mlp{i}"][0, pos]) for i in range(len(layer_types))],
+                "final_norm": first8(captured["norm"][0, pos]),
+            }
+        )
+    return {
+        "note": "first 8 values of each vector; after_layer[i] = residual stream after decoder layer i "
+        "(= output_hidden_states[i + 1], except the last entry of output_hidden_states, which is "
+        + ("the final-normed state" if last_is_normed else "the last layer's output")
+        + "); mixer_out[i] = the token mixer's output (linear_attn or self_attn, before the residual add); "
+        "mlp_out[i] = the MoE block's output (before the residual add); final_norm = after model.norm",
+        "layer_types": list(layer_types),
+        "prompt_len": len(prompt_ids),
+        "positions": positions,
+        "last_prompt_logits_first8": first8(out.logits[0, len(prompt_ids) - 1]),
+    }
+
+
+def hybrid_extra(model, prompt_ids, ref, out_dir):
+    """Extra reference entries for the hybrids, and debug.json."""
+    layer_types = model.config.layer_types
+    diff, same = stepwise_vs_full(model, list(prompt_ids) + ref["greedy_ids"])
+    assert same, "transformers: token-by-token decode and full forward disagree on an argmax"
+    assert diff < 1e-3, f"transformers: token-by-token decode differs from full forward by {diff}"
+    debug = debug_trace(model, prompt_ids, layer_types)
+    (out_dir / "debug.json").write_text(json.dumps(debug, indent=1) + "\n")
+    print(f"  {out_dir.name}: token-by-token vs full forward max |logit diff| {diff:.3g}")
+    return {"layer_types": list(layer_types), "stepwise_vs_full_max_abs_logit_diff": diff}
+
+
+def to_qwen3next_hub_spelling(path):
+    """Rewrite a transformers-5 Qwen3-Next config.json into the spelling of the hub checkpoints
+    (Qwen/Qwen3-Next-80B-A3B-*): full_attention_interval instead of layer_types, top-level
+    rope_theta / partial_rotary_factor / rope_scaling, torch_dtype."""
+    cfg = json.loads(path.read_text())
+    layer_types = cfg.pop("layer_types")
+    interval = layer_types.index("full_attention") + 1
+    assert layer_types == [
+        "linear_attention" if (i + 1) % interval else "full_attention" for i in range(len(layer_types))
+    ], layer_types
+    cfg["full_attention_interval"] = interval
+    rope = cfg.pop("rope_parameters")
+    assert rope.get("rope_type", "default") == "default", rope
+    cfg["rope_theta"] = rope["rope_theta"]
+    cfg["partial_rotary_factor"] = rope["partial_rotary_factor"]
+    cfg["rope_scaling"] = None
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
+
+
+def make_qwen3next():
+    cfg = Qwen3NextConfig(
+        **HYBRID_SIZES,
+        intermediate_size=48,  # unused: every layer is MoE
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        full_attention_interval=4,
+        # Qwen3-Next's real theta and partial rotary factor
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        **COMMON,
+    )
+    assert cfg.layer_types == HYBRID_LAYER_TYPES, cfg.layer_types
+    return build("qwen3next", Qwen3NextForCausalLM, cfg, "qwen3_next", "float32", HYBRID_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("qwen3next", HYBRID_PROMPT_LEN),
+                 rewrite_config=to_qwen3next_hub_spelling, randomizer=randomize_hybrid, extra=hybrid_extra)
+
+
+def qwen35moe_text_config():
+    return Qwen3_5MoeTextConfig(
+        **HYBRID_SIZES,
+        layer_types=HYBRID_LAYER_TYPES,
+        # Qwen3.5's real rope parameters, the mrope section scaled to the 8 rotary frequencies
+        # (text-only positions are equal in all three sections, so mrope reduces to plain rope)
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+        **COMMON,
+    )
+
+
+def make_qwen35moe():
+    cfg = qwen35moe_text_config()
+    return build("qwen35moe", Qwen3_5MoeForCausalLM, cfg, "qwen3_5_moe_text", "float32", HYBRID_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("qwen35moe", HYBRID_PROMPT_LEN),
+                 randomizer=randomize_hybrid, extra=hybrid_extra)
+
+
+QWEN35_TINY_VISION = dict(
+    depth=1,
+    hidden_size=16,
+    num_heads=2,
+    intermediate_size=32,
+    in_channels=3,
+    patch_size=2,
+    temporal_patch_size=2,
+    spatial_merge_size=2,
+    out_hidden_size=64,
+    num_position_embeddings=16,
+)
+
+
+@torch.no_grad()
+def make_qwen35moe_vl():
+    """The qwen35moe text weights in the layout of the hub Qwen3.5-MoE checkpoints
+    (Qwen3_5MoeForConditionalGeneration: model.language_model.*, fused experts, lm_head.weight)
+    plus a tiny randomly initialised vision tower (model.visual.*) that a text-only loader must
+    ignore. Its reference.json is qwen35moe's, re-checked on this directory."""
+    src = FIXTURES / "qwen35moe"
+    if not (src / "reference.json").exists():
+        sys.exit("qwen35moe-vl: make qwen35moe first")
+    src_ref = json.loads((src / "reference.json").read_text())
+    text = Qwen3_5MoeForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager").eval()
+
+    cfg = Qwen3_5MoeConfig(
+        text_config=qwen35moe_text_config().to_dict(),
+        vision_config=QWEN35_TINY_VISION,
+        tie_word_embeddings=False,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    vl = Qwen3_5MoeForConditionalGeneration(cfg).eval()
+    vl.model.language_model.load_state_dict(text.model.state_dict(), strict=True)
+    vl.lm_head.weight.copy_(text.lm_head.weight)
+    g = torch.Generator().manual_seed(1)
+    for name, p in vl.model.visual.named_parameters():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+    prompt = src_ref["prompt_ids"]
+    full = prompt + src_ref["greedy_ids"]
+    logits = vl(torch.tensor([full])).logits[0]
+    assert [int(x) for x in logits.argmax(-1)] == src_ref["teacher_forced_argmax"]
+    got_last = torch.tensor([float(x) for x in logits[-1]])
+    assert float((got_last - torch.tensor(src_ref["last_logits"])).abs().max()) < 1e-5
+    check_generate(vl, prompt, src_ref["greedy_ids"])
+
+    out_dir = FIXTURES / "qwen35moe-vl"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    vl.generation_config = GenerationConfig(**TINY_SPECIAL)
+    vl.save_pretrained(out_dir)  # config.json, generation_config.json (+ per-expert weights, replaced below)
+
+    # The hub checkpoints store the experts fused, as the module holds them:
+    # mlp.experts.gate_up_proj [experts, 2 * moe_intermediate (gate rows, then up rows), hidden] and
+    # mlp.experts.down_proj [experts, hidden, moe_intermediate]; save_pretrained splits them per
+    # expert, so write the state dict directly. Plus two small mtp.* tensors (the hub checkpoints
+    # carry a multi-token-prediction head that transformers ignores on load).
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v.detach().clone().contiguous() for k, v in vl.state_dict().items()}
+    tensors["mtp.fc.weight"] = torch.randn(64, 128, generator=g) * 0.1
+    tensors["mtp.norm.weight"] = torch.rand(64, generator=g) - 0.5
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+
+    with safe_open(str(out_dir / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert "lm_head.weight" in names
+    assert any(n.startswith("model.visual.") for n in names)
+    assert "model.language_model.layers.0.mlp.experts.gate_up_proj" in names
+    assert all(n == "lm_head.weight" or n.startswith(("model.language_model.", "model.visual.", "mtp.")) for n in names)
+
+    # 1. the text model on the extracted weights (prefix model.language_model. -> model., visual dropped)
+    sd = load_file(str(out_dir / "model.safetensors"))
+    extracted = {("model." + k[len("model.language_model."):] if k.startswith("model.language_model.") else k): v
+                 for k, v in sd.items() if not k.startswith(("model.visual.", "mtp."))}
+    fresh = Qwen3_5MoeForCausalLM(qwen35moe_text_config()).eval()
+    fresh.load_state_dict(extracted, strict=True)
+    ref, problems = analyse(fresh, prompt, {2}, fresh.config.num_experts_per_tok)
+    assert not problems, problems
+    for key in ("greedy_ids", "teacher_forced_argmax", "last_logits", "min_margin", "min_router_gap",
+                "distinct_experts_per_layer"):
+        assert ref[key] == src_ref[key], f"qwen35moe-vl: extracted text weights give a different {key}"
+    # 2. transformers' own loaders on the saved directory
+    check_reload(out_dir, Qwen3_5MoeForCausalLM, prompt, src_ref["greedy_ids"], src_ref["last_logits"])
+    again = Qwen3_5MoeForConditionalGeneration.from_pretrained(out_dir, dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    last = again(torch.tensor([full])).logits[0, -1]
+    assert float((last - torch.tensor(src_ref["last_logits"])).abs().max()) < 1e-5
+
+    reference = dict(src_ref)
+    reference["family"] = "qwen3_5_moe"
+    reference["text_weights_of"] = "qwen35moe"
+    (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    shutil.copy(src / "debug.json", out_dir / "debug.json")
+    n_visual = sum(n.startswith("model.visual.") for n in names)
+    print(f"qwen35moe-vl: {len(names)} tensors ({n_visual} model.visual.*), reference = qwen35moe's")
+    return reference
 
 
 # --------------------------------------------------------------------------------------------
@@ -603,14 +982,27 @@ def make_tokenizer_cases():
     print("tokenizers: qwen3_cases.json, olmo_cases.json")
 
 
+MAKERS = {
+    "olmoe": make_olmoe,
+    "qwen3moe": make_qwen3moe,
+    "mixtral": make_mixtral,
+    "qwen2moe": make_qwen2moe,
+    "qwen3moe-chat": make_qwen3moe_chat,
+    "tokenizers": make_tokenizer_cases,
+    "qwen3next": make_qwen3next,
+    "qwen35moe": make_qwen35moe,
+    "qwen35moe-vl": make_qwen35moe_vl,  # after qwen35moe: re-lays out its weights
+}
+
+
 def main():
     os.chdir(ROOT)
-    make_olmoe()
-    make_qwen3moe()
-    make_mixtral()
-    make_qwen2moe()
-    make_qwen3moe_chat()
-    make_tokenizer_cases()
+    names = sys.argv[1:] or list(MAKERS)
+    unknown = [n for n in names if n not in MAKERS]
+    if unknown:
+        sys.exit(f"unknown fixture(s) {unknown}; known: {' '.join(MAKERS)}")
+    for name in names:
+        MAKERS[name]()
 
 
 if __name__ == "__main__":
