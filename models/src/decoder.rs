@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use charm_common::kernels::{rms_norm_rows, sigmoid};
-use charm_common::{TensorFiles, Weight, WeightSource};
+use charm_common::{LoadError, TensorFiles, Weight, WeightSource};
 use charm_proto::{ExpertBatch, ExpertOutputs, PrefetchHint};
 
 use crate::attention::{Attention, AttentionTimes};
@@ -123,10 +123,11 @@ impl Model {
             };
             let mixer = match (cfg.mixers[l], cfg.delta_net) {
                 (MixerKind::GatedDeltaNet, Some(shape)) => {
-                    Mixer::GatedDeltaNet(Box::new(GatedDeltaNet::load(files, shape, h, cfg.rms_norm_eps, l)?))
+                    GatedDeltaNet::load(files, shape, h, cfg.rms_norm_eps, l).map(|d| Mixer::GatedDeltaNet(Box::new(d)))
                 }
-                _ => Mixer::Attention(Box::new(Attention::load(files, &cfg, l)?)),
-            };
+                _ => Attention::load(files, &cfg, l).map(|a| Mixer::Attention(Box::new(a))),
+            }
+            .map_err(|source| mixer_error(files, l, cfg.mixers[l], source))?;
             layers.push(Layer {
                 input_norm: norm_weight(files, &cfg, &format!("{p}.input_layernorm.weight"), h)?,
                 mixer,
@@ -314,6 +315,29 @@ impl Model {
         let mut out = vec![0.0; n * self.cfg.vocab_size];
         head.matmul(&xs, n, &mut out);
         out
+    }
+}
+
+/// A mixer that failed to load: when the weights hold the other kind's
+/// tensors for that layer, say the config's layer types are wrong.
+fn mixer_error(files: &dyn WeightSource, layer: usize, kind: MixerKind, source: LoadError) -> ModelError {
+    let p = format!("model.layers.{layer}");
+    let has_linear = files.contains(&format!("{p}.linear_attn.out_proj.weight"));
+    let has_attn = files.contains(&format!("{p}.self_attn.o_proj.weight"));
+    match kind {
+        MixerKind::Attention if has_linear && !has_attn => ModelError::LayerKind {
+            layer,
+            configured: "full attention",
+            found: "linear_attn (gated DeltaNet)",
+            source,
+        },
+        MixerKind::GatedDeltaNet if has_attn && !has_linear => ModelError::LayerKind {
+            layer,
+            configured: "linear attention (gated DeltaNet)",
+            found: "self_attn",
+            source,
+        },
+        _ => ModelError::Load(source),
     }
 }
 

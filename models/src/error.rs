@@ -23,6 +23,14 @@ pub enum ModelError {
     /// The expert service failed or returned something that does not fit the batch.
     #[error(transparent)]
     Expert(#[from] ExpertError),
+    /// The config's layer kinds disagree with the tensors the weights hold.
+    #[error("layer {layer}: the config makes it {configured}, but the weights hold {found} tensors ({source})")]
+    LayerKind {
+        layer: usize,
+        configured: &'static str,
+        found: &'static str,
+        source: LoadError,
+    },
     /// The request does not fit the model (e.g. a token id outside the vocabulary).
     #[error("{0}")]
     BadInput(String),
