@@ -329,13 +329,13 @@ fn mixer_error(files: &dyn WeightSource, layer: usize, kind: MixerKind, source: 
             layer,
             configured: "full attention",
             found: "linear_attn (gated DeltaNet)",
-            source,
+            source: Box::new(source),
         },
         MixerKind::GatedDeltaNet if has_attn && !has_linear => ModelError::LayerKind {
             layer,
             configured: "linear attention (gated DeltaNet)",
             found: "self_attn",
-            source,
+            source: Box::new(source),
         },
         _ => ModelError::Load(source),
     }

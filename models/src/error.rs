@@ -29,7 +29,7 @@ pub enum ModelError {
         layer: usize,
         configured: &'static str,
         found: &'static str,
-        source: LoadError,
+        source: Box<LoadError>,
     },
     /// The request does not fit the model (e.g. a token id outside the vocabulary).
     #[error("{0}")]

@@ -11,9 +11,14 @@
 //! - prefilling in small chunks gives the same argmax and logits as one
 //!   chunk;
 //! - decoding token by token through the KV cache gives, at every step,
-//!   the logits of the teacher-forced forward at that position.
+//!   the logits of the teacher-forced forward at that position;
+//! - for families with recurrent (gated DeltaNet) layers, a second turn
+//!   that cuts back into the cache starts over (the state cannot rewind),
+//!   one that extends it reuses all of it, and one-shot, chunked and
+//!   token-by-token prefill give the same logit bits.
 
 use charm_coordinator::{Engine, FinishReason, GenerateParams, SamplingParams, Session};
+use charm_models::MixerKind;
 use charm_tests::{argmax, fixture, max_abs_diff, tolerance, Reference};
 
 /// Greedy, eos ignored, `max_tokens` new tokens.
@@ -123,6 +128,7 @@ fn check_family(name: &str) {
 
     // 1b. A second turn in the same session reuses the cached prefix and
     // continues the reference exactly.
+    let recurrent = engine.config().mixers.contains(&MixerKind::GatedDeltaNet);
     let turn2 = &all[..n_prompt + 8];
     let gen2 = engine
         .generate(&mut session, turn2, &greedy(8), |_| true)
@@ -132,11 +138,22 @@ fn check_family(name: &str) {
         &r.greedy_ids[8..],
         "{name}: continuing from the session's KV cache differs from the reference"
     );
+    let reused = if recurrent { 0 } else { turn2.len() - 1 };
     assert_eq!(
-        gen2.stats.cached_prompt_tokens,
-        turn2.len() - 1,
-        "{name}: the second turn should reuse all but the last prompt token"
+        gen2.stats.cached_prompt_tokens, reused,
+        "{name}: the second turn should reuse all but the last prompt token \
+         (none when a recurrent layer's state would have to rewind)"
     );
+    if recurrent {
+        // 1c. A turn that extends everything cached reuses all of it.
+        let cached = session.tokens().to_vec();
+        let mut turn3 = cached.clone();
+        turn3.push(r.greedy_ids[15]);
+        let gen3 = engine
+            .generate(&mut session, &turn3, &greedy(1), |_| true)
+            .unwrap_or_else(|e| panic!("{name}: third generate failed: {e}"));
+        assert_eq!(gen3.stats.cached_prompt_tokens, cached.len(), "{name}: extension reuse");
+    }
 
     // 2. Teacher forcing in one prefill chunk.
     assert!(all.len() <= engine.prefill_chunk, "{name}: one chunk");
@@ -213,6 +230,25 @@ fn check_family(name: &str) {
     let (d_ref, _) = diff_against_reference(name, "KV-cache decode", &logits, &r);
     d_decode = d_decode.max(d);
     println!("{name}: KV-cache decode vs logits_all maxdiff={d_decode:.3e}; vs reference maxdiff={d_ref:.3e}");
+
+    if recurrent {
+        // 5. The recurrence runs in one order whatever the chunking: the
+        // same bits from one chunk, chunks of 5 and one token at a time.
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let mut by_token = Vec::new();
+        let mut cache = engine.model.new_cache();
+        for &t in &all {
+            by_token.extend(engine.forward(&[t], &mut cache, true).unwrap());
+        }
+        assert!(
+            bits(&chunked) == bits(&one_shot),
+            "{name}: chunked prefill changed logit bits"
+        );
+        assert!(
+            bits(&by_token) == bits(&one_shot),
+            "{name}: token-by-token changed logit bits"
+        );
+    }
 }
 
 fn crate_default_chunk() -> usize {
@@ -242,4 +278,19 @@ fn qwen2moe() {
 #[test]
 fn qwen3moe_chat() {
     check_family("qwen3moe-chat");
+}
+
+#[test]
+fn qwen3next() {
+    check_family("qwen3next");
+}
+
+#[test]
+fn qwen35moe() {
+    check_family("qwen35moe");
+}
+
+#[test]
+fn qwen35moe_vl() {
+    check_family("qwen35moe-vl");
 }
