@@ -8,6 +8,12 @@
 //! those tensors are named `model.` here, as the text model names them, and
 //! the vision tower's `model.visual.` tensors are left out — charm runs the
 //! language model alone.
+//!
+//! Experts stored fused, one 3-D tensor per layer (`mlp.experts.gate_up_proj`
+//! `[E, 2·I, H]`, gate rows first, and `mlp.experts.down_proj` `[E, H, I]`,
+//! as Qwen3.5 checkpoints store them), are seen as the per-expert tensors
+//! `mlp.experts.{e}.{gate,up,down}_proj.weight` the other families use: each
+//! is a contiguous byte range of the fused one, so nothing is copied.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -90,7 +96,53 @@ impl TensorFiles {
             out.add_file(&path)?;
         }
         out.as_language_model();
+        out.split_fused_experts();
         Ok(out)
+    }
+
+    /// Per-expert views of fused expert tensors (see the module docs). A
+    /// fused tensor of an unexpected shape is left as it is, and a model
+    /// that needs its experts then fails naming the per-expert tensor.
+    fn split_fused_experts(&mut self) {
+        let fused: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|k| k.ends_with(".experts.gate_up_proj"))
+            .cloned()
+            .collect();
+        for gate_up in fused {
+            let prefix = &gate_up[..gate_up.len() - "gate_up_proj".len()];
+            let down = format!("{prefix}down_proj");
+            let (Some(gu), Some(d)) = (self.entries.get(&gate_up), self.entries.get(&down)) else {
+                continue;
+            };
+            let (&[e, i2, h], &[e2, h2, i]) = (gu.shape.as_slice(), d.shape.as_slice()) else {
+                continue;
+            };
+            let size = gu.dtype.bitsize() / 8;
+            if e != e2 || h != h2 || i2 != 2 * i || gu.dtype != d.dtype || gu.end - gu.start != e * i2 * h * size {
+                continue;
+            }
+            let (gu, d) = (gu.clone(), d.clone());
+            let part = |base: &Entry, start_el: usize, rows: usize, cols: usize| Entry {
+                file: base.file,
+                dtype: base.dtype,
+                shape: vec![rows, cols],
+                start: base.start + start_el * size,
+                end: base.start + (start_el + rows * cols) * size,
+            };
+            for x in 0..e {
+                let at = x * i2 * h;
+                self.entries
+                    .insert(format!("{prefix}{x}.gate_proj.weight"), part(&gu, at, i, h));
+                self.entries
+                    .insert(format!("{prefix}{x}.up_proj.weight"), part(&gu, at + i * h, i, h));
+                self.entries
+                    .insert(format!("{prefix}{x}.down_proj.weight"), part(&d, x * h * i, h, i));
+            }
+            self.entries.remove(&gate_up);
+            self.entries.remove(&down);
+        }
     }
 
     /// Names a vision-language checkpoint's language model as the text
@@ -296,4 +348,70 @@ fn read_index(path: &Path) -> Result<Vec<String>, LoadError> {
     }
     shards.sort();
     Ok(shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    fn write(dir: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
+        let views: Vec<(&str, TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, shape, _), b)| (*n, TensorView::new(StDtype::F32, shape.clone(), b).unwrap()))
+            .collect();
+        safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    }
+
+    #[test]
+    fn fused_experts_and_a_language_model_prefix_read_as_the_text_models_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (e, i, h) = (2, 2, 3);
+        let gate_up: Vec<f32> = (0..e * 2 * i * h).map(|x| x as f32).collect();
+        let down: Vec<f32> = (0..e * h * i).map(|x| 100.0 + x as f32).collect();
+        write(
+            dir.path(),
+            &[
+                (
+                    "model.language_model.layers.0.mlp.experts.gate_up_proj",
+                    vec![e, 2 * i, h],
+                    gate_up,
+                ),
+                (
+                    "model.language_model.layers.0.mlp.experts.down_proj",
+                    vec![e, h, i],
+                    down,
+                ),
+                ("model.language_model.norm.weight", vec![h], vec![1.0; h]),
+                ("model.visual.blocks.0.norm1.weight", vec![h], vec![2.0; h]),
+                ("lm_head.weight", vec![1, h], vec![3.0; h]),
+            ],
+        );
+        let f = TensorFiles::open(dir.path()).unwrap();
+        assert!(f.contains("model.norm.weight") && f.contains("lm_head.weight"));
+        assert!(!f
+            .names()
+            .iter()
+            .any(|n| n.contains("visual") || n.contains("language_model")));
+        assert!(!f.contains("model.layers.0.mlp.experts.gate_up_proj"));
+        let m = |n: &str| f.array(n, &[i, h]).unwrap();
+        // Expert 1: gate rows are its block's first I rows, up the next I.
+        assert_eq!(
+            m("model.layers.0.mlp.experts.1.gate_proj.weight"),
+            vec![12., 13., 14., 15., 16., 17.]
+        );
+        assert_eq!(
+            m("model.layers.0.mlp.experts.1.up_proj.weight"),
+            vec![18., 19., 20., 21., 22., 23.]
+        );
+        let d = f
+            .array("model.layers.0.mlp.experts.1.down_proj.weight", &[h, i])
+            .unwrap();
+        assert_eq!(d, vec![106., 107., 108., 109., 110., 111.]);
+    }
 }

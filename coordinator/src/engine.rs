@@ -139,6 +139,12 @@ impl Engine {
     pub fn load(dir: &Path, opts: &EngineOptions) -> Result<(Self, LoadInfo), ModelError> {
         let (mut engine, info) = Self::open(dir, opts)?;
         engine.model.kv_dtype = opts.kv_dtype;
+        if engine.model.cfg.vision_ignored {
+            tracing::warn!(
+                "{}: a vision-language checkpoint: its language model runs; image input is not supported yet",
+                dir.display()
+            );
+        }
         Ok((engine, info))
     }
 

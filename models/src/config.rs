@@ -91,6 +91,9 @@ pub struct ModelConfig {
     /// RMSNorm weights are zero-centred: the norm multiplies by `1 + w`
     /// (the decoder's, the final and the q/k norms); folded in at load.
     pub zero_centred_norms: bool,
+    /// The config is a vision-language wrapper's: only its language model
+    /// runs (image input is not supported).
+    pub vision_ignored: bool,
 }
 
 impl ModelConfig {
@@ -366,6 +369,7 @@ impl RawConfig {
             rotary_dim: head_dim,
             attn_output_gate: false,
             zero_centred_norms: false,
+            vision_ignored: false,
         })
     }
 

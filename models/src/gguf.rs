@@ -153,6 +153,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         rotary_dim: head_dim,
         attn_output_gate: false,
         zero_centred_norms: false,
+        vision_ignored: false,
     };
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)

@@ -28,6 +28,7 @@ pub fn parse(raw: &RawConfig) -> Result<ModelConfig, ModelError> {
     let raw = text.as_ref().unwrap_or(raw);
     let mut c = crate::qwen3_next::hybrid(raw, Family::Qwen35Moe, ProjectionLayout::Separate)?;
     c.norm_topk_prob = true;
+    c.vision_ignored = text.is_some();
     c.moe_layers = vec![c.num_experts > 0; c.num_layers];
     Ok(c)
 }

@@ -32,7 +32,7 @@ fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn hybrids_are_bit_identical_on_any_worker_count_and_cache() {
-    for name in ["qwen3next", "qwen35moe"] {
+    for name in ["qwen3next", "qwen35moe", "qwen35moe-vl"] {
         let dir = fixture(name);
         let r = Reference::load(name);
         let tmp = tempfile::tempdir().unwrap();
