@@ -360,7 +360,6 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
         packable_on(isa, ty, cols),
         "{ty} rows of {cols} cannot be packed on {isa:?}"
     );
-    let bs = ty.block_bytes();
     assert_eq!(
         Some(data.len()),
         ty.row_bytes(cols).map(|rb| rb * rows),
@@ -374,7 +373,7 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     #[cfg(target_arch = "x86_64")]
     {
         use rayon::prelude::*;
-        let cb = 8 * bs;
+        let cb = 8 * ty.block_bytes();
         // Runs of chunks per task: the copy of a large matrix on every core.
         out.par_chunks_mut(cb * 64)
             .zip(data.par_chunks(cb * 64))

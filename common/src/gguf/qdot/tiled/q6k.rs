@@ -16,8 +16,11 @@
 //! `off6` (`32 s16` of each half, in the same two groups of eight).
 
 use super::super::reference::codes;
+#[cfg(target_arch = "x86_64")]
 use super::Q8Acts;
-use crate::gguf::types::{GgmlType, QK_K};
+use crate::gguf::types::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use crate::gguf::types::QK_K;
 
 /// Bytes of one packed (and one GGUF) Q6_K super-block.
 pub const BLOCK: usize = 210;
