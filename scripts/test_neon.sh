@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs charm-common's tests (every kernel against its scalar reference,
 # bit for bit) built for AArch64 under qemu-user, so the NEON paths are
-# tested on an x86-64 machine. Installs what it needs when it can (the Rust
+# tested on an x86-64 machine, and clippy (-D warnings) on the AArch64 build
+# of the kernel crates. Installs what it needs when it can (the Rust
 # target with rustup; qemu-user and the cross linker with apt as root); when
 # something cannot be installed it says so loudly and skips (exit 0), since
 # the native tests have already run every other path; in CI strict mode
@@ -36,3 +37,5 @@ fi
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 cargo test -q -p charm-common --lib --target "$TARGET"
+# The AArch64 build is held to the same lint bar as the native one.
+cargo clippy -q -p charm-proto -p charm-common -p charm-models --all-targets --target "$TARGET" -- -D warnings
