@@ -247,30 +247,28 @@ impl GatedDeltaNet {
                     let beta = sigmoid(rows[t].b[h]);
                     let g = self.neg_a[h] * softplus(rows[t].a[h] + self.dt_bias[h]);
                     let decay = g.exp();
+                    // Two passes over the state, each row once; every element
+                    // sees the rule's operations in the rule's order.
                     // last_recurrent_state = last_recurrent_state * g_t
-                    st.iter_mut().for_each(|x| *x *= decay);
                     // kv_mem = (last_recurrent_state * k_t.unsqueeze(-1)).sum(dim=-2)
                     kv_mem.fill(0.0);
-                    for (i, &ki) in k.iter().enumerate() {
-                        for (m, &sij) in kv_mem.iter_mut().zip(&st[i * dv..(i + 1) * dv]) {
-                            *m += sij * ki;
+                    for (row, &ki) in st.chunks_exact_mut(dv).zip(k) {
+                        for (m, sij) in kv_mem.iter_mut().zip(row.iter_mut()) {
+                            *sij *= decay;
+                            *m += *sij * ki;
                         }
                     }
                     // delta = (v_t - kv_mem) * beta_t
-                    // last_recurrent_state = last_recurrent_state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
                     for (m, &vj) in kv_mem.iter_mut().zip(v) {
                         *m = (vj - *m) * beta;
                     }
-                    for (i, &ki) in k.iter().enumerate() {
-                        for (sij, &dj) in st[i * dv..(i + 1) * dv].iter_mut().zip(&kv_mem) {
-                            *sij += ki * dj;
-                        }
-                    }
+                    // last_recurrent_state = last_recurrent_state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
                     // core_attn_out[:, :, i] = (last_recurrent_state * q_t.unsqueeze(-1)).sum(dim=-2)
                     let ot = &mut o[t * dv..(t + 1) * dv];
-                    for (i, &qi) in q.iter().enumerate() {
-                        for (oj, &sij) in ot.iter_mut().zip(&st[i * dv..(i + 1) * dv]) {
-                            *oj += sij * qi;
+                    for ((row, &ki), &qi) in st.chunks_exact_mut(dv).zip(k).zip(q) {
+                        for ((sij, &dj), oj) in row.iter_mut().zip(kv_mem.iter()).zip(ot.iter_mut()) {
+                            *sij += ki * dj;
+                            *oj += *sij * qi;
                         }
                     }
                 }
