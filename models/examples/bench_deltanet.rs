@@ -4,7 +4,10 @@
 //! chunk of tokens), split into the input projections, the conv + delta
 //! rule and the output projection.
 //!
-//!     cargo run --release -p charm-models --example bench_deltanet [-- TOKENS]
+//!     [HIDDEN=2048] cargo run --release -p charm-models --example bench_deltanet [-- TOKENS]
+//!
+//! `HIDDEN=64` leaves the projections negligible: what remains is the conv
+//! and the delta rule.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -52,7 +55,10 @@ impl WeightSource for Random {
 
 fn main() {
     let tokens: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(256);
-    let hidden: usize = std::env::var("HIDDEN").ok().and_then(|h| h.parse().ok()).unwrap_or(2048);
+    let hidden: usize = std::env::var("HIDDEN")
+        .ok()
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(2048);
     let shape = DeltaNetShape {
         k_heads: 16,
         v_heads: 32,
