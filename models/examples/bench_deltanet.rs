@@ -1,8 +1,7 @@
 //! Time of one gated DeltaNet layer at real width (Qwen3-Next-80B's linear
 //! layers: hidden 2048, 16 key heads and 32 value heads of 128, conv 4),
-//! random f32 weights: decode (one token after a prompt) and prefill (a
-//! chunk of tokens), split into the input projections, the conv + delta
-//! rule and the output projection.
+//! random f32 weights: prefill of a chunk of tokens, then the median of 32
+//! decode steps after it.
 //!
 //!     [HIDDEN=2048] cargo run --release -p charm-models --example bench_deltanet [-- TOKENS]
 //!
