@@ -8,11 +8,20 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
-/// One chat message.
+/// One chat message, in the shape transformers' `apply_chat_template`
+/// hands templates: `role`, `content`, and for tool use `tool_calls` (an
+/// assistant's calls, `[{id, type: "function", function: {name,
+/// arguments}}]` with `arguments` an object) or `tool_call_id` (a `tool`
+/// message answering a call). Absent fields are absent in the template too
+/// (undefined, not `none`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -21,6 +30,24 @@ impl Message {
         Message {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// An assistant message with tool calls (`content` may be empty).
+    pub fn assistant_calls(content: &str, calls: Vec<serde_json::Value>) -> Self {
+        Message {
+            tool_calls: Some(calls),
+            ..Message::new("assistant", content)
+        }
+    }
+
+    /// A `tool` message: the result of the call `tool_call_id`.
+    pub fn tool_result(tool_call_id: &str, content: &str) -> Self {
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::new("tool", content)
         }
     }
 }
@@ -28,6 +55,7 @@ impl Message {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: String,
     eos_token: String,
 }
@@ -54,9 +82,15 @@ impl ChatTemplate {
             .map_err(|e| TemplateError(e.to_string()))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
         })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders `messages` (with the assistant prompt appended when

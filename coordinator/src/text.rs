@@ -142,6 +142,11 @@ impl TextCodec {
         self.template.is_some()
     }
 
+    /// The chat template, if the model ships one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
     /// `tokenizer(text)["input_ids"]`: with the tokenizer's special tokens
     /// (BOS and the like) added as its post-processor says.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
@@ -187,7 +192,21 @@ impl TextCodec {
         add_generation_prompt: bool,
         extra: &[(&str, minijinja::Value)],
     ) -> Result<Vec<u32>, TextError> {
-        let text = self.render_chat(messages, add_generation_prompt, extra)?;
+        self.encode_chat_prefilled(messages, add_generation_prompt, extra, "")
+    }
+
+    /// [`TextCodec::encode_chat`] with `prefill` appended to the rendered
+    /// text before tokenizing (the start of the assistant's answer, which
+    /// the model then continues).
+    pub fn encode_chat_prefilled(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &[(&str, minijinja::Value)],
+        prefill: &str,
+    ) -> Result<Vec<u32>, TextError> {
+        let mut text = self.render_chat(messages, add_generation_prompt, extra)?;
+        text.push_str(prefill);
         self.encode_with(&text, false)
     }
 

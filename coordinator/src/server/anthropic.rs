@@ -6,6 +6,13 @@
 //! `message_start`, `content_block_start`, `content_block_delta`…,
 //! `content_block_stop`, `message_delta` (stop reason and output tokens)
 //! and `message_stop`.
+//!
+//! Tools: `tools` (`name`, `description`, `input_schema`), `tool_choice`
+//! (`auto`, `any`, `tool` + `name`, `none`), assistant `tool_use` blocks and
+//! user `tool_result` blocks, rendered through the chat template as
+//! assistant tool calls and `tool` messages; the model's calls come back as
+//! `tool_use` blocks with `stop_reason: "tool_use"` (streamed as a
+//! `tool_use` block start and an `input_json_delta`; see [`super::tools`]).
 
 use std::sync::Arc;
 
@@ -20,7 +27,8 @@ use serde_json::{json, Value};
 use super::error::{ApiError, ErrorKind, Flavor};
 use super::queue::{Event, Summary};
 use super::sse::SseWriter;
-use super::{json_response, new_id, parse_body, submit, AppState, Ask, PromptInput, Ticket};
+use super::tools::{self, CallIds, Choice, Piece, ToolDef, ToolPlan};
+use super::{json_response, new_id, parse_body, submit, tool_syntax, AppState, Ask, PromptInput, Ticket};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
 
@@ -42,6 +50,10 @@ struct MessagesRequest {
     top_k: Option<usize>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -64,6 +76,20 @@ struct Block {
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    /// `tool_use`: the call's id, tool name and input.
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<Value>,
+    /// `tool_result`: the call answered, and the result (a string or text blocks).
+    #[serde(default)]
+    tool_use_id: Option<String>,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    is_error: Option<bool>,
 }
 
 impl Content {
@@ -89,6 +115,193 @@ impl Content {
     }
 }
 
+/// `tools`: `{name, description, input_schema}` (custom tools; `cache_control`
+/// and other fields are ignored).
+fn parse_tools(v: Option<Value>) -> Result<Vec<ToolDef>, ApiError> {
+    let bad = |m: String| ApiError::invalid_param("tools", m);
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("tools must be a list".into())),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.into_iter().enumerate() {
+        let Value::Object(mut t) = t else {
+            return Err(bad(format!("tools.{i} is not an object")));
+        };
+        match t.get("type") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(k)) if k == "custom" => {}
+            Some(k) => {
+                return Err(bad(format!(
+                    "tools.{i}.type is {k}; only custom tools (name, description, input_schema) are supported"
+                )))
+            }
+        }
+        let name = match t.remove("name") {
+            Some(Value::String(n)) => n,
+            Some(_) => return Err(bad(format!("tools.{i}.name is not a string"))),
+            None => return Err(bad(format!("tools.{i}.name is missing"))),
+        };
+        tools::check_name(&name).map_err(|why| bad(format!("tools.{i}.name {name:?} {why}")))?;
+        let description = match t.remove("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d),
+            Some(_) => return Err(bad(format!("tools.{i}.description is not a string"))),
+        };
+        let parameters = match t.remove("input_schema") {
+            Some(p @ Value::Object(_)) => p,
+            Some(_) => return Err(bad(format!("tools.{i}.input_schema must be a JSON schema object"))),
+            None => return Err(bad(format!("tools.{i}.input_schema is missing"))),
+        };
+        out.push(ToolDef {
+            name,
+            description,
+            parameters: Some(parameters),
+        });
+    }
+    Ok(out)
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "none" | "tool", "name"}`
+/// (`disable_parallel_tool_use` is accepted; every call is returned).
+fn parse_choice(v: Option<Value>) -> Result<Choice, ApiError> {
+    let bad = || {
+        ApiError::invalid_param(
+            "tool_choice",
+            "tool_choice must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or {\"type\": \"tool\", \"name\": NAME}",
+        )
+    };
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(Choice::Auto);
+    };
+    match v.get("type").and_then(Value::as_str) {
+        Some("auto") => Ok(Choice::Auto),
+        Some("any") => Ok(Choice::Required),
+        Some("none") => Ok(Choice::None),
+        Some("tool") => match v.get("name").and_then(Value::as_str) {
+            Some(n) => Ok(Choice::Named(n.to_string())),
+            None => Err(bad()),
+        },
+        _ => Err(bad()),
+    }
+}
+
+/// A tool result's content: a string or text blocks (`is_error`: prefixed
+/// `Error: `, the template having no notion of a failed call).
+fn result_text(content: Option<Value>, is_error: bool, at: &str) -> Result<String, ApiError> {
+    let mut text = match content {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s,
+        Some(Value::Array(blocks)) => {
+            let mut out = String::new();
+            for b in blocks {
+                match (
+                    b.get("type").and_then(Value::as_str),
+                    b.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid_param(
+                            "messages",
+                            format!("{at}.content: a block of type {kind:?} is not supported (text only)"),
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("{at}.content must be a string or text blocks"),
+            ))
+        }
+    };
+    if is_error {
+        text.insert_str(0, "Error: ");
+    }
+    Ok(text)
+}
+
+/// Message `i` as chat-template messages: an assistant's `tool_use` blocks
+/// become its tool calls, a user's `tool_result` blocks `tool` messages
+/// (before the user's text, in order).
+fn convert(m: InMessage, i: usize, ids: &mut CallIds, out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let blocks = match m.content {
+        Content::Text(t) => {
+            ids.other();
+            out.push(Message::new(&m.role, &t));
+            return Ok(());
+        }
+        Content::Blocks(b) => b,
+    };
+    let bad = |m: String| ApiError::invalid_param("messages", m);
+    let mut text = String::new();
+    let mut texts = 0;
+    let mut calls = Vec::new();
+    let mut call_ids = Vec::new();
+    let mut results = 0;
+    for (j, b) in blocks.into_iter().enumerate() {
+        let at = format!("messages.{i}.content.{j}");
+        match (b.kind.as_str(), m.role.as_str()) {
+            ("text", _) => {
+                let Some(t) = b.text else {
+                    return Err(bad(format!("{at}: a text block needs text")));
+                };
+                text.push_str(&t);
+                texts += 1;
+            }
+            ("tool_use", "assistant") => {
+                let Some(id) = b.id.filter(|id| !id.is_empty()) else {
+                    return Err(bad(format!("{at}: a tool_use block needs an id")));
+                };
+                let Some(name) = b.name else {
+                    return Err(bad(format!("{at}: a tool_use block needs a name")));
+                };
+                tools::check_name(&name).map_err(|why| bad(format!("{at}.name {name:?} {why}")))?;
+                let input = match b.input {
+                    Some(o @ Value::Object(_)) => o,
+                    _ => return Err(bad(format!("{at}.input must be an object"))),
+                };
+                calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": input}}));
+                call_ids.push(id);
+            }
+            ("tool_result", "user") => {
+                let Some(id) = b.tool_use_id else {
+                    return Err(bad(format!("{at}: a tool_result block needs tool_use_id")));
+                };
+                if texts > 0 {
+                    return Err(bad(format!(
+                        "{at}: tool_result blocks must come before any text in a user message"
+                    )));
+                }
+                ids.result(&id)
+                    .map_err(|why| bad(format!("{at} (tool_result): {why}")))?;
+                let content = result_text(b.content, b.is_error.unwrap_or(false), &at)?;
+                out.push(Message::tool_result(&id, &content));
+                results += 1;
+            }
+            (kind @ ("tool_use" | "tool_result"), role) => {
+                return Err(bad(format!("{at}: a {kind} block cannot be in a {role} message")))
+            }
+            (kind, _) => {
+                return Err(bad(format!(
+                    "{at}: content block of type {kind:?} is not supported (text, tool_use, tool_result)"
+                )))
+            }
+        }
+    }
+    if !calls.is_empty() {
+        ids.calls(call_ids);
+        out.push(Message::assistant_calls(&text, calls));
+    } else if texts > 0 || results == 0 {
+        ids.other();
+        out.push(Message::new(&m.role, &text));
+    }
+    Ok(())
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     match messages_inner(st, body).await {
@@ -102,19 +315,25 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages must not be empty"));
     }
+    let tool_defs = parse_tools(req.tools)?;
+    let choice = parse_choice(req.tool_choice)?;
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = req.system {
         messages.push(Message::new("system", &system.text("system")?));
     }
-    for m in req.messages {
+    let mut ids = CallIds::default();
+    for (i, m) in req.messages.into_iter().enumerate() {
         if m.role != "user" && m.role != "assistant" {
             return Err(ApiError::invalid_param(
                 "messages",
                 format!("role must be \"user\" or \"assistant\", got {:?}", m.role),
             ));
         }
-        messages.push(Message::new(&m.role, &m.content.text("messages")?));
+        convert(m, i, &mut ids, &mut messages)?;
     }
+    let syntax = tool_syntax(&st);
+    tools::check_history(syntax, &messages, "messages")?;
+    let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     let id = new_id("msg_");
     let ticket = submit(
         &st,
@@ -131,12 +350,15 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             stop: req.stop_sequences.unwrap_or_default(),
             stop_param: "stop_sequences",
             logprobs: None,
+            tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
         },
     )
     .await?;
     let reply = Reply {
         id,
         model: st.model.id.clone(),
+        tools: plan,
     };
     if req.stream.unwrap_or(false) {
         Ok(reply.stream(ticket))
@@ -148,6 +370,18 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
 struct Reply {
     id: String,
     model: String,
+    /// Tools offered: the answer is parsed for calls.
+    tools: Option<ToolPlan>,
+}
+
+/// Content blocks sent so far in a stream.
+#[derive(Default)]
+struct Blocks {
+    /// The next block's index.
+    next: usize,
+    /// The text block being written, if one is open.
+    open_text: Option<usize>,
+    calls: usize,
 }
 
 /// `stop_reason`: `end_turn`, `max_tokens` or `stop_sequence`.
@@ -169,15 +403,22 @@ fn failed(message: String, bad_input: bool) -> ApiError {
 }
 
 impl Reply {
-    fn message(&self, content: Value, summary: Option<&Summary>, input_tokens: usize) -> Value {
+    /// A `message` object; `tool_use`: the model called tools (that is the
+    /// stop reason then).
+    fn message(&self, content: Value, summary: Option<&Summary>, input_tokens: usize, tool_use: bool) -> Value {
+        let (reason, sequence) = match summary {
+            Some(_) if tool_use => (Some("tool_use"), None),
+            Some(s) => (Some(stop_reason(s)), s.stop_sequence.clone()),
+            None => (None, None),
+        };
         json!({
             "id": self.id,
             "type": "message",
             "role": "assistant",
             "model": self.model,
             "content": content,
-            "stop_reason": summary.map(stop_reason),
-            "stop_sequence": summary.and_then(|s| s.stop_sequence.clone()),
+            "stop_reason": reason,
+            "stop_sequence": sequence,
             "usage": {
                 "input_tokens": input_tokens,
                 "output_tokens": summary.map_or(0, |s| s.completion_tokens),
@@ -195,22 +436,125 @@ impl Reply {
                 None => return Err(failed("the engine stopped".into(), false)),
             }
         };
-        let content = json!([{"type": "text", "text": text}]);
-        Ok(json_response(
-            StatusCode::OK,
-            &self.message(content, Some(&summary), summary.prompt_tokens),
-        ))
+        let (content, tool_use, warnings) = match &self.tools {
+            None => (json!([{"type": "text", "text": text}]), false, Vec::new()),
+            Some(plan) => {
+                let parsed = plan.parse(&text);
+                self.warn(&parsed.warnings);
+                if parsed.calls.is_empty() {
+                    (
+                        json!([{"type": "text", "text": parsed.content}]),
+                        false,
+                        parsed.warnings,
+                    )
+                } else {
+                    let mut blocks = Vec::new();
+                    if !parsed.content.is_empty() {
+                        blocks.push(json!({"type": "text", "text": parsed.content}));
+                    }
+                    for c in &parsed.calls {
+                        blocks.push(
+                            json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": c.arguments}),
+                        );
+                    }
+                    (Value::Array(blocks), true, parsed.warnings)
+                }
+            }
+        };
+        let mut body = self.message(content, Some(&summary), summary.prompt_tokens, tool_use);
+        if !warnings.is_empty() {
+            body["warnings"] = json!(warnings);
+        }
+        Ok(json_response(StatusCode::OK, &body))
+    }
+
+    /// Logs why tool-call blocks were left in the text.
+    fn warn(&self, warnings: &[String]) {
+        for w in warnings {
+            tracing::warn!("{}: {w}", self.id);
+        }
+    }
+
+    /// Sends text pieces as `text_delta`s (opening a text block when none
+    /// is open) and calls as whole `tool_use` blocks (start, one
+    /// `input_json_delta`, stop).
+    async fn send_pieces(&self, out: &SseWriter, pieces: Vec<Piece>, b: &mut Blocks) -> bool {
+        for piece in pieces {
+            match piece {
+                Piece::Text(text) => {
+                    let index = match b.open_text {
+                        Some(i) => i,
+                        None => {
+                            let i = b.next;
+                            b.next += 1;
+                            b.open_text = Some(i);
+                            let start = json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}});
+                            if !out.event("content_block_start", &start).await {
+                                return false;
+                            }
+                            i
+                        }
+                    };
+                    let delta = json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}});
+                    if !out.event("content_block_delta", &delta).await {
+                        return false;
+                    }
+                }
+                Piece::Call(c) => {
+                    if let Some(i) = b.open_text.take() {
+                        if !out
+                            .event("content_block_stop", &json!({"type": "content_block_stop", "index": i}))
+                            .await
+                        {
+                            return false;
+                        }
+                    }
+                    let i = b.next;
+                    b.next += 1;
+                    b.calls += 1;
+                    let frames = [
+                        (
+                            "content_block_start",
+                            json!({"type": "content_block_start", "index": i, "content_block": {
+                                "type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": {}}}),
+                        ),
+                        (
+                            "content_block_delta",
+                            json!({"type": "content_block_delta", "index": i, "delta": {
+                                "type": "input_json_delta", "partial_json": c.arguments_json()}}),
+                        ),
+                        ("content_block_stop", json!({"type": "content_block_stop", "index": i})),
+                    ];
+                    for (name, frame) in frames {
+                        if !out.event(name, &frame).await {
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        true
     }
 
     fn stream(self, mut ticket: Ticket) -> Response {
         let (out, resp) = SseWriter::channel();
         tokio::spawn(async move {
-            let start =
-                json!({"type": "message_start", "message": self.message(json!([]), None, ticket.prompt_tokens)});
-            let block =
-                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
-            if !out.event("message_start", &start).await || !out.event("content_block_start", &block).await {
+            let start = json!({"type": "message_start",
+                               "message": self.message(json!([]), None, ticket.prompt_tokens, false)});
+            if !out.event("message_start", &start).await {
                 return;
+            }
+            let mut parser = self.tools.as_ref().map(ToolPlan::stream);
+            let mut blocks = Blocks::default();
+            if parser.is_none() {
+                // Without tools the one text block opens at once.
+                let block =
+                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
+                if !out.event("content_block_start", &block).await {
+                    return;
+                }
+                blocks.open_text = Some(0);
+                blocks.next = 1;
             }
             loop {
                 let event = tokio::select! {
@@ -222,24 +566,48 @@ impl Reply {
                         if text.is_empty() {
                             continue;
                         }
-                        let delta = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}});
-                        if !out.event("content_block_delta", &delta).await {
+                        let pieces = match &mut parser {
+                            None => vec![Piece::Text(text)],
+                            Some(p) => p.push(&text),
+                        };
+                        if !self.send_pieces(&out, pieces, &mut blocks).await {
                             return;
                         }
                     }
                     Some(Event::Done(s)) => {
-                        let frames = [
-                            ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                            (
-                                "message_delta",
-                                json!({
-                                    "type": "message_delta",
-                                    "delta": {"stop_reason": stop_reason(&s), "stop_sequence": s.stop_sequence},
-                                    "usage": {"output_tokens": s.completion_tokens},
-                                }),
-                            ),
-                            ("message_stop", json!({"type": "message_stop"})),
-                        ];
+                        if let Some(p) = &mut parser {
+                            let pieces = p.finish();
+                            self.warn(p.warnings());
+                            if !self.send_pieces(&out, pieces, &mut blocks).await {
+                                return;
+                            }
+                        }
+                        let mut frames = Vec::new();
+                        if blocks.next == 0 {
+                            // Nothing at all: one empty text block, as the whole answer has.
+                            frames.push((
+                                "content_block_start",
+                                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                            ));
+                            blocks.open_text = Some(0);
+                        }
+                        if let Some(i) = blocks.open_text {
+                            frames.push(("content_block_stop", json!({"type": "content_block_stop", "index": i})));
+                        }
+                        let (reason, sequence) = if blocks.calls > 0 {
+                            ("tool_use", None)
+                        } else {
+                            (stop_reason(&s), s.stop_sequence.clone())
+                        };
+                        frames.push((
+                            "message_delta",
+                            json!({
+                                "type": "message_delta",
+                                "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                "usage": {"output_tokens": s.completion_tokens},
+                            }),
+                        ));
+                        frames.push(("message_stop", json!({"type": "message_stop"})));
                         for (name, frame) in frames {
                             if !out.event(name, &frame).await {
                                 return;

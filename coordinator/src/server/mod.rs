@@ -13,6 +13,8 @@
 //! - [`openai`]: the OpenAI API (`/v1/chat/completions`, `/v1/completions`).
 //! - [`anthropic`]: the Anthropic API (`/v1/messages`).
 //! - [`stop`]: cutting text exactly before a stop string.
+//! - [`tools`]: tool definitions and choices, and parsing the model's tool
+//!   calls back out of its text (whole or streamed).
 //! - [`logprobs`]: the decode loop for requests that ask for log-probabilities.
 //! - [`metrics`]: counters and histograms in the Prometheus text format.
 //! - [`dashboard`]: the page (from `coordinator/assets/`, inside the
@@ -34,6 +36,7 @@ pub mod openai;
 pub mod queue;
 pub mod sse;
 pub mod stop;
+pub mod tools;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -743,6 +746,11 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
+/// The tool-call syntax of the model's chat template, if it has one charm knows.
+fn tool_syntax(st: &AppState) -> Option<tools::ToolSyntax> {
+    st.codec.template().and_then(|t| tools::ToolSyntax::detect(t.source()))
+}
+
 /// A random id with `prefix` (`chatcmpl-…`, `msg_…`).
 fn new_id(prefix: &str) -> String {
     format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
@@ -781,6 +789,10 @@ pub(crate) struct Ask {
     /// The stop field's name in this API (`stop`, `stop_sequences`).
     pub stop_param: &'static str,
     pub logprobs: Option<usize>,
+    /// Tools for the chat template (`tools=`; empty: not passed).
+    pub tools: Vec<serde_json::Value>,
+    /// Text appended after the assistant prompt (a forced tool call's start).
+    pub prefill: String,
 }
 
 /// A prompt as the client gave it.
@@ -832,7 +844,18 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     let prompt = match ask.prompt {
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => tokenize(codec, move |c| c.encode(&text)).await?,
-        PromptInput::Chat(messages) => tokenize(codec, move |c| c.encode_chat(&messages, true, &[])).await?,
+        PromptInput::Chat(messages) => {
+            let (tools, prefill) = (ask.tools, ask.prefill);
+            tokenize(codec, move |c| {
+                let extra = if tools.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![("tools", minijinja::Value::from_serialize(&tools))]
+                };
+                c.encode_chat_prefilled(&messages, true, &extra, &prefill)
+            })
+            .await?
+        }
     };
     let context = st.model.context;
     if prompt.is_empty() {

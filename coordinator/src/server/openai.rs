@@ -7,6 +7,12 @@
 //! `top_logprobs` (chat) or `logprobs: N` (completions), `n` (1 only).
 //! `top_k` is accepted as an extension. Log-probabilities are those of the
 //! model's distribution (`log_softmax(logits)`, before temperature).
+//!
+//! Tools (chat): `tools` (function tools), `tool_choice` (`auto`, `none`,
+//! `required`, `{"type": "function", "function": {"name"}}`), assistant
+//! `tool_calls` and `tool` messages, rendered through the chat template;
+//! the model's calls come back as `message.tool_calls` (streamed as
+//! `delta.tool_calls`) with `finish_reason: "tool_calls"` (see [`super::tools`]).
 
 use std::sync::Arc;
 
@@ -21,7 +27,8 @@ use serde_json::{json, Value};
 use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary, Token};
 use super::sse::SseWriter;
-use super::{json_response, new_id, parse_body, submit, AppState, Ask, PromptInput, StopField, Ticket};
+use super::tools::{self, CallIds, Choice, Piece, ToolDef, ToolPlan};
+use super::{json_response, new_id, parse_body, submit, tool_syntax, AppState, Ask, PromptInput, StopField, Ticket};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
 use crate::text::TextCodec;
@@ -68,6 +75,18 @@ struct ChatRequest {
     top_logprobs: Option<usize>,
     #[serde(default)]
     n: Option<u32>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    /// Accepted; every call the model writes is returned.
+    #[serde(default)]
+    #[allow(dead_code)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    functions: Option<Value>,
+    #[serde(default)]
+    function_call: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,6 +94,10 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Option<Value>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
 }
 
 /// A message's content: a string or a list of parts.
@@ -134,6 +157,140 @@ enum PromptField {
     IdLists(Vec<Vec<u32>>),
 }
 
+/// `tools`: function tools, `{"type": "function", "function": {name,
+/// description, parameters}}` (`strict` and other fields are ignored).
+fn parse_tools(v: Option<Value>) -> Result<Vec<ToolDef>, ApiError> {
+    let bad = |m: String| ApiError::invalid_param("tools", m);
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("tools must be a list".into())),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.into_iter().enumerate() {
+        let Value::Object(mut t) = t else {
+            return Err(bad(format!("tools[{i}] is not an object")));
+        };
+        match t.get("type") {
+            Some(Value::String(k)) if k == "function" => {}
+            Some(Value::String(k)) => {
+                return Err(bad(format!(
+                    "tools[{i}].type is {k:?}; only \"function\" tools are supported"
+                )))
+            }
+            _ => return Err(bad(format!("tools[{i}].type must be \"function\""))),
+        }
+        let Some(Value::Object(mut f)) = t.remove("function") else {
+            return Err(bad(format!("tools[{i}].function is missing or not an object")));
+        };
+        let name = match f.remove("name") {
+            Some(Value::String(n)) => n,
+            Some(_) => return Err(bad(format!("tools[{i}].function.name is not a string"))),
+            None => return Err(bad(format!("tools[{i}].function.name is missing"))),
+        };
+        tools::check_name(&name).map_err(|why| bad(format!("tools[{i}].function.name {name:?} {why}")))?;
+        let description = match f.remove("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d),
+            Some(_) => return Err(bad(format!("tools[{i}].function.description is not a string"))),
+        };
+        let parameters = match f.remove("parameters") {
+            None | Some(Value::Null) => None,
+            Some(p @ Value::Object(_)) => Some(p),
+            Some(_) => {
+                return Err(bad(format!(
+                    "tools[{i}].function.parameters must be a JSON schema object"
+                )))
+            }
+        };
+        out.push(ToolDef {
+            name,
+            description,
+            parameters,
+        });
+    }
+    Ok(out)
+}
+
+/// `tool_choice`: `auto` (the default), `none`, `required` or
+/// `{"type": "function", "function": {"name": NAME}}`.
+fn parse_choice(v: Option<Value>) -> Result<Choice, ApiError> {
+    let bad = || {
+        ApiError::invalid_param(
+            "tool_choice",
+            "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": NAME}}",
+        )
+    };
+    match v {
+        None | Some(Value::Null) => Ok(Choice::Auto),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => Ok(Choice::Auto),
+            "none" => Ok(Choice::None),
+            "required" => Ok(Choice::Required),
+            _ => Err(bad()),
+        },
+        Some(Value::Object(o)) => match (o.get("type").and_then(Value::as_str), o.get("function")) {
+            (Some("function"), Some(f)) => match f.get("name").and_then(Value::as_str) {
+                Some(n) => Ok(Choice::Named(n.to_string())),
+                None => Err(bad()),
+            },
+            _ => Err(bad()),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+/// An assistant message's `tool_calls` (`i`: the message's index): their
+/// ids, and the calls as templates get them (`arguments` parsed from the
+/// JSON string into an object, as transformers' templates expect).
+fn parse_calls(v: Value, i: usize) -> Result<(Vec<String>, Vec<Value>), ApiError> {
+    let bad = |m: String| ApiError::invalid_param("messages", m);
+    let Value::Array(list) = v else {
+        return Err(bad(format!("messages[{i}].tool_calls must be a list")));
+    };
+    let mut ids = Vec::with_capacity(list.len());
+    let mut calls = Vec::with_capacity(list.len());
+    for (j, c) in list.into_iter().enumerate() {
+        let at = format!("messages[{i}].tool_calls[{j}]");
+        let Value::Object(mut c) = c else {
+            return Err(bad(format!("{at} is not an object")));
+        };
+        let id = match c.remove("id") {
+            Some(Value::String(id)) if !id.is_empty() => id,
+            _ => return Err(bad(format!("{at}.id is missing"))),
+        };
+        match c.get("type") {
+            None => {}
+            Some(Value::String(k)) if k == "function" => {}
+            Some(_) => return Err(bad(format!("{at}.type must be \"function\""))),
+        }
+        let Some(Value::Object(mut f)) = c.remove("function") else {
+            return Err(bad(format!("{at}.function is missing or not an object")));
+        };
+        let name = match f.remove("name") {
+            Some(Value::String(n)) => n,
+            _ => return Err(bad(format!("{at}.function.name is missing"))),
+        };
+        tools::check_name(&name).map_err(|why| bad(format!("{at}.function.name {name:?} {why}")))?;
+        let arguments = match f.remove("arguments") {
+            None | Some(Value::Null) => Value::Object(Default::default()),
+            Some(Value::String(a)) => match serde_json::from_str::<Value>(&a) {
+                Ok(obj @ Value::Object(_)) => obj,
+                _ => {
+                    return Err(bad(format!(
+                        "{at}.function.arguments is not a JSON object string: {a:?}"
+                    )))
+                }
+            },
+            Some(obj @ Value::Object(_)) => obj,
+            Some(_) => return Err(bad(format!("{at}.function.arguments must be a JSON string"))),
+        };
+        calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}));
+        ids.push(id);
+    }
+    Ok((ids, calls))
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     match chat_inner(st, body).await {
@@ -164,8 +321,21 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             "top_logprobs needs logprobs: true",
         ));
     }
+    if req.functions.is_some() || req.function_call.is_some() {
+        return Err(ApiError::invalid_param(
+            if req.functions.is_some() {
+                "functions"
+            } else {
+                "function_call"
+            },
+            "functions / function_call (deprecated by OpenAI) are not supported; use tools / tool_choice",
+        ));
+    }
+    let tool_defs = parse_tools(req.tools)?;
+    let choice = parse_choice(req.tool_choice)?;
     let mut messages = Vec::with_capacity(req.messages.len());
-    for m in req.messages {
+    let mut call_ids = CallIds::default();
+    for (i, m) in req.messages.into_iter().enumerate() {
         let text = match m.content {
             None => String::new(),
             Some(Content::Text(t)) => t,
@@ -190,8 +360,39 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
         } else {
             m.role.as_str()
         };
-        messages.push(Message::new(role, &text));
+        let calls = match m.tool_calls {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(a)) if a.is_empty() => None,
+            Some(v) if role == "assistant" => Some(parse_calls(v, i)?),
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("messages[{i}]: only assistant messages carry tool_calls"),
+                ))
+            }
+        };
+        if role == "tool" {
+            let Some(id) = m.tool_call_id else {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("messages[{i}]: a tool message needs tool_call_id"),
+                ));
+            };
+            call_ids
+                .result(&id)
+                .map_err(|why| ApiError::invalid_param("messages", format!("messages[{i}] (tool): {why}")))?;
+            messages.push(Message::tool_result(&id, &text));
+        } else if let Some((ids, calls)) = calls {
+            call_ids.calls(ids);
+            messages.push(Message::assistant_calls(&text, calls));
+        } else {
+            call_ids.other();
+            messages.push(Message::new(role, &text));
+        }
     }
+    let syntax = tool_syntax(&st);
+    tools::check_history(syntax, &messages, "messages")?;
+    let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     let id = new_id("chatcmpl-");
     let ticket = submit(
         &st,
@@ -208,6 +409,8 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_param: "stop",
             logprobs: want_logprobs.then_some(top),
+            tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
         },
     )
     .await?;
@@ -217,6 +420,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
         created: ticket.created,
         codec: st.codec.clone(),
         chat: true,
+        tools: plan,
         logprobs: want_logprobs,
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     };
@@ -295,6 +499,8 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_param: "stop",
             logprobs: req.logprobs,
+            tools: Vec::new(),
+            prefill: String::new(),
         },
     )
     .await?;
@@ -304,6 +510,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
         created: ticket.created,
         codec: st.codec.clone(),
         chat: false,
+        tools: None,
         logprobs: req.logprobs.is_some(),
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     };
@@ -322,6 +529,8 @@ struct Reply {
     codec: Arc<TextCodec>,
     /// Chat completion (else legacy text completion).
     chat: bool,
+    /// Tools offered (chat): the answer is parsed for calls.
+    tools: Option<ToolPlan>,
     logprobs: bool,
     include_usage: bool,
 }
@@ -421,19 +630,48 @@ impl Reply {
             Value::Null
         };
         let body = if self.chat {
-            json!({
+            let mut finish = finish_reason(&summary);
+            let mut warnings = Vec::new();
+            let message = match &self.tools {
+                None => json!({"role": "assistant", "content": text}),
+                Some(plan) => {
+                    let parsed = plan.parse(&text);
+                    self.warn(&parsed.warnings);
+                    warnings = parsed.warnings;
+                    if parsed.calls.is_empty() {
+                        json!({"role": "assistant", "content": parsed.content})
+                    } else {
+                        finish = "tool_calls";
+                        let calls: Vec<Value> = parsed
+                            .calls
+                            .iter()
+                            .map(|c| {
+                                json!({"id": new_id("call_"), "type": "function",
+                                       "function": {"name": c.name, "arguments": c.arguments_json()}})
+                            })
+                            .collect();
+                        let content = Some(parsed.content).filter(|c| !c.is_empty());
+                        json!({"role": "assistant", "content": content, "tool_calls": calls})
+                    }
+                }
+            };
+            let mut body = json!({
                 "id": self.id,
                 "object": "chat.completion",
                 "created": self.created,
                 "model": self.model,
                 "choices": [{
                     "index": 0,
-                    "message": {"role": "assistant", "content": text},
+                    "message": message,
                     "logprobs": logprobs,
-                    "finish_reason": finish_reason(&summary),
+                    "finish_reason": finish,
                 }],
                 "usage": usage(&summary),
-            })
+            });
+            if !warnings.is_empty() {
+                body["warnings"] = json!(warnings);
+            }
+            body
         } else {
             json!({
                 "id": self.id,
@@ -479,6 +717,54 @@ impl Reply {
         }
     }
 
+    /// Logs why tool-call blocks were left in the text.
+    fn warn(&self, warnings: &[String]) {
+        for w in warnings {
+            tracing::warn!("{}: {w}", self.id);
+        }
+    }
+
+    /// Sends text pieces as `delta.content` chunks and calls as
+    /// `delta.tool_calls` chunks (the id, type and name, then the
+    /// arguments); held tokens' log-probabilities ride on the first chunk.
+    async fn send_pieces(
+        &self,
+        out: &SseWriter,
+        pieces: Vec<Piece>,
+        pending: &mut Vec<Token>,
+        text_offset: &mut usize,
+        calls: &mut usize,
+    ) -> bool {
+        for piece in pieces {
+            let lp = if self.logprobs {
+                self.logprobs_json(&std::mem::take(pending), text_offset)
+            } else {
+                Value::Null
+            };
+            let chunk = match piece {
+                Piece::Text(t) => self.choice(Some(&t), lp, None),
+                Piece::Call(c) => {
+                    let index = *calls;
+                    *calls += 1;
+                    let head = json!([{"index": 0, "delta": {"tool_calls": [{
+                        "index": index, "id": new_id("call_"), "type": "function",
+                        "function": {"name": c.name, "arguments": ""}}]},
+                        "logprobs": lp, "finish_reason": null}]);
+                    if !out.data(&self.chunk(head, None)).await {
+                        return false;
+                    }
+                    json!([{"index": 0, "delta": {"tool_calls": [{
+                        "index": index, "function": {"arguments": c.arguments_json()}}]},
+                        "logprobs": null, "finish_reason": null}])
+                }
+            };
+            if !out.data(&self.chunk(chunk, None)).await {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Streams chunks as the engine produces text; `data: [DONE]` at the end.
     fn stream(self, mut ticket: Ticket) -> Response {
         let (out, resp) = SseWriter::channel();
@@ -492,6 +778,8 @@ impl Reply {
             // Tokens whose text is still held back wait for the next text.
             let mut pending: Vec<Token> = Vec::new();
             let mut text_offset = 0;
+            let mut parser = self.tools.as_ref().map(ToolPlan::stream);
+            let mut calls = 0;
             loop {
                 let event = tokio::select! {
                     e = ticket.events.recv() => e,
@@ -503,22 +791,35 @@ impl Reply {
                         if text.is_empty() {
                             continue;
                         }
-                        let lp = if self.logprobs {
-                            self.logprobs_json(&std::mem::take(&mut pending), &mut text_offset)
-                        } else {
-                            Value::Null
+                        let pieces = match &mut parser {
+                            None => vec![Piece::Text(text)],
+                            Some(p) => p.push(&text),
                         };
-                        if !out.data(&self.chunk(self.choice(Some(&text), lp, None), None)).await {
+                        if !self
+                            .send_pieces(&out, pieces, &mut pending, &mut text_offset, &mut calls)
+                            .await
+                        {
                             return;
                         }
                     }
                     Some(Event::Done(s)) => {
+                        if let Some(p) = &mut parser {
+                            let pieces = p.finish();
+                            self.warn(p.warnings());
+                            if !self
+                                .send_pieces(&out, pieces, &mut pending, &mut text_offset, &mut calls)
+                                .await
+                            {
+                                return;
+                            }
+                        }
                         let lp = if self.logprobs && !pending.is_empty() {
                             self.logprobs_json(&pending, &mut text_offset)
                         } else {
                             Value::Null
                         };
-                        let last = self.choice(None, lp, Some(finish_reason(&s)));
+                        let finish = if calls > 0 { "tool_calls" } else { finish_reason(&s) };
+                        let last = self.choice(None, lp, Some(finish));
                         if !out.data(&self.chunk(last, None)).await {
                             return;
                         }

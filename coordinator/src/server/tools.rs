@@ -1,0 +1,744 @@
+//! Tool calling through the model's own chat template.
+//!
+//! Both APIs turn their tool definitions into the shape transformers'
+//! `apply_chat_template(messages, tools=...)` hands a template
+//! (`{"type": "function", "function": {name, description, parameters}}`),
+//! and their tool calls and results into assistant `tool_calls` and `tool`
+//! messages ([`crate::chat_template::Message`]). What the model writes back
+//! is parsed here in its family's own call syntax ([`ToolSyntax`], detected
+//! from the template's source), whole or streamed ([`ToolStream`]).
+//!
+//! A block that is not a valid call (not JSON, no name, arguments that are
+//! not an object, a tool that was not offered) is never turned into a call:
+//! it stays in the text, verbatim, and a warning says why.
+//!
+//! Without constrained decoding, `tool_choice` "required" / a named tool
+//! prefills the assistant turn with the start of a call
+//! ([`ToolSyntax::prefill`]); the model continues it and the whole text
+//! (prefill included) is parsed as usual.
+
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use crate::chat_template::Message;
+
+/// Longest tool name accepted (OpenAI's and Anthropic's limit).
+pub const MAX_TOOL_NAME: usize = 64;
+
+/// A model family's tool-call syntax, as its chat template writes calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolSyntax {
+    /// `<tool_call>\n{"name": NAME, "arguments": {…}}\n</tool_call>`, one
+    /// block per call (Qwen2.5, Qwen3, Hermes): the template declares the
+    /// tools in a `<tools>` system section and wraps results in
+    /// `<tool_response>`.
+    Hermes,
+}
+
+impl ToolSyntax {
+    /// The syntax a chat template's source uses for tool calls, if charm
+    /// knows it (other families can add theirs here).
+    pub fn detect(template: &str) -> Option<ToolSyntax> {
+        (template.contains("<tool_call>") && template.contains("tools")).then_some(ToolSyntax::Hermes)
+    }
+
+    fn open(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "<tool_call>",
+        }
+    }
+
+    fn close(self) -> &'static str {
+        match self {
+            ToolSyntax::Hermes => "</tool_call>",
+        }
+    }
+
+    /// The start of the assistant's answer that makes the model call a tool:
+    /// `Some(name)`: that tool (the model continues with the arguments);
+    /// `None`: any tool (the model continues with the name).
+    pub fn prefill(self, name: Option<&str>) -> String {
+        match (self, name) {
+            (ToolSyntax::Hermes, Some(n)) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
+            (ToolSyntax::Hermes, None) => "<tool_call>\n{\"name\": \"".to_string(),
+        }
+    }
+
+    /// One block's inner text as a call.
+    fn parse_block(self, inner: &str) -> Result<ToolCall, String> {
+        let v: Value = serde_json::from_str(inner.trim()).map_err(|e| format!("not valid JSON ({e})"))?;
+        let Value::Object(mut obj) = v else {
+            return Err("not a JSON object".into());
+        };
+        let name = match obj.remove("name") {
+            Some(Value::String(n)) if !n.is_empty() => n,
+            Some(_) => return Err("\"name\" is not a non-empty string".into()),
+            None => return Err("no \"name\"".into()),
+        };
+        let arguments = match obj.remove("arguments") {
+            None => Map::new(),
+            Some(Value::Object(m)) => m,
+            // Some models write the arguments as a JSON string.
+            Some(Value::String(s)) => match serde_json::from_str(&s) {
+                Ok(Value::Object(m)) => m,
+                _ => return Err("\"arguments\" is a string that is not a JSON object".into()),
+            },
+            Some(_) => return Err("\"arguments\" is not an object".into()),
+        };
+        Ok(ToolCall { name, arguments })
+    }
+}
+
+/// A call the model made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: Map<String, Value>,
+}
+
+impl ToolCall {
+    /// The arguments as a JSON string (OpenAI's `function.arguments`).
+    pub fn arguments_json(&self) -> String {
+        serde_json::to_string(&self.arguments).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+/// A piece of parsed output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Piece {
+    /// Text outside calls (never empty).
+    Text(String),
+    Call(ToolCall),
+}
+
+/// Parses streamed text into text and calls. Text that may still become
+/// the start of a call block is held back, and so is a call block until it
+/// closes; whitespace between text and a call is dropped. Feeding the whole
+/// text at once ([`parse`]) gives the same pieces, merged.
+#[derive(Debug)]
+pub struct ToolStream {
+    syntax: ToolSyntax,
+    /// Tools the model may call; a call of any other is left as text.
+    names: Vec<String>,
+    /// Text not yet released (a possible opening tag, or an open block's inside).
+    buf: String,
+    in_block: bool,
+    /// Trailing whitespace of released text, held until it is known
+    /// whether a call follows (then it is dropped).
+    ws: String,
+    /// Whitespace right after a call is dropped.
+    after_call: bool,
+    calls: usize,
+    warnings: Vec<String>,
+}
+
+impl ToolStream {
+    /// A parser for `syntax` that accepts calls of `names`.
+    pub fn new(syntax: ToolSyntax, names: &[String]) -> Self {
+        ToolStream {
+            syntax,
+            names: names.to_vec(),
+            buf: String::new(),
+            in_block: false,
+            ws: String::new(),
+            after_call: false,
+            calls: 0,
+            warnings: Vec::new(),
+        }
+    }
+
+    /// Calls parsed so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Why blocks were left as text (one line each).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Adds text; returns what it released.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.buf.push_str(text);
+        let mut out = Vec::new();
+        let (open, close) = (self.syntax.open(), self.syntax.close());
+        loop {
+            if self.in_block {
+                let Some(at) = self.buf.find(close) else { break };
+                let inner: String = self.buf[..at].to_string();
+                self.buf.drain(..at + close.len());
+                self.in_block = false;
+                let raw = format!("{open}{inner}{close}");
+                self.block(&inner, raw, &mut out);
+            } else if let Some(at) = self.buf.find(open) {
+                let before: String = self.buf[..at].to_string();
+                self.buf.drain(..at + open.len());
+                self.in_block = true;
+                self.text(&before, &mut out);
+            } else {
+                let hold = held_prefix(&self.buf, open);
+                let cut = self.buf.len() - hold;
+                let before: String = self.buf.drain(..cut).collect();
+                self.text(&before, &mut out);
+                break;
+            }
+        }
+        out
+    }
+
+    /// The end of the text: an unclosed block is parsed as it stands (a
+    /// call when its JSON is whole), held text is released.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.buf);
+        if self.in_block {
+            self.in_block = false;
+            let raw = format!("{}{rest}", self.syntax.open());
+            self.block(&rest, raw, &mut out);
+        } else {
+            self.text(&rest, &mut out);
+        }
+        // Trailing whitespace matters to a plain answer, not around calls.
+        let ws = std::mem::take(&mut self.ws);
+        if self.calls == 0 && !ws.is_empty() {
+            push_text(&mut out, ws);
+        }
+        out
+    }
+
+    fn text(&mut self, t: &str, out: &mut Vec<Piece>) {
+        let mut t = t;
+        if self.after_call {
+            t = t.trim_start();
+            if t.is_empty() {
+                return;
+            }
+            self.after_call = false;
+        }
+        if t.is_empty() {
+            return;
+        }
+        let mut s = std::mem::take(&mut self.ws);
+        s.push_str(t);
+        let body = s.trim_end().len();
+        self.ws = s[body..].to_string();
+        s.truncate(body);
+        if !s.is_empty() {
+            push_text(out, s);
+        }
+    }
+
+    fn block(&mut self, inner: &str, raw: String, out: &mut Vec<Piece>) {
+        let parsed = self.syntax.parse_block(inner).and_then(|c| {
+            if self.names.iter().any(|n| *n == c.name) {
+                Ok(c)
+            } else {
+                Err(format!("calls {:?}, which is not among the tools offered", c.name))
+            }
+        });
+        match parsed {
+            Ok(call) => {
+                self.ws.clear();
+                self.after_call = true;
+                self.calls += 1;
+                out.push(Piece::Call(call));
+            }
+            Err(why) => {
+                self.warnings
+                    .push(format!("a {} block was left in the text: {why}", self.syntax.open()));
+                self.text(&raw, out);
+            }
+        }
+    }
+}
+
+fn push_text(out: &mut Vec<Piece>, s: String) {
+    if let Some(Piece::Text(last)) = out.last_mut() {
+        last.push_str(&s);
+    } else {
+        out.push(Piece::Text(s));
+    }
+}
+
+/// Bytes at the end of `s` that are a proper prefix of `tag`.
+fn held_prefix(s: &str, tag: &str) -> usize {
+    (1..tag.len())
+        .rev()
+        .find(|&k| k <= s.len() && s.is_char_boundary(s.len() - k) && s.ends_with(&tag[..k]))
+        .unwrap_or(0)
+}
+
+/// Generated text, parsed whole.
+#[derive(Debug, Default, PartialEq)]
+pub struct Parsed {
+    /// The text outside calls (the whole text when there are none).
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+    pub warnings: Vec<String>,
+}
+
+/// Parses a whole text.
+pub fn parse(syntax: ToolSyntax, names: &[String], text: &str) -> Parsed {
+    let mut s = ToolStream::new(syntax, names);
+    let mut pieces = s.push(text);
+    pieces.extend(s.finish());
+    let mut p = Parsed {
+        warnings: s.warnings,
+        ..Default::default()
+    };
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => p.content.push_str(&t),
+            Piece::Call(c) => p.calls.push(c),
+        }
+    }
+    p
+}
+
+// ---- requests ------------------------------------------------------------------
+
+/// A tool the client offers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    pub description: Option<String>,
+    /// The arguments' JSON schema (an object).
+    pub parameters: Option<Value>,
+}
+
+impl ToolDef {
+    /// The definition as templates get it (OpenAI's function-tool shape).
+    pub fn rendered(&self) -> Value {
+        let mut f = Map::new();
+        f.insert("name".into(), json!(self.name));
+        if let Some(d) = &self.description {
+            f.insert("description".into(), json!(d));
+        }
+        if let Some(p) = &self.parameters {
+            f.insert("parameters".into(), p.clone());
+        }
+        json!({"type": "function", "function": f})
+    }
+}
+
+/// Whether (and which) tool the model must call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The model decides (the default).
+    Auto,
+    /// No tools: they are not shown to the model.
+    None,
+    /// Some tool (OpenAI `required`, Anthropic `any`).
+    Required,
+    /// This tool.
+    Named(String),
+}
+
+/// Checks a tool name: 1 to [`MAX_TOOL_NAME`] letters, digits, `_`, `-`
+/// or `.` (it is written into JSON and the call prefill as it is).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".into());
+    }
+    if name.len() > MAX_TOOL_NAME {
+        return Err(format!(
+            "is {} bytes long; at most {MAX_TOOL_NAME} are allowed",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "has the character {c:?}; only letters, digits, '_', '-' and '.' are allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// What a request's tools make of its prompt and its answer.
+#[derive(Clone, Debug)]
+pub struct ToolPlan {
+    pub syntax: ToolSyntax,
+    /// The tools as the template gets them.
+    pub rendered: Vec<Value>,
+    /// Names the model may call.
+    pub names: Vec<String>,
+    /// The start of the answer (empty unless a call is forced).
+    pub prefill: String,
+}
+
+impl ToolPlan {
+    /// The answer parsed (`text`: what the model generated after the prefill).
+    pub fn parse(&self, text: &str) -> Parsed {
+        parse(self.syntax, &self.names, &format!("{}{text}", self.prefill))
+    }
+
+    /// A streaming parser, already fed the prefill.
+    pub fn stream(&self) -> ToolStream {
+        let mut s = ToolStream::new(self.syntax, &self.names);
+        let none = s.push(&self.prefill);
+        debug_assert!(none.is_empty(), "a prefill opens a call block");
+        s
+    }
+}
+
+/// The plan for `tools` and `choice` (`tools_param` / `choice_param`: the
+/// fields' names in this API): `None` when no tools are rendered (none
+/// given, or `choice` is [`Choice::None`]). 400 for duplicate names, a
+/// forced choice without tools or naming an unknown tool, and tools on a
+/// template without tool support.
+pub fn plan(
+    syntax: Option<ToolSyntax>,
+    tools: Vec<ToolDef>,
+    choice: Choice,
+    tools_param: &'static str,
+    choice_param: &'static str,
+) -> Result<Option<ToolPlan>, ApiError> {
+    for (i, t) in tools.iter().enumerate() {
+        if tools[..i].iter().any(|u| u.name == t.name) {
+            return Err(ApiError::invalid_param(
+                tools_param,
+                format!("{tools_param}[{i}]: the tool name {:?} is used twice", t.name),
+            ));
+        }
+    }
+    if tools.is_empty() {
+        return match choice {
+            Choice::Required | Choice::Named(_) => Err(ApiError::invalid_param(
+                choice_param,
+                format!("{choice_param} forces a tool call, but no {tools_param} are given"),
+            )),
+            Choice::Auto | Choice::None => Ok(None),
+        };
+    }
+    let Some(syntax) = syntax else {
+        return Err(ApiError::invalid_param(
+            tools_param,
+            "this model's chat template has no tool-call syntax charm can parse (known: Qwen/Hermes \
+             <tool_call> blocks); tools are not supported for it",
+        ));
+    };
+    let prefill = match &choice {
+        Choice::None => return Ok(None),
+        Choice::Auto => String::new(),
+        Choice::Required => syntax.prefill(None),
+        Choice::Named(n) => {
+            if !tools.iter().any(|t| t.name == *n) {
+                return Err(ApiError::invalid_param(
+                    choice_param,
+                    format!("{choice_param} names the tool {n:?}, which is not among {tools_param}"),
+                ));
+            }
+            syntax.prefill(Some(n))
+        }
+    };
+    Ok(Some(ToolPlan {
+        syntax,
+        rendered: tools.iter().map(ToolDef::rendered).collect(),
+        names: tools.into_iter().map(|t| t.name).collect(),
+        prefill,
+    }))
+}
+
+/// 400 when the conversation holds tool calls or results but the model's
+/// template has no tool support (it would drop them silently).
+pub fn check_history(syntax: Option<ToolSyntax>, messages: &[Message], param: &'static str) -> Result<(), ApiError> {
+    if syntax.is_none()
+        && messages
+            .iter()
+            .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some())
+    {
+        return Err(ApiError::invalid_param(
+            param,
+            "the conversation has tool calls or tool results, but this model's chat template has no \
+             tool support",
+        ));
+    }
+    Ok(())
+}
+
+/// Tracks which call ids a tool result may answer: those of the latest
+/// assistant message with calls, until another kind of message comes.
+#[derive(Debug, Default)]
+pub struct CallIds {
+    open: Option<Vec<String>>,
+}
+
+impl CallIds {
+    /// An assistant message with calls `ids`.
+    pub fn calls(&mut self, ids: Vec<String>) {
+        self.open = Some(ids);
+    }
+
+    /// Any message that is neither a call nor a result.
+    pub fn other(&mut self) {
+        self.open = None;
+    }
+
+    /// A result for `id`; `Err` says what is wrong.
+    pub fn result(&self, id: &str) -> Result<(), String> {
+        match &self.open {
+            None => Err("a tool result must follow an assistant message with tool calls".into()),
+            Some(ids) if !ids.iter().any(|i| i == id) => Err(format!(
+                "answers the tool call {id:?}, which the preceding assistant message did not make"
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: ToolSyntax = ToolSyntax::Hermes;
+
+    fn names() -> Vec<String> {
+        vec!["get_weather".into(), "search".into()]
+    }
+
+    fn call(name: &str, args: Value) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            arguments: args.as_object().unwrap().clone(),
+        }
+    }
+
+    #[test]
+    fn detects_the_hermes_syntax_from_the_template() {
+        let qwen = "{%- if tools %}<tools>{{ tool | tojson }}</tools> <tool_call>\n{%- endif %}";
+        assert_eq!(ToolSyntax::detect(qwen), Some(H));
+        assert_eq!(ToolSyntax::detect("{{ messages[0].content }}"), None);
+    }
+
+    #[test]
+    fn one_call_with_text_around() {
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let p = parse(H, &names(), text);
+        assert_eq!(p.content, "Let me check.");
+        assert_eq!(p.calls, vec![call("get_weather", json!({"city": "Paris"}))]);
+        assert!(p.warnings.is_empty());
+        assert_eq!(p.calls[0].arguments_json(), r#"{"city":"Paris"}"#);
+    }
+
+    #[test]
+    fn parallel_calls_and_text_after() {
+        let text = "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a\", \"n\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>\nDone.\n";
+        let p = parse(H, &names(), text);
+        assert_eq!(p.content, "Done.");
+        assert_eq!(
+            p.calls,
+            vec![
+                call("search", json!({"q": "a", "n": 2})),
+                call("get_weather", json!({}))
+            ]
+        );
+        // Argument order is kept.
+        assert_eq!(p.calls[0].arguments_json(), r#"{"q":"a","n":2}"#);
+    }
+
+    #[test]
+    fn plain_text_is_untouched() {
+        for text in ["", " hi there \n", "a < b and <tool", "x\n\n"] {
+            let p = parse(H, &names(), text);
+            assert_eq!(p.content, text);
+            assert!(p.calls.is_empty());
+        }
+    }
+
+    #[test]
+    fn malformed_blocks_stay_in_the_text_with_a_warning() {
+        let cases = [
+            (
+                "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": }\n</tool_call>",
+                "not valid JSON",
+            ),
+            ("<tool_call>\n{\"arguments\": {}}\n</tool_call>", "no \"name\""),
+            ("<tool_call>\n[1, 2]\n</tool_call>", "not a JSON object"),
+            (
+                "<tool_call>\n{\"name\": \"search\", \"arguments\": 3}\n</tool_call>",
+                "not an object",
+            ),
+            (
+                "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>",
+                "not among the tools",
+            ),
+            (
+                "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\"",
+                "not valid JSON",
+            ),
+        ];
+        for (text, why) in cases {
+            let t = format!("Before. {text}");
+            let p = parse(H, &names(), &t);
+            assert_eq!(p.content, t, "the text is kept verbatim");
+            assert!(p.calls.is_empty());
+            assert_eq!(p.warnings.len(), 1);
+            assert!(p.warnings[0].contains(why), "{why}: {:?}", p.warnings);
+        }
+    }
+
+    #[test]
+    fn a_bad_block_next_to_a_good_one() {
+        let text = "<tool_call>\nnope\n</tool_call>\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>";
+        let p = parse(H, &names(), text);
+        assert_eq!(p.content, "<tool_call>\nnope\n</tool_call>");
+        assert_eq!(p.calls, vec![call("search", json!({"q": "x"}))]);
+        assert_eq!(p.warnings.len(), 1);
+    }
+
+    #[test]
+    fn an_unclosed_block_at_the_end_is_a_call_when_its_json_is_whole() {
+        let p = parse(
+            H,
+            &names(),
+            "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}\n",
+        );
+        assert_eq!(p.calls, vec![call("search", json!({"q": "x"}))]);
+        assert_eq!(p.content, "");
+    }
+
+    #[test]
+    fn string_arguments_are_accepted_when_they_hold_an_object() {
+        let p = parse(
+            H,
+            &names(),
+            "<tool_call>{\"name\": \"search\", \"arguments\": \"{\\\"q\\\": 1}\"}</tool_call>",
+        );
+        assert_eq!(p.calls, vec![call("search", json!({"q": 1}))]);
+    }
+
+    /// Feeding `text` split at every byte position gives the same result as
+    /// whole, and never releases text that belongs to a call.
+    #[test]
+    fn streaming_holds_back_possible_tags_and_matches_whole_parsing() {
+        let text = "Sure. <tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"été\"}}\n</tool_call>\n<tool_call>bad</tool_call> tail <tool";
+        let whole = parse(H, &names(), text);
+        assert_eq!(whole.calls.len(), 1);
+        assert_eq!(whole.content, "Sure.<tool_call>bad</tool_call> tail <tool");
+        for size in 1..8 {
+            let mut s = ToolStream::new(H, &names());
+            let mut pieces = Vec::new();
+            let mut rest = text;
+            while !rest.is_empty() {
+                let mut n = size.min(rest.len());
+                while !rest.is_char_boundary(n) {
+                    n += 1;
+                }
+                let (a, b) = rest.split_at(n);
+                for p in s.push(a) {
+                    if let Piece::Text(t) = &p {
+                        assert!(!t.contains("{\"name\""), "call text leaked: {t:?}");
+                    }
+                    pieces.push(p);
+                }
+                rest = b;
+            }
+            pieces.extend(s.finish());
+            let mut content = String::new();
+            let mut calls = Vec::new();
+            for p in pieces {
+                match p {
+                    Piece::Text(t) => content.push_str(&t),
+                    Piece::Call(c) => calls.push(c),
+                }
+            }
+            assert_eq!(content, whole.content, "chunk size {size}");
+            assert_eq!(calls, whole.calls, "chunk size {size}");
+        }
+    }
+
+    #[test]
+    fn a_tag_prefix_is_held_until_it_cannot_be_a_tag() {
+        let mut s = ToolStream::new(H, &names());
+        assert_eq!(s.push("a <tool"), vec![Piece::Text("a".into())]);
+        assert_eq!(s.push("box"), vec![Piece::Text(" <toolbox".into())]);
+        assert_eq!(s.push("<tool_call>{\"name\": \"search\""), vec![]);
+        assert_eq!(
+            s.push(", \"arguments\": {}}</tool_call>"),
+            vec![Piece::Call(call("search", json!({})))]
+        );
+        assert_eq!(s.finish(), vec![]);
+    }
+
+    #[test]
+    fn prefills_continue_into_a_call() {
+        let named = ToolSyntax::Hermes.prefill(Some("search"));
+        assert_eq!(named, "<tool_call>\n{\"name\": \"search\", \"arguments\": ");
+        let p = parse(H, &names(), &format!("{named}{{\"q\": \"x\"}}}}\n</tool_call>"));
+        assert_eq!(p.calls, vec![call("search", json!({"q": "x"}))]);
+        let any = ToolSyntax::Hermes.prefill(None);
+        let p = parse(
+            H,
+            &names(),
+            &format!("{any}get_weather\", \"arguments\": {{}}}}\n</tool_call>"),
+        );
+        assert_eq!(p.calls, vec![call("get_weather", json!({}))]);
+    }
+
+    fn def(name: &str) -> ToolDef {
+        ToolDef {
+            name: name.into(),
+            description: Some("d".into()),
+            parameters: Some(json!({"type": "object", "properties": {}})),
+        }
+    }
+
+    #[test]
+    fn plans() {
+        let p = plan(Some(H), vec![def("a"), def("b")], Choice::Auto, "tools", "tool_choice")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.prefill, "");
+        assert_eq!(
+            p.rendered[0],
+            json!({"type": "function", "function": {"name": "a", "description": "d", "parameters": {"type": "object", "properties": {}}}})
+        );
+        let p = plan(
+            Some(H),
+            vec![def("a")],
+            Choice::Named("a".into()),
+            "tools",
+            "tool_choice",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(p.prefill.ends_with("\"arguments\": "));
+        assert!(plan(Some(H), vec![def("a")], Choice::None, "tools", "tool_choice")
+            .unwrap()
+            .is_none());
+        assert!(plan(None, vec![], Choice::Auto, "tools", "tool_choice")
+            .unwrap()
+            .is_none());
+        for (syntax, tools, choice, needle) in [
+            (Some(H), vec![def("a"), def("a")], Choice::Auto, "used twice"),
+            (Some(H), vec![], Choice::Required, "no tools"),
+            (Some(H), vec![def("a")], Choice::Named("b".into()), "\"b\""),
+            (None, vec![def("a")], Choice::Auto, "no tool-call syntax"),
+        ] {
+            let e = plan(syntax, tools, choice, "tools", "tool_choice").unwrap_err();
+            assert!(e.message.contains(needle), "{needle}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("get_weather-2.v1").is_ok());
+        assert!(check_name("").is_err());
+        assert!(check_name("a\"b").is_err());
+        assert!(check_name(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn results_must_answer_the_preceding_calls() {
+        let mut ids = CallIds::default();
+        assert!(ids.result("c1").is_err());
+        ids.calls(vec!["c1".into(), "c2".into()]);
+        assert!(ids.result("c2").is_ok());
+        assert!(ids.result("c3").is_err());
+        ids.other();
+        assert!(ids.result("c1").is_err());
+    }
+}
