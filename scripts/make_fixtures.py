@@ -35,6 +35,10 @@ reference.json with outputs computed by the transformers implementation:
                                         is qwen35moe's (re-checked on the extracted text weights)
   tokenizers/qwen3_cases.json, tokenizers/olmo_cases.json
                   encode / decode (and, for Qwen3, chat template) cases from the real tokenizers.
+  tokenizers/qwen3_tool_cases.json  (maker "tool-cases"; also made by "tokenizers")
+                  Qwen3 chat template with tools: apply_chat_template(messages, tools=...) text and ids
+                  for conversations with tool definitions, assistant tool calls (arguments as objects)
+                  and tool results, plus the text and ids with charm's forced-call prefill appended.
 
 reference.json holds: prompt_ids, 16 greedy ids (manual full-forward argmax loop, cross-checked
 against model.generate with a KV cache), the argmax at every position of one teacher-forced
@@ -980,6 +984,86 @@ def make_tokenizer_cases():
     }
     (out_dir / "olmo_cases.json").write_text(json.dumps(olmo, indent=1, ensure_ascii=False) + "\n")
     print("tokenizers: qwen3_cases.json, olmo_cases.json")
+    make_tool_cases()
+
+
+# Tools in the shape charm hands templates (OpenAI function tools: type, function{name,
+# description, parameters}), as transformers passes a list of dicts through unchanged.
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "description": "City name, e.g. Zürich"},
+                                  "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}
+SEARCH_TOOL = {"type": "function", "function": {
+    "name": "search",
+    "description": "Search the web.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                   "required": ["query"]}}}
+CLOCK_TOOL = {"type": "function", "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}}}
+
+
+def tool_call(call_id, name, arguments):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def make_tool_cases():
+    """Qwen3 chat template cases with tools (see the module docstring)."""
+    out_dir = FIXTURES / "tokenizers"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = qwen3_tokenizer()
+    paris = {"city": "Paris", "unit": "celsius"}
+    conversations = [
+        # Tools offered, no call yet (tool_choice auto).
+        ("offer", [WEATHER_TOOL, SEARCH_TOOL],
+         [{"role": "system", "content": "You are a helpful assistant."},
+          {"role": "user", "content": "What's the weather in Paris?"}], ""),
+        # The same with tool_choice naming get_weather: charm prefills the call's start.
+        ("named", [WEATHER_TOOL, SEARCH_TOOL],
+         [{"role": "user", "content": "What's the weather in Paris?"}],
+         '<tool_call>\n{"name": "get_weather", "arguments": '),
+        # tool_choice required: the prefill stops before the name.
+        ("required", [WEATHER_TOOL, CLOCK_TOOL],
+         [{"role": "user", "content": "What time is it?"}], '<tool_call>\n{"name": "'),
+        # A full round trip: two parallel calls, their results, then the final answer is asked for.
+        ("round_trip", [WEATHER_TOOL, SEARCH_TOOL],
+         [{"role": "system", "content": "You are a helpful assistant."},
+          {"role": "user", "content": "Weather in Paris, and news about it?"},
+          {"role": "assistant", "content": "",
+           "tool_calls": [tool_call("call_1", "get_weather", paris),
+                          tool_call("call_2", "search", {"query": "Paris news", "limit": 3})]},
+          {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 18, "sky": "clear"}'},
+          {"role": "tool", "tool_call_id": "call_2", "content": "No news today."}], ""),
+        # Text before a call, a result, an answer, and a new question (earlier turns' thinking dropped).
+        ("multi_turn", [WEATHER_TOOL, CLOCK_TOOL],
+         [{"role": "user", "content": "Is it warm in Paris?"},
+          {"role": "assistant", "content": "Let me check.", "tool_calls": [tool_call("c1", "get_weather", {"city": "Paris"})]},
+          {"role": "tool", "tool_call_id": "c1", "content": "18 °C, clear"},
+          {"role": "assistant", "content": "Yes: 18 °C and clear."},
+          {"role": "user", "content": "And what time is it?"},
+          {"role": "assistant", "content": "", "tool_calls": [tool_call("c2", "clock", {})]},
+          {"role": "tool", "tool_call_id": "c2", "content": "12:00"}], ""),
+    ]
+    cases = []
+    for name, tools, messages, prefill in conversations:
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        ids = [int(i) for i in ids]
+        assert ids == [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+        full = text + prefill
+        cases.append({"name": name, "tools": tools, "messages": messages, "add_generation_prompt": True,
+                      "text": text, "ids": ids, "prefill": prefill,
+                      "prefilled_ids": [int(i) for i in tok(full, add_special_tokens=False)["input_ids"]]})
+    out = {
+        "tokenizer": "tests/material/qwen3/tokenizer.json + tokenizer_config.json (its chat_template)",
+        "transformers_version": transformers.__version__,
+        "chat": cases,
+    }
+    (out_dir / "qwen3_tool_cases.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    print(f"tokenizers: qwen3_tool_cases.json ({len(cases)} conversations)")
 
 
 MAKERS = {
@@ -989,6 +1073,7 @@ MAKERS = {
     "qwen2moe": make_qwen2moe,
     "qwen3moe-chat": make_qwen3moe_chat,
     "tokenizers": make_tokenizer_cases,
+    "tool-cases": make_tool_cases,
     "qwen3next": make_qwen3next,
     "qwen35moe": make_qwen35moe,
     "qwen35moe-vl": make_qwen35moe_vl,  # after qwen35moe: re-lays out its weights
