@@ -630,3 +630,125 @@ impl Reply {
         resp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{block_on, body, plan, sse, ticket};
+    use super::*;
+    use crate::engine::FinishReason;
+
+    fn reply(tools: Option<ToolPlan>) -> Reply {
+        Reply {
+            id: "msg_test".into(),
+            model: "m".into(),
+            tools,
+        }
+    }
+
+    fn whole(tools: Option<ToolPlan>, pieces: &[&str]) -> Value {
+        block_on(async {
+            let r = reply(tools).whole(ticket(pieces, FinishReason::Stop)).await.unwrap();
+            serde_json::from_str(&body(r).await).unwrap()
+        })
+    }
+
+    fn stream(tools: Option<ToolPlan>, pieces: &[&str]) -> Vec<(Option<String>, Value)> {
+        block_on(async { sse(&body(reply(tools).stream(ticket(pieces, FinishReason::Stop))).await) })
+    }
+
+    const CALL: [&str; 2] = [
+        "Checking.\n<tool_call>\n{\"name\": \"get_weather\", ",
+        "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    ];
+
+    #[test]
+    fn a_call_is_a_tool_use_block() {
+        let v = whole(Some(plan(&["get_weather"], Choice::Auto)), &CALL);
+        assert_eq!(v["stop_reason"], "tool_use");
+        assert!(v["stop_sequence"].is_null());
+        assert_eq!(v["content"][0], json!({"type": "text", "text": "Checking."}));
+        let t = &v["content"][1];
+        assert_eq!(t["type"], "tool_use");
+        assert!(t["id"].as_str().unwrap().starts_with("toolu_"), "{t}");
+        assert_eq!(t["name"], "get_weather");
+        assert_eq!(t["input"], json!({"city": "Paris"}));
+    }
+
+    #[test]
+    fn a_malformed_call_stays_text() {
+        let v = whole(
+            Some(plan(&["get_weather"], Choice::Auto)),
+            &["<tool_call>oops</tool_call>"],
+        );
+        assert_eq!(v["stop_reason"], "end_turn");
+        assert_eq!(
+            v["content"],
+            json!([{"type": "text", "text": "<tool_call>oops</tool_call>"}])
+        );
+        assert!(v["warnings"][0].as_str().unwrap().contains("not valid JSON"));
+    }
+
+    #[test]
+    fn streamed_calls_are_tool_use_blocks_with_input_json_deltas() {
+        let ev = stream(Some(plan(&["get_weather"], Choice::Auto)), &CALL);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(ev[1].1["content_block"]["type"], "text");
+        assert_eq!(ev[2].1["delta"], json!({"type": "text_delta", "text": "Checking."}));
+        assert_eq!(ev[3].1["index"], 0);
+        assert_eq!(ev[4].1["index"], 1);
+        let block = &ev[4].1["content_block"];
+        assert_eq!(block["type"], "tool_use");
+        assert_eq!(block["name"], "get_weather");
+        assert_eq!(block["input"], json!({}));
+        assert!(block["id"].as_str().unwrap().starts_with("toolu_"));
+        assert_eq!(ev[5].1["delta"]["type"], "input_json_delta");
+        let input: Value = serde_json::from_str(ev[5].1["delta"]["partial_json"].as_str().unwrap()).unwrap();
+        assert_eq!(input, json!({"city": "Paris"}));
+        assert_eq!(ev[6].1["index"], 1);
+        assert_eq!(ev[7].1["delta"]["stop_reason"], "tool_use");
+    }
+
+    #[test]
+    fn a_stream_that_starts_with_a_call_opens_no_text_block() {
+        let p = plan(&["get_weather"], Choice::Named("get_weather".into()));
+        let ev = stream(Some(p), &["{}}\n</tool_call>"]);
+        assert_eq!(ev[1].1["content_block"]["type"], "tool_use");
+        assert_eq!(ev[1].1["index"], 0);
+        let starts = ev
+            .iter()
+            .filter(|(n, _)| n.as_deref() == Some("content_block_start"))
+            .count();
+        assert_eq!(starts, 1);
+    }
+
+    #[test]
+    fn a_stream_with_tools_and_no_text_still_has_one_text_block() {
+        let ev = stream(Some(plan(&["get_weather"], Choice::Auto)), &[]);
+        let names: Vec<&str> = ev.iter().map(|(n, _)| n.as_deref().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(ev[3].1["delta"]["stop_reason"], "end_turn");
+    }
+}

@@ -968,6 +968,103 @@ impl StopField {
     }
 }
 
+/// What the handlers' tests share: a job's event stream made by hand (the
+/// model's text without a model), a runtime, and reading responses back.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use crate::engine::FinishReason;
+    use queue::Summary;
+
+    /// A ticket whose engine "generated" `pieces`, then ended with `finish`.
+    pub fn ticket(pieces: &[&str], finish: FinishReason) -> Ticket {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for p in pieces {
+            tx.send(Event::Delta {
+                text: p.to_string(),
+                tokens: Vec::new(),
+            })
+            .unwrap();
+        }
+        tx.send(Event::Done(Box::new(Summary {
+            finish,
+            stop_sequence: None,
+            prompt_tokens: 5,
+            completion_tokens: pieces.len(),
+            stats: Default::default(),
+        })))
+        .unwrap();
+        Ticket {
+            events: rx,
+            prompt_tokens: 5,
+            created: 0,
+        }
+    }
+
+    /// Runs `f` on a one-thread runtime (spawned stream writers included).
+    pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    /// The whole body of `resp` as text.
+    pub async fn body(resp: Response) -> String {
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// SSE frames: (event name, data as JSON; `[DONE]` as a JSON string).
+    pub fn sse(body: &str) -> Vec<(Option<String>, serde_json::Value)> {
+        body.split("\n\n")
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                let mut name = None;
+                let mut data = String::new();
+                for line in f.lines() {
+                    if let Some(e) = line.strip_prefix("event: ") {
+                        name = Some(e.to_string());
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push_str(d);
+                    }
+                }
+                let v = serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
+                (name, v)
+            })
+            .collect()
+    }
+
+    /// A text codec over a one-word tokenizer (the handlers only need one
+    /// for log-probabilities).
+    pub fn codec() -> Arc<TextCodec> {
+        let dir = tempfile::tempdir().unwrap();
+        let tok = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}
+        });
+        std::fs::write(dir.path().join("tokenizer.json"), tok.to_string()).unwrap();
+        Arc::new(TextCodec::load(dir.path()).unwrap())
+    }
+
+    /// Tools `names` offered with `choice` (Hermes syntax).
+    pub fn plan(names: &[&str], choice: tools::Choice) -> tools::ToolPlan {
+        let defs = names
+            .iter()
+            .map(|n| tools::ToolDef {
+                name: n.to_string(),
+                description: None,
+                parameters: Some(json!({"type": "object"})),
+            })
+            .collect();
+        tools::plan(Some(tools::ToolSyntax::Hermes), defs, choice, "tools", "tool_choice")
+            .unwrap()
+            .unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

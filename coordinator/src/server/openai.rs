@@ -844,3 +844,140 @@ impl Reply {
         resp
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{block_on, body, codec, plan, sse, ticket};
+    use super::*;
+    use crate::engine::FinishReason;
+
+    fn reply(tools: Option<ToolPlan>) -> Reply {
+        Reply {
+            id: "chatcmpl-test".into(),
+            model: "m".into(),
+            created: 0,
+            codec: codec(),
+            chat: true,
+            tools,
+            logprobs: false,
+            include_usage: false,
+        }
+    }
+
+    fn whole(tools: Option<ToolPlan>, pieces: &[&str]) -> Value {
+        block_on(async {
+            let r = reply(tools).whole(ticket(pieces, FinishReason::Stop)).await.unwrap();
+            serde_json::from_str(&body(r).await).unwrap()
+        })
+    }
+
+    fn stream(tools: Option<ToolPlan>, pieces: &[&str]) -> Vec<Value> {
+        block_on(async {
+            let r = reply(tools).stream(ticket(pieces, FinishReason::Stop));
+            sse(&body(r).await).into_iter().map(|(_, v)| v).collect()
+        })
+    }
+
+    const CALL: [&str; 3] = [
+        "I'll look.\n",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": ",
+        "\"Paris\"}}\n</tool_call>",
+    ];
+
+    #[test]
+    fn a_call_in_the_text_is_a_tool_call() {
+        let v = whole(Some(plan(&["get_weather"], Choice::Auto)), &CALL);
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls");
+        assert_eq!(c["message"]["content"], "I'll look.");
+        let call = &c["message"]["tool_calls"][0];
+        assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], r#"{"city":"Paris"}"#);
+        assert!(v.get("warnings").is_none());
+    }
+
+    #[test]
+    fn only_a_call_has_null_content_and_parallel_calls_keep_their_order() {
+        let two = [
+            "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n",
+            "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}\n</tool_call>",
+        ];
+        let v = whole(Some(plan(&["a", "b"], Choice::Auto)), &two);
+        let m = &v["choices"][0]["message"];
+        assert!(m["content"].is_null(), "{m}");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "a");
+        assert_eq!(m["tool_calls"][1]["function"]["arguments"], r#"{"x":1}"#);
+        assert_ne!(m["tool_calls"][0]["id"], m["tool_calls"][1]["id"]);
+    }
+
+    #[test]
+    fn a_malformed_call_stays_text_with_a_warning() {
+        let bad = ["<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\"\n</tool_call>"];
+        let v = whole(Some(plan(&["get_weather"], Choice::Auto)), &bad);
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "stop");
+        assert_eq!(c["message"]["content"], bad[0]);
+        assert!(c["message"].get("tool_calls").is_none());
+        assert!(v["warnings"][0].as_str().unwrap().contains("not valid JSON"), "{v}");
+    }
+
+    #[test]
+    fn without_tools_a_call_is_just_text() {
+        let v = whole(None, &CALL);
+        assert_eq!(v["choices"][0]["message"]["content"], CALL.concat());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn a_named_choice_continues_the_prefilled_call() {
+        let p = plan(&["get_weather", "search"], Choice::Named("search".into()));
+        let v = whole(Some(p.clone()), &["{\"q\": \"x\"}}\n</tool_call>"]);
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "search");
+        assert_eq!(m["tool_calls"][0]["function"]["arguments"], r#"{"q":"x"}"#);
+        // A continuation that is no JSON: the raw text (prefill included), no call.
+        let v = whole(Some(p.clone()), &["banana"]);
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["content"], format!("{}banana", p.prefill));
+        assert!(m.get("tool_calls").is_none());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn streamed_calls_are_tool_call_deltas() {
+        let chunks = stream(Some(plan(&["get_weather"], Choice::Auto)), &CALL);
+        assert_eq!(chunks.last().unwrap(), "[DONE]");
+        let deltas: Vec<&Value> = chunks[..chunks.len() - 1]
+            .iter()
+            .map(|c| &c["choices"][0]["delta"])
+            .collect();
+        assert_eq!(deltas[0]["role"], "assistant");
+        let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!(content, "I'll look.");
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+        assert_eq!(calls.len(), 2, "{chunks:?}");
+        assert_eq!(calls[0][0]["index"], 0);
+        assert!(calls[0][0]["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(calls[0][0]["type"], "function");
+        assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0][0]["function"]["arguments"], "");
+        assert_eq!(calls[1][0]["index"], 0);
+        assert_eq!(calls[1][0]["function"]["arguments"], r#"{"city":"Paris"}"#);
+        let n = chunks.len();
+        assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn a_streamed_malformed_call_is_released_as_text_at_the_end() {
+        let p = plan(&["get_weather"], Choice::Named("get_weather".into()));
+        let chunks = stream(Some(p.clone()), &["not", " json"]);
+        let content: String = chunks[..chunks.len() - 1]
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, format!("{}not json", p.prefill));
+        assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+    }
+}

@@ -387,8 +387,8 @@ impl ToolPlan {
 /// The plan for `tools` and `choice` (`tools_param` / `choice_param`: the
 /// fields' names in this API): `None` when no tools are rendered (none
 /// given, or `choice` is [`Choice::None`]). 400 for duplicate names, a
-/// forced choice without tools or naming an unknown tool, and tools on a
-/// template without tool support.
+/// forced choice without tools or naming an unknown tool, and tools (not
+/// turned off by [`Choice::None`]) on a template without tool support.
 pub fn plan(
     syntax: Option<ToolSyntax>,
     tools: Vec<ToolDef>,
@@ -413,6 +413,10 @@ pub fn plan(
             Choice::Auto | Choice::None => Ok(None),
         };
     }
+    if choice == Choice::None {
+        // Not shown to the model (any template will do).
+        return Ok(None);
+    }
     let Some(syntax) = syntax else {
         return Err(ApiError::invalid_param(
             tools_param,
@@ -421,8 +425,7 @@ pub fn plan(
         ));
     };
     let prefill = match &choice {
-        Choice::None => return Ok(None),
-        Choice::Auto => String::new(),
+        Choice::None | Choice::Auto => String::new(),
         Choice::Required => syntax.prefill(None),
         Choice::Named(n) => {
             if !tools.iter().any(|t| t.name == *n) {
