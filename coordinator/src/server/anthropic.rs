@@ -332,8 +332,8 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
         convert(m, i, &mut ids, &mut messages)?;
     }
     let syntax = tool_syntax(&st);
-    tools::check_history(syntax, &messages, "messages")?;
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
+    tools::check_history(syntax, &messages, "messages")?;
     let id = new_id("msg_");
     let ticket = submit(
         &st,

@@ -391,8 +391,8 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
         }
     }
     let syntax = tool_syntax(&st);
-    tools::check_history(syntax, &messages, "messages")?;
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
+    tools::check_history(syntax, &messages, "messages")?;
     let id = new_id("chatcmpl-");
     let ticket = submit(
         &st,
