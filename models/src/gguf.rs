@@ -2,29 +2,66 @@
 //! [`WeightSource`] that maps Hugging Face names onto llama.cpp's.
 //!
 //! Architectures as llama.cpp names them: `llama` (dense, or Mixtral when
-//! it has experts), `olmoe`, `qwen3moe`, `qwen2moe`. Stacked expert tensors
-//! (`blk.N.ffn_{gate,up,down}_exps`) are read one expert slice at a time,
-//! and quantized blocks are used as stored.
+//! it has experts), `olmoe`, `qwen3moe`, `qwen2moe`, and the gated-DeltaNet
+//! hybrids `qwen3next` (Qwen3-Next) and `qwen35moe` (Qwen3.5 MoE). Stacked
+//! expert tensors (`blk.N.ffn_{gate,up,down}_exps`) are read one expert
+//! slice at a time, and quantized blocks are used as stored.
 //!
 //! llama.cpp's converter reorders the rows of `attn_q` / `attn_k` of
 //! `llama` models within each head (pairs interleaved instead of halves).
 //! Rather than copying weights, [`ModelConfig::qk_rows_interleaved`] tells
 //! attention to undo that order on the projected q and k, which is exact.
+//!
+//! For the hybrids the converter changes more (`convert_hf_to_gguf.py`,
+//! `Qwen3NextModel` and `_LinearAttentionVReorderBase`), and each change is
+//! undone here so that the model computes what its Hugging Face directory
+//! computes:
+//! - every RMSNorm weight but the DeltaNet's gated one has its `+ 1`
+//!   folded in, so the config leaves [`ModelConfig::zero_centred_norms`]
+//!   off;
+//! - `A_log` is stored as `ssm_a = -exp(A_log)`: read back as the `A_log`
+//!   whose `-exp` is `ssm_a` ([`a_log_from_ssm_a`]);
+//! - Qwen3-Next's grouped `in_proj_qkvz` is stored split as `attn_qkv`
+//!   (`[q | k | v]`) and `attn_gate` (`z`), so the model runs the
+//!   `Separate` projection layout; its `in_proj_ba` stays grouped
+//!   (`ssm_ba`) and `in_proj_b` / `in_proj_a` are its rows picked out;
+//! - Qwen3.5 stores V heads "tiled" (`[G0_v0, G1_v0, …, G0_v1, …]`)
+//!   instead of grouped by key head when there are more value than key
+//!   heads, in the v rows of `attn_qkv`, the rows of `attn_gate`,
+//!   `ssm_beta`, `ssm_alpha`, the entries of `ssm_a`, `ssm_dt.bias`, the v
+//!   channels of `ssm_conv1d` and the columns of `ssm_out`: all put back in
+//!   grouped order at load (rows and whole blocks are moved, never
+//!   re-quantized; `ssm_out` columns of a block type whose block spans more
+//!   than one value head are dequantized to f32 to be moved).
 
 use std::path::Path;
 
-use charm_common::gguf::{GgufError, GgufFile, MetaValue};
+use charm_common::gguf::{GgmlType, GgufError, GgufFile, MetaValue};
+use charm_common::weight::{Buf, WeightData};
 use charm_common::{LoadError, Weight, WeightSource};
 
 use crate::config::{MixerKind, ModelConfig, QkNorm};
 use crate::error::ModelError;
 use crate::family::Family;
+use crate::gated_delta_net::{DeltaNetShape, ProjectionLayout};
 
 /// A GGUF file as a model: its config and its tensors by HF name.
 pub struct GgufModel {
     pub file: GgufFile,
     pub cfg: ModelConfig,
     arch: String,
+    hybrid: Hybrid,
+}
+
+/// Which gated-DeltaNet hybrid layout (llama.cpp's converter's) the file has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hybrid {
+    /// Not a hybrid.
+    No,
+    /// `qwen3next`: `ssm_ba` grouped per key head, V heads grouped.
+    Qwen3Next,
+    /// `qwen35moe`: separate `ssm_beta` / `ssm_alpha`, V heads tiled.
+    Qwen35,
 }
 
 impl GgufModel {
@@ -37,7 +74,17 @@ impl GgufModel {
             .ok_or_else(|| bad(&file, "no general.architecture".into()))?
             .to_string();
         let cfg = config_from_gguf(&file, &arch)?;
-        Ok(GgufModel { file, cfg, arch })
+        let hybrid = match arch.as_str() {
+            "qwen3next" => Hybrid::Qwen3Next,
+            "qwen35moe" => Hybrid::Qwen35,
+            _ => Hybrid::No,
+        };
+        Ok(GgufModel {
+            file,
+            cfg,
+            arch,
+            hybrid,
+        })
     }
 
     /// `general.architecture`.
@@ -54,7 +101,7 @@ fn bad(file: &GgufFile, reason: String) -> ModelError {
 }
 
 /// Architectures charm reads from GGUF.
-pub const GGUF_ARCHES: [&str; 4] = ["llama", "olmoe", "qwen3moe", "qwen2moe"];
+pub const GGUF_ARCHES: [&str; 6] = ["llama", "olmoe", "qwen3moe", "qwen2moe", "qwen3next", "qwen35moe"];
 
 fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError> {
     let family = match arch {
@@ -63,6 +110,8 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         "olmoe" => Family::Olmoe,
         "qwen3moe" => Family::Qwen3Moe,
         "qwen2moe" => Family::Qwen2Moe,
+        "qwen3next" => Family::Qwen3Next,
+        "qwen35moe" => Family::Qwen35Moe,
         other => {
             return Err(ModelError::UnknownArchitecture {
                 name: format!("{other} (GGUF general.architecture)"),
@@ -82,7 +131,9 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
     let opt_f = |k: &str| get(k).and_then(MetaValue::as_f64);
 
     let hidden = req_u("embedding_length")?;
-    let layers = req_u("block_count")?;
+    let blocks = req_u("block_count")?;
+    // A converted MTP head adds `nextn_predict_layers` blocks after the model's own.
+    let layers = blocks.saturating_sub(opt_u("nextn_predict_layers").unwrap_or(0));
     let heads = req_u("attention.head_count")?;
     let kv_heads = opt_u("attention.head_count_kv").unwrap_or(heads);
     let head_dim = opt_u("attention.key_length").unwrap_or(hidden.checked_div(heads).unwrap_or(0));
@@ -114,7 +165,19 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         .collect();
     let ffn = opt_u("feed_forward_length").unwrap_or(0);
     let expert_ffn = opt_u("expert_feed_forward_length").unwrap_or(ffn);
-    let norm_topk_default = matches!(family, Family::Mixtral | Family::Qwen3Moe);
+    let hybrid = matches!(family, Family::Qwen3Next | Family::Qwen35Moe);
+    let norm_topk_default = matches!(
+        family,
+        Family::Mixtral | Family::Qwen3Moe | Family::Qwen3Next | Family::Qwen35Moe
+    );
+    let (mixers, delta_net, rotary_dim) = if hybrid {
+        let (mixers, shape) = hybrid_layers(f, arch, layers)?;
+        // rope.dimension_count = int(head_dim * partial_rotary_factor)
+        let rotary = opt_u("rope.dimension_count").unwrap_or(head_dim / 4);
+        (mixers, Some(shape), rotary)
+    } else {
+        (vec![MixerKind::Attention; layers], None, head_dim)
+    };
     let cfg = ModelConfig {
         family,
         vocab_size: vocab,
@@ -130,7 +193,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         tie_word_embeddings: f.tensor("output.weight").is_none(),
         qk_norm: match family {
             Family::Olmoe => QkNorm::Full,
-            Family::Qwen3Moe => QkNorm::PerHead,
+            Family::Qwen3Moe | Family::Qwen3Next | Family::Qwen35Moe => QkNorm::PerHead,
             _ => QkNorm::None,
         },
         qkv_bias: f.tensor("blk.0.attn_q.bias").is_some(),
@@ -148,15 +211,98 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         eos_token_ids: eos,
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
         qk_rows_interleaved: arch == "llama",
-        mixers: vec![MixerKind::Attention; layers],
-        delta_net: None,
-        rotary_dim: head_dim,
-        attn_output_gate: false,
+        mixers,
+        delta_net,
+        rotary_dim,
+        attn_output_gate: hybrid,
+        // The converter folded the `1 +` of zero-centred norms into the weights.
         zero_centred_norms: false,
         vision_ignored: false,
     };
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)
+}
+
+/// A hybrid's mixer per layer (`attention.recurrent_layers`, else every
+/// `full_attention_interval`-th layer is attention) and its DeltaNet shape
+/// from the `ssm.*` keys the converter writes: `group_count` = key heads,
+/// `time_step_rank` = value heads, `state_size` = key head dim,
+/// `inner_size` = value heads × value head dim, `conv_kernel`.
+fn hybrid_layers(f: &GgufFile, arch: &str, layers: usize) -> Result<(Vec<MixerKind>, DeltaNetShape), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let req = |k: &str| -> Result<usize, ModelError> {
+        f.meta(&key(k))
+            .and_then(MetaValue::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(f, format!("missing or non-integer metadata {}", key(k))))
+    };
+    let v_heads = req("ssm.time_step_rank")?;
+    let inner = req("ssm.inner_size")?;
+    if v_heads == 0 || !inner.is_multiple_of(v_heads) {
+        return Err(bad(
+            f,
+            format!(
+                "{} ({inner}) must be a multiple of {} ({v_heads})",
+                key("ssm.inner_size"),
+                key("ssm.time_step_rank")
+            ),
+        ));
+    }
+    let shape = DeltaNetShape {
+        k_heads: req("ssm.group_count")?,
+        v_heads,
+        k_head_dim: req("ssm.state_size")?,
+        v_head_dim: inner / v_heads,
+        conv_kernel: req("ssm.conv_kernel")?,
+        // The converter splits Qwen3-Next's grouped in_proj_qkvz into
+        // attn_qkv and attn_gate: both families read as separate projections.
+        layout: ProjectionLayout::Separate,
+    };
+    shape.validate().map_err(|reason| bad(f, reason))?;
+    let mixers = match f.meta(&key("attention.recurrent_layers")).and_then(MetaValue::as_array) {
+        Some(list) => {
+            if list.len() < layers {
+                return Err(bad(
+                    f,
+                    format!(
+                        "{} has {} entries for {layers} layers",
+                        key("attention.recurrent_layers"),
+                        list.len()
+                    ),
+                ));
+            }
+            list[..layers]
+                .iter()
+                .map(|v| match v.as_bool() {
+                    Some(true) => Ok(MixerKind::GatedDeltaNet),
+                    Some(false) => Ok(MixerKind::Attention),
+                    None => Err(bad(
+                        f,
+                        format!("{} holds a non-bool", key("attention.recurrent_layers")),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+        None => {
+            let interval = f
+                .meta(&key("full_attention_interval"))
+                .and_then(MetaValue::as_u64)
+                .unwrap_or(4) as usize;
+            if interval == 0 {
+                return Err(bad(f, format!("{} must be at least 1", key("full_attention_interval"))));
+            }
+            (0..layers)
+                .map(|i| {
+                    if (i + 1) % interval != 0 {
+                        MixerKind::GatedDeltaNet
+                    } else {
+                        MixerKind::Attention
+                    }
+                })
+                .collect()
+        }
+    };
+    Ok((mixers, shape))
 }
 
 /// Where a Hugging Face tensor name lives in a GGUF file.
@@ -168,8 +314,9 @@ enum Mapped {
     Slice(String, usize),
 }
 
-/// Maps a Hugging Face tensor name to llama.cpp's.
-fn map_name(hf: &str) -> Option<Mapped> {
+/// Maps a Hugging Face tensor name to llama.cpp's (for the hybrids, the
+/// `qwen3next` / `qwen35moe` names: `post_attention_norm`, `ssm_*`).
+fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
     let whole = |s: String| Some(Mapped::Whole(s));
     match hf {
         "model.embed_tokens.weight" => return whole("token_embd.weight".into()),
@@ -181,6 +328,26 @@ fn map_name(hf: &str) -> Option<Mapped> {
     let (layer, rest) = rest.split_once('.')?;
     let l: usize = layer.parse().ok()?;
     let blk = |s: &str| Some(Mapped::Whole(format!("blk.{l}.{s}")));
+    if hybrid != Hybrid::No {
+        match rest {
+            "post_attention_layernorm.weight" => return blk("post_attention_norm.weight"),
+            // Qwen3-Next's in_proj_ba is stored as it is; b and a are its rows.
+            "linear_attn.in_proj_b.weight" | "linear_attn.in_proj_a.weight" if hybrid == Hybrid::Qwen3Next => {
+                return blk("ssm_ba.weight")
+            }
+            "linear_attn.in_proj_qkv.weight" => return blk("attn_qkv.weight"),
+            "linear_attn.in_proj_z.weight" => return blk("attn_gate.weight"),
+            "linear_attn.in_proj_b.weight" => return blk("ssm_beta.weight"),
+            "linear_attn.in_proj_a.weight" => return blk("ssm_alpha.weight"),
+            "linear_attn.in_proj_ba.weight" => return blk("ssm_ba.weight"),
+            "linear_attn.conv1d.weight" => return blk("ssm_conv1d.weight"),
+            "linear_attn.dt_bias" => return blk("ssm_dt.bias"),
+            "linear_attn.A_log" => return blk("ssm_a"),
+            "linear_attn.norm.weight" => return blk("ssm_norm.weight"),
+            "linear_attn.out_proj.weight" => return blk("ssm_out.weight"),
+            _ => {}
+        }
+    }
     match rest {
         "input_layernorm.weight" => return blk("attn_norm.weight"),
         "post_attention_layernorm.weight" => return blk("ffn_norm.weight"),
@@ -217,17 +384,221 @@ fn map_name(hf: &str) -> Option<Mapped> {
     Some(Mapped::Slice(format!("blk.{l}.ffn_{kind}_exps.weight"), e))
 }
 
+/// Where Qwen3.5's converter put grouped value head `h` (of `k_heads` key
+/// heads, `r` value heads each): grouped `h = g * r + j` is tiled `j * k_heads + g`.
+fn tiled(h: usize, k_heads: usize, r: usize) -> usize {
+    (h % r) * k_heads + h / r
+}
+
+/// For each of `units` grouped units of `width` elements, the tiled unit's
+/// elements: the stored index of every element in Hugging Face order.
+fn untile(units: usize, width: usize, k_heads: usize, r: usize) -> Vec<usize> {
+    (0..units * width)
+        .map(|i| tiled(i / width, k_heads, r) * width + i % width)
+        .collect()
+}
+
+/// The `A_log` whose `-exp` (as the DeltaNet computes it,
+/// `-A_log.exp()`) is `ssm_a`: `ln(-ssm_a)`, moved by a few ulps where
+/// that finds an exact inverse (the converter's `-torch.exp(A_log)` may
+/// round differently from `f32::exp`). `None` unless `ssm_a <= 0`.
+fn a_log_from_ssm_a(a: f32) -> Option<f32> {
+    if a.is_nan() || a > 0.0 {
+        return None;
+    }
+    let y = (-a).ln();
+    if !y.is_finite() || -y.exp() == a {
+        return Some(y);
+    }
+    let mut best = y;
+    let (mut up, mut down) = (y, y);
+    for _ in 0..8 {
+        up = up.next_up();
+        down = down.next_down();
+        for c in [up, down] {
+            if -c.exp() == a {
+                return Some(c);
+            }
+            if (-c.exp() - a).abs() < (-best.exp() - a).abs() {
+                best = c;
+            }
+        }
+    }
+    Some(best)
+}
+
+impl GgufModel {
+    fn missing(&self, name: String) -> LoadError {
+        LoadError::Gguf(GgufError::MissingTensor {
+            path: self.file.path().to_path_buf(),
+            name,
+        })
+    }
+
+    fn bad_tensor(&self, tensor: &str, reason: String) -> LoadError {
+        LoadError::Gguf(GgufError::BadTensor {
+            path: self.file.path().to_path_buf(),
+            tensor: tensor.to_string(),
+            reason,
+        })
+    }
+
+    /// The DeltaNet shape and `r = v_heads / k_heads` of a hybrid.
+    fn delta(&self) -> Option<(DeltaNetShape, usize)> {
+        let s = self.cfg.delta_net?;
+        Some((s, s.v_heads / s.k_heads))
+    }
+
+    /// How the converter moved the rows and columns of the linear-attention
+    /// matrix `hf` (`rows` × `cols` as the model asks for it): the stored
+    /// row count, the stored row of each Hugging Face row, and for
+    /// `ssm_out` the stored column of each (value-head units). `None` when
+    /// nothing moved.
+    #[allow(clippy::type_complexity)]
+    fn moved(&self, hf: &str, rows: usize) -> Option<(usize, Option<Vec<usize>>, Option<Vec<usize>>)> {
+        let (s, r) = self.delta()?;
+        let part = hf.split_once(".linear_attn.")?.1;
+        let kh = s.k_heads;
+        match (self.hybrid, part) {
+            // ssm_ba per key head: [b (r) | a (r)].
+            (Hybrid::Qwen3Next, "in_proj_b.weight" | "in_proj_a.weight") => {
+                let off = if part == "in_proj_a.weight" { r } else { 0 };
+                let pick = (0..s.v_heads).map(|h| (h / r) * 2 * r + off + h % r).collect();
+                Some((2 * s.v_heads, Some(pick), None))
+            }
+            (Hybrid::Qwen35, _) if r > 1 => match part {
+                "in_proj_qkv.weight" => {
+                    let qk = 2 * s.key_dim();
+                    let v = untile(s.v_heads, s.v_head_dim, kh, r);
+                    Some((rows, Some((0..qk).chain(v.into_iter().map(|i| qk + i)).collect()), None))
+                }
+                "in_proj_z.weight" => Some((rows, Some(untile(s.v_heads, s.v_head_dim, kh, r)), None)),
+                "in_proj_b.weight" | "in_proj_a.weight" => Some((rows, Some(untile(s.v_heads, 1, kh, r)), None)),
+                "out_proj.weight" => Some((rows, None, Some(untile(s.v_heads, 1, kh, r)))),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The stored matrix `g` (`src_rows` × `cols`) with rows `pick` (stored
+    /// row of each output row) and value-head column units `units` (stored
+    /// unit of each output unit, `cols / units.len()` wide) moved. Rows and
+    /// whole blocks move as stored; columns of a block type whose block
+    /// spans more than one unit are moved dequantized to f32.
+    fn rearranged(
+        &self,
+        g: &str,
+        src_rows: usize,
+        cols: usize,
+        pick: Option<&[usize]>,
+        units: Option<&[usize]>,
+    ) -> Result<Weight, LoadError> {
+        // Checks the name, dims and type as a plain read would.
+        let stored = self.file.weight(g, src_rows, cols)?;
+        let t = self.file.tensor(g).ok_or_else(|| self.missing(g.to_string()))?;
+        let ty = t.ty;
+        let row_bytes = ty
+            .row_bytes(cols)
+            .ok_or_else(|| self.bad_tensor(g, format!("{cols} columns are not whole {ty:?} blocks")))?;
+        let bytes = self.file.tensor_bytes(t);
+        let identity: Vec<usize>;
+        let pick = match pick {
+            Some(p) => p,
+            None => {
+                identity = (0..src_rows).collect();
+                &identity
+            }
+        };
+        if let Some(&bad) = pick.iter().find(|&&r| r >= src_rows) {
+            return Err(self.bad_tensor(g, format!("row {bad} of {src_rows}")));
+        }
+        let rows = pick.len();
+        let unit_cols = match units {
+            Some(u) if !u.is_empty() && cols.is_multiple_of(u.len()) => Some(cols / u.len()),
+            Some(_) => return Err(self.bad_tensor(g, format!("{cols} columns do not split into value heads"))),
+            None => None,
+        };
+        let block_aligned = unit_cols.is_none_or(|w| w.is_multiple_of(ty.block_elems()));
+        if !block_aligned {
+            // Dequantized, then moved as f32 (exact values, f32 products).
+            let all = stored.data().to_f32_vec();
+            let (w, units) = (unit_cols.unwrap_or(cols), units.unwrap_or(&[]));
+            let mut out = Vec::with_capacity(rows * cols);
+            for &r in pick {
+                let row = &all[r * cols..(r + 1) * cols];
+                for &u in units {
+                    out.extend_from_slice(&row[u * w..(u + 1) * w]);
+                }
+            }
+            return Ok(Weight::from_f32(rows, cols, out));
+        }
+        // Byte runs: whole rows, or whole blocks of each unit.
+        let (unit_bytes, units) = match (unit_cols, units) {
+            (Some(w), Some(u)) => (w / ty.block_elems() * ty.block_bytes(), u),
+            _ => (row_bytes, &[0usize][..]),
+        };
+        let mut out = Vec::with_capacity(rows * row_bytes);
+        for &r in pick {
+            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+            for &u in units {
+                out.extend_from_slice(&row[u * unit_bytes..(u + 1) * unit_bytes]);
+            }
+        }
+        let le16 = |b: &[u8]| {
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect::<Vec<_>>()
+        };
+        let data = match ty {
+            GgmlType::F32 => {
+                let v = out
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                WeightData::F32(Buf::owned(v))
+            }
+            GgmlType::F16 => WeightData::F16(Buf::owned(le16(&out))),
+            GgmlType::BF16 => WeightData::BF16(Buf::owned(le16(&out))),
+            ty => WeightData::Gguf {
+                ty,
+                data: Buf::owned(out),
+            },
+        };
+        Weight::try_new(rows, cols, data).map_err(|e| self.bad_tensor(g, e.to_string()))
+    }
+
+    /// A 1-D linear-attention parameter of `len` with Qwen3.5's tiled value
+    /// heads put back in grouped order (`ssm_a`, `ssm_dt.bias`).
+    fn head_vector(&self, g: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+        let v = self.file.vector(g, len)?;
+        match self.delta() {
+            Some((s, r)) if self.hybrid == Hybrid::Qwen35 && r > 1 && len == s.v_heads => {
+                Ok(untile(s.v_heads, 1, s.k_heads, r).into_iter().map(|i| v[i]).collect())
+            }
+            _ => Ok(v),
+        }
+    }
+}
+
 impl WeightSource for GgufModel {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
-        let missing = || {
-            LoadError::Gguf(GgufError::MissingTensor {
-                path: self.file.path().to_path_buf(),
-                name: name.to_string(),
-            })
-        };
-        match map_name(name).ok_or_else(missing)? {
+        let hybrid = self.hybrid != Hybrid::No;
+        let missing = || self.missing(name.to_string());
+        match map_name(name, self.hybrid).ok_or_else(missing)? {
             Mapped::Whole(g) => {
-                let t = self.file.tensor(&g).ok_or_else(missing)?;
+                if hybrid {
+                    if let Some((src_rows, pick, units)) = self.moved(name, rows) {
+                        if self.file.tensor(&g).is_none() {
+                            return Err(self.missing(format!("{g} (for {name})")));
+                        }
+                        return self.rearranged(&g, src_rows, cols, pick.as_deref(), units.as_deref());
+                    }
+                }
+                let t = self
+                    .file
+                    .tensor(&g)
+                    .ok_or_else(|| self.missing(format!("{g} (for {name})")))?;
                 // A [1, cols] gate may be stored as a 1-D tensor.
                 if rows == 1 && t.dims.len() == 1 {
                     let v = self.file.vector(&g, cols)?;
@@ -244,38 +615,77 @@ impl WeightSource for GgufModel {
                 if self.file.tensor(&per).is_some() {
                     return Ok(self.file.weight(&per, rows, cols)?);
                 }
-                Err(LoadError::Gguf(GgufError::MissingTensor {
-                    path: self.file.path().to_path_buf(),
-                    name: format!("{g} (for {name})"),
-                }))
+                Err(self.missing(format!("{g} (for {name})")))
             }
         }
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
-        match map_name(name) {
-            Some(Mapped::Whole(g)) => Ok(self.file.vector(&g, len)?),
-            _ => Err(LoadError::Gguf(GgufError::MissingTensor {
-                path: self.file.path().to_path_buf(),
-                name: name.to_string(),
-            })),
+        let g = match map_name(name, self.hybrid) {
+            Some(Mapped::Whole(g)) => g,
+            _ => return Err(self.missing(name.to_string())),
+        };
+        if self.file.tensor(&g).is_none() {
+            return Err(self.missing(format!("{g} (for {name})")));
         }
+        if name.ends_with(".linear_attn.A_log") {
+            // ssm_a = -exp(A_log)
+            return self
+                .head_vector(&g, len)?
+                .into_iter()
+                .map(|a| {
+                    a_log_from_ssm_a(a).ok_or_else(|| self.bad_tensor(&g, format!("holds {a}, not -exp(A_log) <= 0")))
+                })
+                .collect();
+        }
+        if name.ends_with(".linear_attn.dt_bias") {
+            return self.head_vector(&g, len);
+        }
+        Ok(self.file.vector(&g, len)?)
     }
 
-    /// Only 1-D arrays are read from GGUF files so far (the families that
-    /// need more, such as a DeltaNet conv weight, are not mapped yet).
+    /// 1-D tensors as [`WeightSource::vector`]; a tensor of more dims is
+    /// read as the 2-D tensor its size-1 dims squeeze to (llama.cpp stores
+    /// a conv weight `[channels, 1, kernel]` as ggml `[kernel, channels]`),
+    /// dequantized to f32. Qwen3.5's DeltaNet conv has its tiled v channels
+    /// put back in grouped order.
     fn array(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, LoadError> {
-        match shape {
-            [len] => self.vector(name, *len),
-            _ => Err(LoadError::Gguf(GgufError::MissingTensor {
-                path: self.file.path().to_path_buf(),
-                name: format!("{name} (a {}-D tensor, not read from GGUF files yet)", shape.len()),
-            })),
+        let dims: Vec<usize> = shape.iter().copied().filter(|&d| d != 1).collect();
+        let (rows, cols) = match dims[..] {
+            [] => return self.vector(name, 1),
+            [len] => return self.vector(name, len),
+            [rows, cols] => (rows, cols),
+            _ => return Err(self.missing(format!("{name} (a {}-D tensor, not read from GGUF files)", dims.len()))),
+        };
+        let g = match map_name(name, self.hybrid) {
+            Some(Mapped::Whole(g)) => g,
+            _ => return Err(self.missing(name.to_string())),
+        };
+        if self.file.tensor(&g).is_none() {
+            return Err(self.missing(format!("{g} (for {name})")));
+        }
+        let all = self.file.weight(&g, rows, cols)?.data().to_f32_vec();
+        match self.delta() {
+            Some((s, r)) if self.hybrid == Hybrid::Qwen35 && r > 1 && name.ends_with(".linear_attn.conv1d.weight") => {
+                let qk = 2 * s.key_dim();
+                if rows != s.conv_dim() {
+                    return Err(self.bad_tensor(&g, format!("{rows} channels, expected {}", s.conv_dim())));
+                }
+                let order = (0..qk).chain(
+                    untile(s.v_heads, s.v_head_dim, s.k_heads, r)
+                        .into_iter()
+                        .map(|i| qk + i),
+                );
+                Ok(order
+                    .flat_map(|c| all[c * cols..(c + 1) * cols].iter().copied())
+                    .collect())
+            }
+            _ => Ok(all),
         }
     }
 
     fn contains(&self, name: &str) -> bool {
-        match map_name(name) {
+        match map_name(name, self.hybrid) {
             Some(Mapped::Whole(g)) | Some(Mapped::Slice(g, _)) => self.file.tensor(&g).is_some(),
             None => false,
         }
@@ -286,29 +696,111 @@ impl WeightSource for GgufModel {
 mod tests {
     use super::*;
 
+    fn map_name_plain(hf: &str) -> Option<Mapped> {
+        map_name(hf, Hybrid::No)
+    }
+
     #[test]
     fn names_map_to_llama_cpp() {
         assert_eq!(
-            map_name("model.embed_tokens.weight"),
+            map_name_plain("model.embed_tokens.weight"),
             Some(Mapped::Whole("token_embd.weight".into()))
         );
         assert_eq!(
-            map_name("model.layers.3.self_attn.k_norm.weight"),
+            map_name_plain("model.layers.3.self_attn.k_norm.weight"),
             Some(Mapped::Whole("blk.3.attn_k_norm.weight".into()))
         );
         assert_eq!(
-            map_name("model.layers.0.block_sparse_moe.experts.5.w3.weight"),
+            map_name_plain("model.layers.0.block_sparse_moe.experts.5.w3.weight"),
             Some(Mapped::Slice("blk.0.ffn_up_exps.weight".into(), 5))
         );
         assert_eq!(
-            map_name("model.layers.12.mlp.experts.63.down_proj.weight"),
+            map_name_plain("model.layers.12.mlp.experts.63.down_proj.weight"),
             Some(Mapped::Slice("blk.12.ffn_down_exps.weight".into(), 63))
         );
         assert_eq!(
-            map_name("model.layers.1.mlp.shared_expert_gate.weight"),
+            map_name_plain("model.layers.1.mlp.shared_expert_gate.weight"),
             Some(Mapped::Whole("blk.1.ffn_gate_inp_shexp.weight".into()))
         );
-        assert_eq!(map_name("model.layers.x.mlp.gate.weight"), None);
-        assert_eq!(map_name("something.else"), None);
+        assert_eq!(map_name_plain("model.layers.x.mlp.gate.weight"), None);
+        assert_eq!(map_name_plain("something.else"), None);
+    }
+
+    #[test]
+    fn hybrid_names_map_to_llama_cpp() {
+        let m = |hf: &str, h| match map_name(hf, h) {
+            Some(Mapped::Whole(g)) => g,
+            other => panic!("{hf}: {other:?}"),
+        };
+        for h in [Hybrid::Qwen3Next, Hybrid::Qwen35] {
+            assert_eq!(
+                m("model.layers.2.post_attention_layernorm.weight", h),
+                "blk.2.post_attention_norm.weight"
+            );
+            assert_eq!(
+                m("model.layers.0.linear_attn.in_proj_qkv.weight", h),
+                "blk.0.attn_qkv.weight"
+            );
+            assert_eq!(
+                m("model.layers.0.linear_attn.in_proj_z.weight", h),
+                "blk.0.attn_gate.weight"
+            );
+            assert_eq!(m("model.layers.1.linear_attn.A_log", h), "blk.1.ssm_a");
+            assert_eq!(m("model.layers.1.linear_attn.dt_bias", h), "blk.1.ssm_dt.bias");
+            assert_eq!(
+                m("model.layers.1.linear_attn.conv1d.weight", h),
+                "blk.1.ssm_conv1d.weight"
+            );
+            assert_eq!(m("model.layers.1.linear_attn.norm.weight", h), "blk.1.ssm_norm.weight");
+            assert_eq!(
+                m("model.layers.1.linear_attn.out_proj.weight", h),
+                "blk.1.ssm_out.weight"
+            );
+        }
+        assert_eq!(
+            m("model.layers.0.linear_attn.in_proj_b.weight", Hybrid::Qwen3Next),
+            "blk.0.ssm_ba.weight"
+        );
+        assert_eq!(
+            m("model.layers.0.linear_attn.in_proj_a.weight", Hybrid::Qwen3Next),
+            "blk.0.ssm_ba.weight"
+        );
+        assert_eq!(
+            m("model.layers.0.linear_attn.in_proj_b.weight", Hybrid::Qwen35),
+            "blk.0.ssm_beta.weight"
+        );
+        assert_eq!(
+            m("model.layers.0.linear_attn.in_proj_a.weight", Hybrid::Qwen35),
+            "blk.0.ssm_alpha.weight"
+        );
+        assert_eq!(
+            m("model.layers.0.post_attention_layernorm.weight", Hybrid::No),
+            "blk.0.ffn_norm.weight"
+        );
+        assert_eq!(map_name("model.layers.0.linear_attn.A_log", Hybrid::No), None);
+    }
+
+    #[test]
+    fn tiled_value_heads_go_back_to_grouped_order() {
+        // 2 key heads, 3 value heads each: grouped [G0v0 G0v1 G0v2 G1v0 G1v1 G1v2]
+        // was stored tiled [G0v0 G1v0 G0v1 G1v1 G0v2 G1v2].
+        let stored = ["G0v0", "G1v0", "G0v1", "G1v1", "G0v2", "G1v2"];
+        let grouped: Vec<&str> = untile(6, 1, 2, 3).into_iter().map(|i| stored[i]).collect();
+        assert_eq!(grouped, ["G0v0", "G0v1", "G0v2", "G1v0", "G1v1", "G1v2"]);
+        // Units of width 2 move whole.
+        assert_eq!(untile(2, 2, 1, 2), vec![0, 1, 2, 3]);
+        assert_eq!(untile(4, 2, 2, 2), vec![0, 1, 4, 5, 2, 3, 6, 7]);
+    }
+
+    #[test]
+    fn a_log_is_recovered_from_ssm_a() {
+        for a_log in [-3.0f32, -0.5, 0.0, 0.1, 0.75, 1.0, 2.5, 2.772_588_7] {
+            let a = -a_log.exp();
+            let back = a_log_from_ssm_a(a).unwrap();
+            assert_eq!((-back.exp()).to_bits(), a.to_bits(), "A_log {a_log}");
+        }
+        assert_eq!(a_log_from_ssm_a(-0.0), Some(f32::NEG_INFINITY));
+        assert_eq!(a_log_from_ssm_a(0.5), None);
+        assert_eq!(a_log_from_ssm_a(f32::NAN), None);
     }
 }

@@ -3,7 +3,10 @@
 //! and logit bits as the Hugging Face directories (BF16 as llama.cpp's
 //! `llama` architecture, whose q/k rows are permuted per head), Q8_0 is
 //! measured, `convert` re-lays a GGUF into a container without changing a
-//! block, and bad GGUF files are clear errors.
+//! block, and bad GGUF files are clear errors. The gated-DeltaNet hybrids
+//! (`qwen3next`, `qwen35moe`) are converted by llama.cpp's own
+//! `convert_hf_to_gguf.py` (`scripts/make_gguf_hybrid_fixtures.py`), whose
+//! reorderings and folded norms are undone at load.
 
 use std::path::PathBuf;
 
@@ -12,6 +15,7 @@ use charm_common::gguf::GgufFile;
 use charm_coordinator::convert::convert;
 use charm_coordinator::{Engine, EngineOptions, GenerateParams, SamplingParams};
 use charm_models::KvDtype;
+use charm_models::MixerKind;
 use charm_tests::{fixture, repo_root, Reference};
 
 fn gguf(name: &str) -> PathBuf {
@@ -50,6 +54,53 @@ fn f32_and_bf16_gguf_match_the_hf_directory_bit_for_bit() {
             bits(&g.logits_all(&seq).unwrap()),
             bits(&hf),
             "{file}: logits differ from {name}"
+        );
+    }
+}
+
+fn hybrid_gguf(name: &str) -> PathBuf {
+    fixture("gguf").join(name)
+}
+
+/// llama.cpp's converter splits Qwen3-Next's grouped projections, reorders
+/// Qwen3.5's value heads, stores `-exp(A_log)` and folds `1 +` into the
+/// zero-centred norms: the F32 files still give the reference's greedy and
+/// teacher-forced ids, and the Hugging Face directory's logits.
+#[test]
+fn hybrid_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
+    for (file, name, arch) in [
+        ("qwen3next-f32.gguf", "qwen3next", "qwen3next"),
+        ("qwen35moe-f32.gguf", "qwen35moe", "qwen35moe"),
+    ] {
+        let r = Reference::load(name);
+        let path = hybrid_gguf(file);
+        let g = Engine::local(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let hf = Engine::local(&fixture(name)).unwrap();
+        let (gc, hc) = (g.config(), hf.config());
+        assert_eq!(gc.family, hc.family, "{file}");
+        assert_eq!(gc.mixers, hc.mixers, "{file}: layer kinds");
+        assert!(gc.mixers.contains(&MixerKind::GatedDeltaNet), "{file}");
+        assert_eq!(gc.rotary_dim, hc.rotary_dim, "{file}");
+        assert!(gc.attn_output_gate && !gc.zero_centred_norms, "{file}: +1 is folded in");
+        assert_eq!(
+            GgufFile::open(&path)
+                .unwrap()
+                .meta("general.architecture")
+                .and_then(|v| v.as_str()),
+            Some(arch)
+        );
+
+        assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "{file}: greedy ids");
+        let seq = r.full_sequence();
+        let logits = g.logits_all(&seq).unwrap();
+        assert_eq!(r.top1_agreement(&logits), 1.0, "{file}: teacher-forced argmax");
+        let want = hf.logits_all(&seq).unwrap();
+        let diff = charm_tests::max_abs_diff(&logits, &want);
+        println!("{file}: max |Δ logit| vs the HF directory {diff:e}");
+        assert_eq!(
+            bits(&logits),
+            bits(&want),
+            "{file}: logits differ from {name} (max {diff:e})"
         );
     }
 }
@@ -188,4 +239,31 @@ fn bad_gguf_files_are_clear_errors() {
     std::fs::write(&p, b"GGUF\x01\x00\x00\x00").unwrap();
     let e = load_err(&p);
     assert!(e.contains("not-gguf.gguf") && e.contains("version 1"), "{e}");
+}
+
+/// A hybrid GGUF without one of its DeltaNet tensors is refused with the
+/// tensor's llama.cpp name.
+#[test]
+fn hybrid_gguf_missing_an_ssm_tensor_names_it() {
+    let tmp = scratch();
+    for (file, tensor) in [
+        ("qwen3next-f32.gguf", "blk.1.ssm_a"),
+        ("qwen3next-f32.gguf", "blk.0.ssm_ba.weight"),
+        ("qwen35moe-f32.gguf", "blk.2.ssm_conv1d.weight"),
+        ("qwen35moe-f32.gguf", "blk.0.ssm_out.weight"),
+        ("qwen35moe-f32.gguf", "blk.1.ssm_alpha.weight"),
+    ] {
+        let mut bytes = std::fs::read(hybrid_gguf(file)).unwrap();
+        // Rename the tensor in the table (same length, so the file stays valid).
+        let at = bytes
+            .windows(tensor.len() + 8)
+            .position(|w| w[..8] == (tensor.len() as u64).to_le_bytes() && &w[8..] == tensor.as_bytes())
+            .unwrap_or_else(|| panic!("{tensor} not in {file}"));
+        let name = &mut bytes[at + 8..at + 8 + tensor.len()];
+        name[..4].copy_from_slice(b"blk_");
+        let p = tmp.path().join(format!("no-{tensor}-{file}"));
+        std::fs::write(&p, &bytes).unwrap();
+        let e = load_err(&p);
+        assert!(e.contains(tensor), "{file} without {tensor}: {e}");
+    }
 }

@@ -1,0 +1,59 @@
+"""Convert the gated-DeltaNet hybrid fixtures to GGUF with llama.cpp's own
+converter (`convert_hf_to_gguf.py`), unchanged but for the vocabulary.
+
+Run by hand (the outputs are committed; CI needs no Python):
+
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /work/llama-sdist
+    #   (pip then tries to build cmake for the metadata; the sdist is already
+    #    in its unpack directory and can be taken from there)
+    tar xzf llama_cpp_python-0.3.36.tar.gz -C /work/llama-sdist
+    /work/venv/bin/python scripts/make_gguf_hybrid_fixtures.py \
+        /work/llama-sdist/llama_cpp_python-0.3.36/vendor/llama.cpp
+
+(the venv of make_fixtures.py: torch, transformers, safetensors, numpy; the
+converter imports its own vendored `gguf-py`).
+
+Writes into tests/fixtures/gguf/:
+
+  qwen3next-f32.gguf  arch `qwen3next`, from tests/fixtures/qwen3next
+  qwen35moe-f32.gguf  arch `qwen35moe`, from tests/fixtures/qwen35moe
+
+each with `--outtype f32 --no-mtp` (the fixtures have no MTP block). The
+fixtures have no tokenizer, so the converter's `set_vocab` is replaced by
+one that writes `{arch}.vocab_size` only; every tensor and every other
+metadata key is the converter's own (its reorderings included: see
+docs/gguf.md).
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures"
+OUT = FIX / "gguf"
+
+FIXTURES = [("qwen3next", "qwen3next-f32.gguf"), ("qwen35moe", "qwen35moe-f32.gguf")]
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(f"usage: {sys.argv[0]} LLAMA_CPP_DIR (holding convert_hf_to_gguf.py)")
+    llama = Path(sys.argv[1]).resolve()
+    sys.path.insert(0, str(llama))
+    import convert_hf_to_gguf as conv  # noqa: E402 (imports llama.cpp's gguf-py)
+    from conversion.base import TextModel  # noqa: E402
+
+    def set_vocab(self):
+        self.gguf_writer.add_vocab_size(self.hparams["vocab_size"])
+
+    TextModel.set_vocab = set_vocab
+    OUT.mkdir(parents=True, exist_ok=True)
+    for fixture, name in FIXTURES:
+        out = OUT / name
+        sys.argv = ["convert_hf_to_gguf.py", str(FIX / fixture), "--outtype", "f32", "--no-mtp", "--outfile", str(out)]
+        conv.main()
+        print(f"{out.relative_to(ROOT)}: {out.stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main()
