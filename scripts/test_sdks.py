@@ -5,6 +5,10 @@ server: only the base URL (and a key) change.
 Each SDK completes a chat and a streamed chat; the streamed text must equal
 the whole one, the usage and finish reasons must be there, and an unknown
 model must raise the SDK's own NotFoundError (so the error shapes parse).
+Then a tool round trip in each SDK's own shapes (tool definitions, an
+assistant call, its result, the tool forced by name), whole and streamed:
+the answer must parse in the SDK, and the stream must accumulate to the
+whole answer.
 Prints one JSON object with what each SDK got, for the caller to compare.
 
 Usage: python scripts/test_sdks.py --base-url http://127.0.0.1:PORT --model ID
@@ -21,6 +25,13 @@ import openai
 
 SYSTEM = "You are terse."
 USER = "Say something about hummingbirds."
+TOOL_USER = "What is the weather in Paris?"
+TOOL_RESULT = "18 C, clear"
+WEATHER = {
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def check(cond, what):
@@ -75,6 +86,71 @@ def run_openai(base, key, model, max_tokens):
     }
 
 
+def run_openai_tools(base, key, model, max_tokens):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
+    tools = [{"type": "function", "function": {"name": WEATHER["name"], "description": WEATHER["description"],
+                                               "parameters": WEATHER["schema"]}}]
+    messages = [
+        {"role": "user", "content": TOOL_USER},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": TOOL_RESULT},
+    ]
+    kw = dict(model=model, messages=messages, tools=tools, max_tokens=max_tokens, temperature=0,
+              tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(**kw)
+    msg, finish = whole.choices[0].message, whole.choices[0].finish_reason
+    calls = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in msg.tool_calls or []]
+    check((finish == "tool_calls") == bool(calls), f"openai tools: finish_reason {finish} with calls {calls}")
+
+    content, streamed_calls, stream_finish = [], {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            if c.delta.content:
+                content.append(c.delta.content)
+            for t in c.delta.tool_calls or []:
+                slot = streamed_calls.setdefault(t.index, {"name": "", "arguments": ""})
+                if t.function and t.function.name:
+                    slot["name"] += t.function.name
+                if t.function and t.function.arguments:
+                    slot["arguments"] += t.function.arguments
+            if c.finish_reason:
+                stream_finish = c.finish_reason
+    streamed = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(streamed_calls.items())]
+    check("".join(content) == (msg.content or ""), f"openai tools: streamed {''.join(content)!r} != {msg.content!r}")
+    check(streamed == calls, f"openai tools: streamed calls {streamed} != {calls}")
+    check(stream_finish == finish, f"openai tools: stream finish {stream_finish} != {finish}")
+    return {"content": msg.content, "calls": calls, "finish_reason": finish,
+            "prompt_tokens": whole.usage.prompt_tokens, "completion_tokens": whole.usage.completion_tokens}
+
+
+def run_anthropic_tools(base, key, model, max_tokens):
+    client = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=120)
+    tools = [{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["schema"]}]
+    messages = [
+        {"role": "user", "content": TOOL_USER},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": TOOL_RESULT}]},
+    ]
+    kw = dict(model=model, messages=messages, tools=tools, max_tokens=max_tokens, temperature=0,
+              tool_choice={"type": "tool", "name": "get_weather"})
+
+    def summary(m):
+        return {"text": "".join(b.text for b in m.content if b.type == "text"),
+                "calls": [{"name": b.name, "arguments": b.input} for b in m.content if b.type == "tool_use"],
+                "stop_reason": m.stop_reason}
+
+    whole = client.messages.create(**kw)
+    got = summary(whole)
+    check((whole.stop_reason == "tool_use") == bool(got["calls"]), f"anthropic tools: {got}")
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    check(summary(final) == got, f"anthropic tools: streamed {summary(final)} != {got}")
+    got.update(input_tokens=whole.usage.input_tokens, output_tokens=whole.usage.output_tokens)
+    return got
+
+
 def run_anthropic(base, key, model, max_tokens):
     client = anthropic.Anthropic(base_url=base, api_key=key, max_retries=0, timeout=120)
     messages = [{"role": "user", "content": USER}]
@@ -122,6 +198,8 @@ def main():
         "anthropic_version": anthropic.__version__,
         "openai": run_openai(base, a.api_key, a.model, a.max_tokens),
         "anthropic": run_anthropic(base, a.api_key, a.model, a.max_tokens),
+        "openai_tools": run_openai_tools(base, a.api_key, a.model, a.max_tokens),
+        "anthropic_tools": run_anthropic_tools(base, a.api_key, a.model, a.max_tokens),
     }
     print(json.dumps(out, ensure_ascii=False))
 

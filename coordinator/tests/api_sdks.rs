@@ -1,7 +1,11 @@
 //! The official `openai` and `anthropic` Python SDKs, unmodified, against a
 //! real server (base URL and key only): `scripts/test_sdks.py` completes a
 //! chat and a streamed chat with each, and its answers must equal the
-//! engine's own greedy answers for the same prompts.
+//! engine's own greedy answers for the same prompts; then a tool round trip
+//! with each (tools, a call, its result, the tool forced by name), whose
+//! prompt must be the template's rendering with the call's prefill and
+//! whose answer the greedy continuation of it (the random-weight model
+//! writes no valid call: the raw text comes back, no call).
 //!
 //! The SDKs live in `target/sdk-venv` (made by `scripts/sdk_venv.sh`, which
 //! `scripts/test.sh` runs). Without python3/pip the test is skipped with a
@@ -13,7 +17,9 @@ use std::process::Command;
 
 use api_support::*;
 use charm_coordinator::chat_template::Message;
-use serde_json::Value;
+use charm_coordinator::server::tools::{parse, ToolSyntax};
+use charm_coordinator::TextCodec;
+use serde_json::{json, Value};
 
 const SYSTEM: &str = "You are terse.";
 const USER: &str = "Say something about hummingbirds.";
@@ -82,4 +88,43 @@ fn official_python_sdks_chat_and_stream() {
         v["anthropic"]["stop_reason"],
         if full { "max_tokens" } else { "end_turn" }
     );
+
+    // Tools: both SDKs' round trips render to the same prompt.
+    let codec = TextCodec::load(&chat_fixture()).unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let call = json!({"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}});
+    let msgs = [
+        Message::new("user", "What is the weather in Paris?"),
+        Message::assistant_calls("", vec![call]),
+        Message::tool_result("call_1", "18 C, clear"),
+    ];
+    let prefill = ToolSyntax::Hermes.prefill(Some("get_weather"));
+    let extra = [("tools", minijinja::Value::from_serialize(&tools))];
+    let prompt = codec.encode_chat_prefilled(&msgs, true, &extra, &prefill).unwrap();
+    let (engine, _) = engine();
+    let params = charm_coordinator::GenerateParams {
+        max_tokens: MAX_TOKENS,
+        sampling: Default::default(),
+        ignore_eos: false,
+    };
+    let gen = engine
+        .generate(&mut engine.session(), &prompt, &params, |_| true)
+        .unwrap();
+    let text = codec.decode(&gen.ids, true).unwrap();
+    let want = parse(ToolSyntax::Hermes, &["get_weather".into()], &format!("{prefill}{text}"));
+    assert!(want.calls.is_empty(), "the fixture model wrote a valid call: {text:?}");
+    let o = &v["openai_tools"];
+    assert_eq!(o["prompt_tokens"], prompt.len(), "{o}");
+    assert_eq!(o["content"], want.content.as_str());
+    assert_eq!(o["calls"], json!([]));
+    assert_eq!(
+        o["finish_reason"],
+        if gen.ids.len() == MAX_TOKENS { "length" } else { "stop" }
+    );
+    let a = &v["anthropic_tools"];
+    assert_eq!(a["input_tokens"], prompt.len(), "{a}");
+    assert_eq!(a["text"], want.content.as_str());
+    assert_eq!(a["calls"], json!([]));
 }

@@ -230,7 +230,7 @@ impl ToolStream {
 
     fn block(&mut self, inner: &str, raw: String, out: &mut Vec<Piece>) {
         let parsed = self.syntax.parse_block(inner).and_then(|c| {
-            if self.names.iter().any(|n| *n == c.name) {
+            if self.names.contains(&c.name) {
                 Ok(c)
             } else {
                 Err(format!("calls {:?}, which is not among the tools offered", c.name))
