@@ -15,10 +15,13 @@ converter imports its own vendored `gguf-py`).
 
 Writes into tests/fixtures/gguf/:
 
-  qwen3next-f32.gguf  arch `qwen3next`, from tests/fixtures/qwen3next
-  qwen35moe-f32.gguf  arch `qwen35moe`, from tests/fixtures/qwen35moe
+  qwen3next-{f32,q8_0}.gguf  arch `qwen3next`, from tests/fixtures/qwen3next
+  qwen35moe-{f32,q8_0}.gguf  arch `qwen35moe`, from tests/fixtures/qwen35moe
 
-each with `--outtype f32 --no-mtp` (the fixtures have no MTP block). The
+with `--outtype f32` / `--outtype q8_0` and `--no-mtp` (the fixtures have
+no MTP block). F32 must give the Hugging Face directory's logits bit for
+bit; Q8_0 (2-D weights whose rows are whole 32-element blocks, the rest F32,
+as the converter decides) is measured. The
 fixtures have no tokenizer, so the converter's `set_vocab` is replaced by
 one that writes `{arch}.vocab_size` only; every tensor and every other
 metadata key is the converter's own (its reorderings included: see
@@ -32,7 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures"
 OUT = FIX / "gguf"
 
-FIXTURES = [("qwen3next", "qwen3next-f32.gguf"), ("qwen35moe", "qwen35moe-f32.gguf")]
+FIXTURES = [
+    (fixture, f"{fixture}-{outtype}.gguf", outtype)
+    for fixture in ("qwen3next", "qwen35moe")
+    for outtype in ("f32", "q8_0")
+]
 
 
 def main():
@@ -48,9 +55,9 @@ def main():
 
     TextModel.set_vocab = set_vocab
     OUT.mkdir(parents=True, exist_ok=True)
-    for fixture, name in FIXTURES:
+    for fixture, name, outtype in FIXTURES:
         out = OUT / name
-        sys.argv = ["convert_hf_to_gguf.py", str(FIX / fixture), "--outtype", "f32", "--no-mtp", "--outfile", str(out)]
+        sys.argv = ["convert_hf_to_gguf.py", str(FIX / fixture), "--outtype", outtype, "--no-mtp", "--outfile", str(out)]
         conv.main()
         print(f"{out.relative_to(ROOT)}: {out.stat().st_size} bytes")
 

@@ -429,18 +429,11 @@ fn a_log_from_ssm_a(a: f32) -> Option<f32> {
 
 impl GgufModel {
     fn missing(&self, name: String) -> LoadError {
-        LoadError::Gguf(GgufError::MissingTensor {
-            path: self.file.path().to_path_buf(),
-            name,
-        })
+        missing(&self.file, name)
     }
 
     fn bad_tensor(&self, tensor: &str, reason: String) -> LoadError {
-        LoadError::Gguf(GgufError::BadTensor {
-            path: self.file.path().to_path_buf(),
-            tensor: tensor.to_string(),
-            reason,
-        })
+        bad_tensor(&self.file, tensor, reason)
     }
 
     /// The DeltaNet shape and `r = v_heads / k_heads` of a hybrid.
@@ -481,93 +474,6 @@ impl GgufModel {
         }
     }
 
-    /// The stored matrix `g` (`src_rows` × `cols`) with rows `pick` (stored
-    /// row of each output row) and value-head column units `units` (stored
-    /// unit of each output unit, `cols / units.len()` wide) moved. Rows and
-    /// whole blocks move as stored; columns of a block type whose block
-    /// spans more than one unit are moved dequantized to f32.
-    fn rearranged(
-        &self,
-        g: &str,
-        src_rows: usize,
-        cols: usize,
-        pick: Option<&[usize]>,
-        units: Option<&[usize]>,
-    ) -> Result<Weight, LoadError> {
-        // Checks the name, dims and type as a plain read would.
-        let stored = self.file.weight(g, src_rows, cols)?;
-        let t = self.file.tensor(g).ok_or_else(|| self.missing(g.to_string()))?;
-        let ty = t.ty;
-        let row_bytes = ty
-            .row_bytes(cols)
-            .ok_or_else(|| self.bad_tensor(g, format!("{cols} columns are not whole {ty:?} blocks")))?;
-        let bytes = self.file.tensor_bytes(t);
-        let identity: Vec<usize>;
-        let pick = match pick {
-            Some(p) => p,
-            None => {
-                identity = (0..src_rows).collect();
-                &identity
-            }
-        };
-        if let Some(&bad) = pick.iter().find(|&&r| r >= src_rows) {
-            return Err(self.bad_tensor(g, format!("row {bad} of {src_rows}")));
-        }
-        let rows = pick.len();
-        let unit_cols = match units {
-            Some(u) if !u.is_empty() && cols.is_multiple_of(u.len()) => Some(cols / u.len()),
-            Some(_) => return Err(self.bad_tensor(g, format!("{cols} columns do not split into value heads"))),
-            None => None,
-        };
-        let block_aligned = unit_cols.is_none_or(|w| w.is_multiple_of(ty.block_elems()));
-        if !block_aligned {
-            // Dequantized, then moved as f32 (exact values, f32 products).
-            let all = stored.data().to_f32_vec();
-            let (w, units) = (unit_cols.unwrap_or(cols), units.unwrap_or(&[]));
-            let mut out = Vec::with_capacity(rows * cols);
-            for &r in pick {
-                let row = &all[r * cols..(r + 1) * cols];
-                for &u in units {
-                    out.extend_from_slice(&row[u * w..(u + 1) * w]);
-                }
-            }
-            return Ok(Weight::from_f32(rows, cols, out));
-        }
-        // Byte runs: whole rows, or whole blocks of each unit.
-        let (unit_bytes, units) = match (unit_cols, units) {
-            (Some(w), Some(u)) => (w / ty.block_elems() * ty.block_bytes(), u),
-            _ => (row_bytes, &[0usize][..]),
-        };
-        let mut out = Vec::with_capacity(rows * row_bytes);
-        for &r in pick {
-            let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-            for &u in units {
-                out.extend_from_slice(&row[u * unit_bytes..(u + 1) * unit_bytes]);
-            }
-        }
-        let le16 = |b: &[u8]| {
-            b.chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect::<Vec<_>>()
-        };
-        let data = match ty {
-            GgmlType::F32 => {
-                let v = out
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                WeightData::F32(Buf::owned(v))
-            }
-            GgmlType::F16 => WeightData::F16(Buf::owned(le16(&out))),
-            GgmlType::BF16 => WeightData::BF16(Buf::owned(le16(&out))),
-            ty => WeightData::Gguf {
-                ty,
-                data: Buf::owned(out),
-            },
-        };
-        Weight::try_new(rows, cols, data).map_err(|e| self.bad_tensor(g, e.to_string()))
-    }
-
     /// A 1-D linear-attention parameter of `len` with Qwen3.5's tiled value
     /// heads put back in grouped order (`ssm_a`, `ssm_dt.bias`).
     fn head_vector(&self, g: &str, len: usize) -> Result<Vec<f32>, LoadError> {
@@ -581,6 +487,114 @@ impl GgufModel {
     }
 }
 
+fn missing(file: &GgufFile, name: String) -> LoadError {
+    LoadError::Gguf(GgufError::MissingTensor {
+        path: file.path().to_path_buf(),
+        name,
+    })
+}
+
+fn bad_tensor(file: &GgufFile, tensor: &str, reason: String) -> LoadError {
+    LoadError::Gguf(GgufError::BadTensor {
+        path: file.path().to_path_buf(),
+        tensor: tensor.to_string(),
+        reason,
+    })
+}
+
+/// The stored matrix `g` (`src_rows` × `cols`) with rows `pick` (stored
+/// row of each output row) and value-head column units `units` (stored
+/// unit of each output unit, `cols / units.len()` wide) moved. Rows and
+/// whole blocks move as stored; columns of a block type whose block
+/// spans more than one unit are moved dequantized to f32.
+fn rearranged(
+    file: &GgufFile,
+    g: &str,
+    src_rows: usize,
+    cols: usize,
+    pick: Option<&[usize]>,
+    units: Option<&[usize]>,
+) -> Result<Weight, LoadError> {
+    // Checks the name, dims and type as a plain read would.
+    let stored = file.weight(g, src_rows, cols)?;
+    let t = file.tensor(g).ok_or_else(|| missing(file, g.to_string()))?;
+    let ty = t.ty;
+    let row_bytes = ty
+        .row_bytes(cols)
+        .ok_or_else(|| bad_tensor(file, g, format!("{cols} columns are not whole {ty:?} blocks")))?;
+    let bytes = file.tensor_bytes(t);
+    let identity: Vec<usize>;
+    let pick = match pick {
+        Some(p) => p,
+        None => {
+            identity = (0..src_rows).collect();
+            &identity
+        }
+    };
+    if let Some(&bad) = pick.iter().find(|&&r| r >= src_rows) {
+        return Err(bad_tensor(file, g, format!("row {bad} of {src_rows}")));
+    }
+    let rows = pick.len();
+    let unit_cols = match units {
+        Some(u) if !u.is_empty() && cols.is_multiple_of(u.len()) => Some(cols / u.len()),
+        Some(_) => {
+            return Err(bad_tensor(
+                file,
+                g,
+                format!("{cols} columns do not split into value heads"),
+            ))
+        }
+        None => None,
+    };
+    let block_aligned = unit_cols.is_none_or(|w| w.is_multiple_of(ty.block_elems()));
+    if !block_aligned {
+        // Dequantized, then moved as f32 (exact values, f32 products).
+        let all = stored.data().to_f32_vec();
+        let (w, units) = (unit_cols.unwrap_or(cols), units.unwrap_or(&[]));
+        let mut out = Vec::with_capacity(rows * cols);
+        for &r in pick {
+            let row = &all[r * cols..(r + 1) * cols];
+            for &u in units {
+                out.extend_from_slice(&row[u * w..(u + 1) * w]);
+            }
+        }
+        return Ok(Weight::from_f32(rows, cols, out));
+    }
+    // Byte runs: whole rows, or whole blocks of each unit.
+    let (unit_bytes, units) = match (unit_cols, units) {
+        (Some(w), Some(u)) => (w / ty.block_elems() * ty.block_bytes(), u),
+        _ => (row_bytes, &[0usize][..]),
+    };
+    let mut out = Vec::with_capacity(rows * row_bytes);
+    for &r in pick {
+        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+        for &u in units {
+            out.extend_from_slice(&row[u * unit_bytes..(u + 1) * unit_bytes]);
+        }
+    }
+    let le16 = |b: &[u8]| {
+        b.chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect::<Vec<_>>()
+    };
+    let data = match ty {
+        GgmlType::F32 => {
+            let v = out
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            WeightData::F32(Buf::owned(v))
+        }
+        GgmlType::F16 => WeightData::F16(Buf::owned(le16(&out))),
+        GgmlType::BF16 => WeightData::BF16(Buf::owned(le16(&out))),
+        ty => WeightData::Gguf {
+            ty,
+            data: Buf::owned(out),
+        },
+    };
+    Weight::try_new(rows, cols, data).map_err(|e| bad_tensor(file, g, e.to_string()))
+}
+
 impl WeightSource for GgufModel {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
         let hybrid = self.hybrid != Hybrid::No;
@@ -592,7 +606,7 @@ impl WeightSource for GgufModel {
                         if self.file.tensor(&g).is_none() {
                             return Err(self.missing(format!("{g} (for {name})")));
                         }
-                        return self.rearranged(&g, src_rows, cols, pick.as_deref(), units.as_deref());
+                        return rearranged(&self.file, &g, src_rows, cols, pick.as_deref(), units.as_deref());
                     }
                 }
                 let t = self
@@ -802,5 +816,76 @@ mod tests {
         assert_eq!(a_log_from_ssm_a(-0.0), Some(f32::NEG_INFINITY));
         assert_eq!(a_log_from_ssm_a(0.5), None);
         assert_eq!(a_log_from_ssm_a(f32::NAN), None);
+    }
+
+    /// A GGUF v3 file of one `[rows, cols]` tensor `w` of type `ty` (id).
+    fn one_tensor(ty: u32, rows: u64, cols: u64, data: &[u8]) -> GgufFile {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b'w');
+        b.extend_from_slice(&2u32.to_le_bytes());
+        b.extend_from_slice(&cols.to_le_bytes());
+        b.extend_from_slice(&rows.to_le_bytes());
+        b.extend_from_slice(&ty.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        b.extend_from_slice(data);
+        GgufFile::from_bytes("w.gguf", b).unwrap()
+    }
+
+    /// Rows and value-head column units move as whole blocks where a unit
+    /// is whole blocks (Q8_0, F16), and dequantized where a block spans
+    /// several units (Q4_K): either way the values of the stored matrix,
+    /// rearranged.
+    #[test]
+    fn rearranged_moves_rows_and_column_units() {
+        let (rows, cols) = (3usize, 512usize);
+        let pick = [2usize, 0];
+        let units = [3usize, 1, 0, 2];
+        let seeded = |n: usize| (0..n).map(|i| (i * 7919 % 251) as u8).collect::<Vec<u8>>();
+        let mut q4k = seeded(rows * 2 * 144);
+        for blk in q4k.chunks_exact_mut(144) {
+            blk[..4].copy_from_slice(&[0x00, 0x2c, 0x00, 0x28]); // d, dmin: finite f16
+        }
+        let mut q8 = seeded(rows * 16 * 34);
+        for blk in q8.chunks_exact_mut(34) {
+            blk[..2].copy_from_slice(&[0x00, 0x2c]);
+        }
+        let f16: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| ((i % 1000) as u16 + 0x3000).to_le_bytes())
+            .collect();
+        for (ty, data, blocks_move) in [(12u32, q4k, false), (8, q8, true), (1, f16, true)] {
+            let f = one_tensor(ty, rows as u64, cols as u64, &data);
+            let all = f.weight("w", rows, cols).unwrap().data().to_f32_vec();
+            let w = rearranged(&f, "w", rows, cols, Some(&pick), Some(&units)).unwrap();
+            assert_eq!((w.rows(), w.cols()), (2, cols));
+            let unit = cols / units.len();
+            let want: Vec<f32> = pick
+                .iter()
+                .flat_map(|&r| {
+                    units
+                        .iter()
+                        .flat_map(move |&u| (0..unit).map(move |c| r * cols + u * unit + c))
+                })
+                .map(|i| all[i])
+                .collect();
+            let got = w.data().to_f32_vec();
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "type {ty}"
+            );
+            assert_eq!(matches!(w.data(), WeightData::F32(_)), !blocks_move, "type {ty}");
+        }
+        let f = one_tensor(8, 1, 32, &[0u8; 34]);
+        let e = match rearranged(&f, "w", 1, 32, Some(&[1]), None) {
+            Ok(_) => panic!("row 1 of a 1-row tensor was read"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("tensor w") && e.contains("row 1 of 1"), "{e}");
     }
 }

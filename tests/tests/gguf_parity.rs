@@ -108,10 +108,17 @@ fn hybrid_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
 #[test]
 fn q8_0_gguf_is_measured_against_the_reference() {
     println!("| file | top-1 agreement (teacher-forced) |");
-    for (file, name) in [("olmoe-q8_0.gguf", "olmoe"), ("qwen3moe-q8_0.gguf", "qwen3moe")] {
+    for (path, name) in [
+        (gguf("olmoe-q8_0.gguf"), "olmoe"),
+        (gguf("qwen3moe-q8_0.gguf"), "qwen3moe"),
+        // llama.cpp's converter's Q8_0: moved rows and ssm_out column blocks.
+        (hybrid_gguf("qwen3next-q8_0.gguf"), "qwen3next"),
+        (hybrid_gguf("qwen35moe-q8_0.gguf"), "qwen35moe"),
+    ] {
+        let file = path.file_name().unwrap().to_string_lossy();
         let r = Reference::load(name);
         let seq = r.full_sequence();
-        let e = Engine::local(&gguf(file)).unwrap();
+        let e = Engine::local(&path).unwrap();
         let top1 = r.top1_agreement(&e.logits_all(&seq).unwrap());
         println!("| {file} | {top1:.3} |");
         assert!(top1 >= 0.5, "{file}: top-1 agreement {top1}");
@@ -265,5 +272,41 @@ fn hybrid_gguf_missing_an_ssm_tensor_names_it() {
         std::fs::write(&p, &bytes).unwrap();
         let e = load_err(&p);
         assert!(e.contains(tensor), "{file} without {tensor}: {e}");
+    }
+}
+
+/// The Q8_0 hybrids' moved matrices (rows picked out of `ssm_ba`, tiled
+/// value heads in rows and `ssm_out` column blocks put back) are the F32
+/// file's, in the same order, within a Q8_0 rounding step.
+#[test]
+fn hybrid_q8_0_moved_matrices_are_the_f32_ones() {
+    use charm_common::WeightSource;
+    use charm_models::gguf::GgufModel;
+    for fam in ["qwen3next", "qwen35moe"] {
+        let exact = GgufModel::open(&hybrid_gguf(&format!("{fam}-f32.gguf"))).unwrap();
+        let q8 = GgufModel::open(&hybrid_gguf(&format!("{fam}-q8_0.gguf"))).unwrap();
+        let s = exact.cfg.delta_net.unwrap();
+        let (h, kd, vd, vh) = (exact.cfg.hidden_size, s.key_dim(), s.value_dim(), s.v_heads);
+        for (part, rows, cols) in [
+            ("in_proj_qkv", 2 * kd + vd, h),
+            ("in_proj_z", vd, h),
+            ("in_proj_b", vh, h),
+            ("in_proj_a", vh, h),
+            ("out_proj", h, vd),
+        ] {
+            let name = format!("model.layers.0.linear_attn.{part}.weight");
+            let a = exact.matrix(&name, rows, cols).unwrap().data().to_f32_vec();
+            let b = q8.matrix(&name, rows, cols).unwrap().data().to_f32_vec();
+            for (r, (ra, rb)) in a.chunks(cols).zip(b.chunks(cols)).enumerate() {
+                // Q8_0: d = amax / 127 per 32 elements, rounded to f16, so
+                // |error| <= d / 2 + 127 * d * 2^-11 < 0.6 d; a misplaced row or
+                // block would be off by about the weights' own size.
+                for (ba, bb) in ra.chunks(32).zip(rb.chunks(32)) {
+                    let d = ba.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+                    let diff = charm_tests::max_abs_diff(ba, bb);
+                    assert!(diff <= d * 0.6, "{fam} {part} row {r}: {diff} > {}", d * 0.6);
+                }
+            }
+        }
     }
 }
