@@ -11,6 +11,9 @@
 //!   naming the attention tensor it lacks; an unknown layer type is named.
 //! - `a_missing_conv_tensor_is_named`: a checkpoint without a layer's
 //!   `conv1d.weight` fails naming it.
+//! - `hybrid_ggufs_convert_to_containers_with_the_same_bits`: llama.cpp's
+//!   F32 and Q8_0 files of both families, re-laid into containers by
+//!   `coordinator convert`, give the GGUF's own logit bits and ids.
 
 mod cluster_support;
 
@@ -136,4 +139,32 @@ fn a_missing_conv_tensor_is_named() {
     safetensors::tensor::serialize_to_file(kept, None, &path).unwrap();
     let err = load_err(&dir);
     assert!(err.contains(gone), "{err}");
+}
+
+#[test]
+fn hybrid_ggufs_convert_to_containers_with_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, reference) in [
+        ("qwen3next-f32", "qwen3next"),
+        ("qwen3next-q8_0", "qwen3next"),
+        ("qwen35moe-f32", "qwen35moe"),
+        ("qwen35moe-q8_0", "qwen35moe"),
+    ] {
+        let gguf = fixture("gguf").join(format!("{name}.gguf"));
+        let r = Reference::load(reference);
+        let want = logits_and_ids(&Engine::local(&gguf).unwrap(), &r);
+        let out = tmp.path().join(name);
+        let o = coordinator(&[
+            "--model",
+            gguf.to_str().unwrap(),
+            "convert",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            logits_and_ids(&Engine::local(&out).unwrap(), &r) == want,
+            "{name}: container"
+        );
+    }
 }
