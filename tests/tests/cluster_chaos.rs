@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use cluster_support::serve::*;
 use cluster_support::*;
-use serde_json::{json, Value};
 
 const PROMPTS: [&str; 6] = [
     "The capital of France is",
@@ -38,15 +37,9 @@ const PER_CLIENT: usize = 8;
 const FAULTS: usize = 8;
 const SEED: u64 = 0x5eed_c4a0;
 
-fn completion(addr: SocketAddr, prompt: &str) -> String {
-    let (status, body) = http(
-        addr,
-        "POST",
-        "/v1/completions",
-        Some(&json!({"prompt": prompt, "max_tokens": 24, "temperature": 0})),
-    );
-    assert_eq!(status, 200, "{prompt:?}: {body}");
-    let v: Value = serde_json::from_str(&body).expect("JSON");
+/// The greedy completion of `prompt`, 24 tokens.
+fn text(addr: SocketAddr, prompt: &str) -> String {
+    let v = completion(addr, prompt, 24);
     v["choices"][0]["text"].as_str().expect("a text").to_string()
 }
 
@@ -108,9 +101,9 @@ fn every_answer_survives_killed_stopped_and_restarted_workers() {
 
     // The undisturbed answers, twice over (the second pass warms every
     // cache and buffer, so the footprint baseline is a steady state).
-    let want: HashMap<&str, String> = PROMPTS.iter().map(|&p| (p, completion(addr, p))).collect();
+    let want: HashMap<&str, String> = PROMPTS.iter().map(|&p| (p, text(addr, p))).collect();
     for p in PROMPTS {
-        assert_eq!(completion(addr, p), want[p], "{p:?} is deterministic");
+        assert_eq!(text(addr, p), want[p], "{p:?} is deterministic");
     }
     let (fds_before, rss_before) = footprint(srv.child.id());
 
@@ -155,7 +148,7 @@ fn every_answer_survives_killed_stopped_and_restarted_workers() {
                         std::thread::sleep(ms(10));
                     }
                     let p = PROMPTS[(c + i * CLIENTS) % PROMPTS.len()];
-                    assert_eq!(completion(addr, p), want[p], "client {c}, request {i}: {p:?}");
+                    assert_eq!(text(addr, p), want[p], "client {c}, request {i}: {p:?}");
                 }
             })
         })

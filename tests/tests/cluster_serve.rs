@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use cluster_support::serve::*;
 use cluster_support::*;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn metrics(addr: SocketAddr) -> String {
     let (status, body) = http(addr, "GET", "/metrics", None);
@@ -41,19 +41,6 @@ fn network(text: &str, worker: &str, direction: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map(|v| v.parse().expect("a number"))
-}
-
-fn complete(addr: SocketAddr, prompt: &str) -> Value {
-    let (status, body) = http(
-        addr,
-        "POST",
-        "/v1/completions",
-        Some(&json!({"prompt": prompt, "max_tokens": 4, "temperature": 0})),
-    );
-    assert_eq!(status, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).expect("JSON");
-    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{v}");
-    v
 }
 
 /// The dashboard's workers by address.
@@ -97,7 +84,7 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
         assert_eq!(listed[&w.spec()]["status"], "up", "{state}");
     }
 
-    complete(addr, "The capital of France is");
+    completion(addr, "The capital of France is", 4);
 
     let m = metrics(addr);
     assert!(
@@ -163,7 +150,7 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
     let kept = workers[1].spec();
     let served_before = sample(&metrics(addr), "charm_worker_experts_served_total", &kept).unwrap();
     workers[0].kill9();
-    complete(addr, "Hello");
+    completion(addr, "Hello", 4);
     let t = Instant::now();
     let m = loop {
         let m = metrics(addr);

@@ -119,6 +119,17 @@ pub fn dechunk(mut rest: &str) -> String {
     out
 }
 
+/// `POST /v1/completions` of `prompt`, greedy, `max_tokens` long: the
+/// answer (status 200 and at least one token asserted).
+pub fn completion(addr: SocketAddr, prompt: &str, max_tokens: usize) -> Value {
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0});
+    let (status, text) = http(addr, "POST", "/v1/completions", Some(&body));
+    assert_eq!(status, 200, "{prompt:?}: {text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap_or(0) >= 1, "{v}");
+    v
+}
+
 pub fn get_json(addr: SocketAddr, path: &str) -> Value {
     let (status, body) = http(addr, "GET", path, None);
     assert_eq!(status, 200, "{path}: {body}");
