@@ -82,21 +82,7 @@ fn every_answer_survives_killed_stopped_and_restarted_workers() {
     let tmp = tempfile::tempdir().unwrap();
     let key = keygen(tmp.path(), "cluster.key");
     let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
-    let specs: Vec<String> = workers.iter().map(Worker::spec).collect();
-    let srv = Serve::start(&[
-        "--model",
-        dir.to_str().unwrap(),
-        "--cluster-key-file",
-        key.to_str().unwrap(),
-        "--workers",
-        &specs.join(","),
-        "--min-workers",
-        "3",
-        "--worker-timeout-ms",
-        "3000",
-        "--threads",
-        "1",
-    ]);
+    let srv = Serve::cluster(&dir, &key, &workers);
     let addr = srv.addr;
 
     // The undisturbed answers, twice over (the second pass warms every

@@ -59,21 +59,7 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
     let tmp = tempfile::tempdir().unwrap();
     let key = keygen(tmp.path(), "cluster.key");
     let mut workers: Vec<Worker> = (0..2).map(|_| Worker::start(&dir, &key, &[])).collect();
-    let specs = workers.iter().map(Worker::spec).collect::<Vec<_>>().join(",");
-    let srv = Serve::start(&[
-        "--model",
-        dir.to_str().unwrap(),
-        "--cluster-key-file",
-        key.to_str().unwrap(),
-        "--workers",
-        &specs,
-        "--min-workers",
-        "2",
-        "--worker-timeout-ms",
-        "3000",
-        "--threads",
-        "1",
-    ]);
+    let srv = Serve::cluster(&dir, &key, &workers);
     let addr = srv.addr;
 
     // Before any request both workers are listed, up.

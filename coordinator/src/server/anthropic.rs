@@ -119,11 +119,7 @@ impl Content {
 /// and other fields are ignored).
 fn parse_tools(v: Option<Value>) -> Result<Vec<ToolDef>, ApiError> {
     let bad = |m: String| ApiError::invalid_param("tools", m);
-    let list = match v {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(bad("tools must be a list".into())),
-    };
+    let list = tools::tool_list(v).map_err(bad)?;
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.into_iter().enumerate() {
         let Value::Object(mut t) = t else {
@@ -138,27 +134,7 @@ fn parse_tools(v: Option<Value>) -> Result<Vec<ToolDef>, ApiError> {
                 )))
             }
         }
-        let name = match t.remove("name") {
-            Some(Value::String(n)) => n,
-            Some(_) => return Err(bad(format!("tools.{i}.name is not a string"))),
-            None => return Err(bad(format!("tools.{i}.name is missing"))),
-        };
-        tools::check_name(&name).map_err(|why| bad(format!("tools.{i}.name {name:?} {why}")))?;
-        let description = match t.remove("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d),
-            Some(_) => return Err(bad(format!("tools.{i}.description is not a string"))),
-        };
-        let parameters = match t.remove("input_schema") {
-            Some(p @ Value::Object(_)) => p,
-            Some(_) => return Err(bad(format!("tools.{i}.input_schema must be a JSON schema object"))),
-            None => return Err(bad(format!("tools.{i}.input_schema is missing"))),
-        };
-        out.push(ToolDef {
-            name,
-            description,
-            parameters: Some(parameters),
-        });
+        out.push(ToolDef::from_fields(&mut t, &format!("tools.{i}"), "input_schema", true).map_err(bad)?);
     }
     Ok(out)
 }

@@ -161,11 +161,7 @@ enum PromptField {
 /// description, parameters}}` (`strict` and other fields are ignored).
 fn parse_tools(v: Option<Value>) -> Result<Vec<ToolDef>, ApiError> {
     let bad = |m: String| ApiError::invalid_param("tools", m);
-    let list = match v {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(bad("tools must be a list".into())),
-    };
+    let list = tools::tool_list(v).map_err(bad)?;
     let mut out = Vec::with_capacity(list.len());
     for (i, t) in list.into_iter().enumerate() {
         let Value::Object(mut t) = t else {
@@ -183,31 +179,7 @@ fn parse_tools(v: Option<Value>) -> Result<Vec<ToolDef>, ApiError> {
         let Some(Value::Object(mut f)) = t.remove("function") else {
             return Err(bad(format!("tools[{i}].function is missing or not an object")));
         };
-        let name = match f.remove("name") {
-            Some(Value::String(n)) => n,
-            Some(_) => return Err(bad(format!("tools[{i}].function.name is not a string"))),
-            None => return Err(bad(format!("tools[{i}].function.name is missing"))),
-        };
-        tools::check_name(&name).map_err(|why| bad(format!("tools[{i}].function.name {name:?} {why}")))?;
-        let description = match f.remove("description") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(d)) => Some(d),
-            Some(_) => return Err(bad(format!("tools[{i}].function.description is not a string"))),
-        };
-        let parameters = match f.remove("parameters") {
-            None | Some(Value::Null) => None,
-            Some(p @ Value::Object(_)) => Some(p),
-            Some(_) => {
-                return Err(bad(format!(
-                    "tools[{i}].function.parameters must be a JSON schema object"
-                )))
-            }
-        };
-        out.push(ToolDef {
-            name,
-            description,
-            parameters,
-        });
+        out.push(ToolDef::from_fields(&mut f, &format!("tools[{i}].function"), "parameters", false).map_err(bad)?);
     }
     Ok(out)
 }

@@ -306,7 +306,49 @@ pub struct ToolDef {
     pub parameters: Option<Value>,
 }
 
+/// A request's `tools` list (empty when absent or null).
+pub fn tool_list(v: Option<Value>) -> Result<Vec<Value>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => Ok(a),
+        Some(_) => Err("tools must be a list".into()),
+    }
+}
+
 impl ToolDef {
+    /// The `name`, `description` and schema (`schema_key`; `None` when
+    /// absent unless `schema_required`) of one tool definition, whose path in
+    /// the request is `at` (for messages).
+    pub fn from_fields(
+        fields: &mut Map<String, Value>,
+        at: &str,
+        schema_key: &str,
+        schema_required: bool,
+    ) -> Result<ToolDef, String> {
+        let name = match fields.remove("name") {
+            Some(Value::String(n)) => n,
+            Some(_) => return Err(format!("{at}.name is not a string")),
+            None => return Err(format!("{at}.name is missing")),
+        };
+        check_name(&name).map_err(|why| format!("{at}.name {name:?} {why}"))?;
+        let description = match fields.remove("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d),
+            Some(_) => return Err(format!("{at}.description is not a string")),
+        };
+        let parameters = match fields.remove(schema_key) {
+            Some(p @ Value::Object(_)) => Some(p),
+            None | Some(Value::Null) if !schema_required => None,
+            None => return Err(format!("{at}.{schema_key} is missing")),
+            Some(_) => return Err(format!("{at}.{schema_key} must be a JSON schema object")),
+        };
+        Ok(ToolDef {
+            name,
+            description,
+            parameters,
+        })
+    }
+
     /// The definition as templates get it (OpenAI's function-tool shape).
     pub fn rendered(&self) -> Value {
         let mut f = Map::new();

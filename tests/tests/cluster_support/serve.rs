@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -70,6 +71,29 @@ impl Serve {
                 panic!("coordinator serve did not print its address in {PATIENCE:?}");
             }
         }
+    }
+}
+
+impl Serve {
+    /// `coordinator serve` for `model` in front of `workers` (all of them
+    /// required at start), one compute thread, a 3 s request timeout.
+    pub fn cluster(model: &Path, key: &Path, workers: &[super::Worker]) -> Serve {
+        let specs: Vec<String> = workers.iter().map(super::Worker::spec).collect();
+        let n = workers.len().to_string();
+        Serve::start(&[
+            "--model",
+            model.to_str().expect("a UTF-8 path"),
+            "--cluster-key-file",
+            key.to_str().expect("a UTF-8 path"),
+            "--workers",
+            &specs.join(","),
+            "--min-workers",
+            &n,
+            "--worker-timeout-ms",
+            "3000",
+            "--threads",
+            "1",
+        ])
     }
 }
 
