@@ -19,7 +19,9 @@
 //! `add_weighted_rows` / `_f16`) have explicit AVX2 lanes (`float_x86`)
 //! that perform the portable body's operations in its order; attention's
 //! four also have AVX-512 bodies (`attention_x512`: a 128-wide head's
-//! values in one pass) with the same bits.
+//! values in one pass) with the same bits. The gated delta rule of
+//! DeltaNet layers (`delta_rule`) has a reference and a column-blocked
+//! fast path with its bits.
 
 use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::isa::Isa;
@@ -358,6 +360,10 @@ macro_rules! multiversion {
         }
     };
 }
+
+// After the macros, which it uses.
+mod delta_rule;
+pub use delta_rule::{delta_rule, delta_rule_on, delta_rule_ref, DeltaInputs};
 
 float_dot!(
     /// `Σ w[i] x[i]` for an f32 weight row.

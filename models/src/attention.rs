@@ -13,8 +13,11 @@ use crate::config::{ModelConfig, QkNorm};
 use crate::kv_cache::LayerKv;
 use crate::rope::Rope;
 
-/// Where one or more attention calls spent their time, in milliseconds
-/// (added to by [`Attention::forward_timed`]; the names are part of the
+/// Where one or more mixer calls spent their time, in milliseconds
+/// (added to by [`Attention::forward_timed`] and
+/// [`crate::gated_delta_net::GatedDeltaNet::forward_timed`], whose input
+/// projections count as `qkv_ms`, conv, delta rule and gated norm as
+/// `heads_ms`, `out_proj` as `o_proj_ms`; the names are part of the
 /// `generate --json` profile).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct AttentionTimes {

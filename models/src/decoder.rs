@@ -211,10 +211,8 @@ impl Model {
                 a.forward_timed(&xs, &st.positions, &self.rope, kv, &mut attn_out, times)
             }
             (Mixer::GatedDeltaNet(d), LayerCache::Recurrent(state)) => {
-                let t = std::time::Instant::now();
                 debug_assert_eq!(state.len(), st.positions[0], "positions must continue the state");
-                d.forward(&xs, n, state, &mut attn_out);
-                times.heads_ms += t.elapsed().as_secs_f64() * 1e3;
+                d.forward_timed(&xs, n, state, &mut attn_out, times);
             }
             _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
         }

@@ -7,10 +7,13 @@
 //! chunked form is only its own speed-up of the same rule), so a prompt
 //! prefilled at once, in chunks, or token by token gives the same bits.
 
-use charm_common::kernels::{rms_norm, sigmoid, silu};
+use charm_common::kernels::{delta_rule, rms_norm, sigmoid, silu, DeltaInputs};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 
+use std::time::Instant;
+
+use crate::attention::AttentionTimes;
 use crate::recurrent_state::RecurrentState;
 
 /// The shape of a model's gated DeltaNet layers (`linear_*` config keys).
@@ -187,10 +190,28 @@ impl GatedDeltaNet {
     /// The layer over `n` normed rows that follow what `state` has seen;
     /// advances `state` and writes the `out_proj` output (`n × hidden`).
     pub fn forward(&self, xs: &[f32], n: usize, state: &mut RecurrentState, out: &mut [f32]) {
+        self.forward_timed(xs, n, state, out, &mut AttentionTimes::default())
+    }
+
+    /// [`GatedDeltaNet::forward`], adding its parts' times to `times`: the
+    /// input projections as `qkv_ms`, conv, rule and gated norm as
+    /// `heads_ms`, `out_proj` as `o_proj_ms`.
+    pub fn forward_timed(
+        &self,
+        xs: &[f32],
+        n: usize,
+        state: &mut RecurrentState,
+        out: &mut [f32],
+        times: &mut AttentionTimes,
+    ) {
         let s = self.shape;
         let (kd, vd, dk, dv) = (s.key_dim(), s.value_dim(), s.k_head_dim, s.v_head_dim);
         let ratio = s.v_heads / s.k_heads;
+        let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
         let rows = self.project(xs, n);
+        times.qkv_ms += ms(started);
+        let started = Instant::now();
         let (conv_hist, conv_dim, rec) = state.parts();
         let hist = s.conv_kernel - 1;
 
@@ -230,48 +251,37 @@ impl GatedDeltaNet {
             })
             .collect();
 
-        // The delta rule, every value head on its own state, positions in order.
+        // The delta rule, every value head on its own state, positions in
+        // order (`kernels::delta_rule`, which quotes the rule's lines).
         let mut core = vec![0.0f32; n * vd];
         let mut per_head: Vec<Vec<f32>> = rec
             .par_chunks_mut(dk * dv)
             .enumerate()
             .map(|(h, st)| {
                 let kh = h / ratio;
-                let mut o = vec![0.0f32; n * dv];
-                let mut kv_mem = vec![0.0f32; dv];
+                let (mut q, mut k, mut v) = (
+                    Vec::with_capacity(n * dk),
+                    Vec::with_capacity(n * dk),
+                    Vec::with_capacity(n * dv),
+                );
+                let (mut decay, mut beta) = (Vec::with_capacity(n), Vec::with_capacity(n));
                 for t in 0..n {
-                    let q = &qk[t].0[kh * dk..(kh + 1) * dk];
-                    let k = &qk[t].1[kh * dk..(kh + 1) * dk];
-                    let v = &mixed[t][2 * kd + h * dv..2 * kd + (h + 1) * dv];
-                    // beta = b.sigmoid(); g = -A_log.exp() * F.softplus(a + dt_bias)
-                    let beta = sigmoid(rows[t].b[h]);
-                    let g = self.neg_a[h] * softplus(rows[t].a[h] + self.dt_bias[h]);
-                    let decay = g.exp();
-                    // Two passes over the state, each row once; every element
-                    // sees the rule's operations in the rule's order.
-                    // last_recurrent_state = last_recurrent_state * g_t
-                    // kv_mem = (last_recurrent_state * k_t.unsqueeze(-1)).sum(dim=-2)
-                    kv_mem.fill(0.0);
-                    for (row, &ki) in st.chunks_exact_mut(dv).zip(k) {
-                        for (m, sij) in kv_mem.iter_mut().zip(row.iter_mut()) {
-                            *sij *= decay;
-                            *m += *sij * ki;
-                        }
-                    }
-                    // delta = (v_t - kv_mem) * beta_t
-                    for (m, &vj) in kv_mem.iter_mut().zip(v) {
-                        *m = (vj - *m) * beta;
-                    }
-                    // last_recurrent_state = last_recurrent_state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
-                    // core_attn_out[:, :, i] = (last_recurrent_state * q_t.unsqueeze(-1)).sum(dim=-2)
-                    let ot = &mut o[t * dv..(t + 1) * dv];
-                    for ((row, &ki), &qi) in st.chunks_exact_mut(dv).zip(k).zip(q) {
-                        for ((sij, &dj), oj) in row.iter_mut().zip(kv_mem.iter()).zip(ot.iter_mut()) {
-                            *sij += ki * dj;
-                            *oj += *sij * qi;
-                        }
-                    }
+                    q.extend_from_slice(&qk[t].0[kh * dk..(kh + 1) * dk]);
+                    k.extend_from_slice(&qk[t].1[kh * dk..(kh + 1) * dk]);
+                    v.extend_from_slice(&mixed[t][2 * kd + h * dv..2 * kd + (h + 1) * dv]);
+                    // beta = b.sigmoid(); g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+                    beta.push(sigmoid(rows[t].b[h]));
+                    decay.push((self.neg_a[h] * softplus(rows[t].a[h] + self.dt_bias[h])).exp());
                 }
+                let mut o = vec![0.0f32; n * dv];
+                let x = DeltaInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    decay: &decay,
+                    beta: &beta,
+                };
+                delta_rule(st, dv, x, &mut o);
                 o
             })
             .collect();
@@ -291,7 +301,10 @@ impl GatedDeltaNet {
                 core[t * vd + h * dv..t * vd + (h + 1) * dv].copy_from_slice(row);
             }
         }
+        times.heads_ms += ms(started);
+        let started = Instant::now();
         self.out_proj.matmul(&core, n, out);
+        times.o_proj_ms += ms(started);
     }
 }
 
