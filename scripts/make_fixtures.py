@@ -690,9 +690,10 @@ def to_qwen3next_hub_spelling(path):
     path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
 
 
-def make_qwen3next():
+def make_qwen3next(name="qwen3next", sizes=HYBRID_SIZES):
+    """`sizes` other than HYBRID_SIZES: scripts/make_gguf_hybrid_fixtures.py's square-head variant."""
     cfg = Qwen3NextConfig(
-        **HYBRID_SIZES,
+        **sizes,
         intermediate_size=48,  # unused: every layer is MoE
         decoder_sparse_step=1,
         mlp_only_layers=[],
@@ -703,14 +704,14 @@ def make_qwen3next():
         **COMMON,
     )
     assert cfg.layer_types == HYBRID_LAYER_TYPES, cfg.layer_types
-    return build("qwen3next", Qwen3NextForCausalLM, cfg, "qwen3_next", "float32", HYBRID_STDS,
-                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("qwen3next", HYBRID_PROMPT_LEN),
+    return build(name, Qwen3NextForCausalLM, cfg, "qwen3_next", "float32", HYBRID_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt(name, HYBRID_PROMPT_LEN),
                  rewrite_config=to_qwen3next_hub_spelling, randomizer=randomize_hybrid, extra=hybrid_extra)
 
 
-def qwen35moe_text_config():
+def qwen35moe_text_config(sizes=HYBRID_SIZES):
     return Qwen3_5MoeTextConfig(
-        **HYBRID_SIZES,
+        **sizes,
         layer_types=HYBRID_LAYER_TYPES,
         # Qwen3.5's real rope parameters, the mrope section scaled to the 8 rotary frequencies
         # (text-only positions are equal in all three sections, so mrope reduces to plain rope)
@@ -725,10 +726,11 @@ def qwen35moe_text_config():
     )
 
 
-def make_qwen35moe():
-    cfg = qwen35moe_text_config()
-    return build("qwen35moe", Qwen3_5MoeForCausalLM, cfg, "qwen3_5_moe_text", "float32", HYBRID_STDS,
-                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("qwen35moe", HYBRID_PROMPT_LEN),
+def make_qwen35moe(name="qwen35moe", sizes=HYBRID_SIZES):
+    """`sizes` as for make_qwen3next."""
+    cfg = qwen35moe_text_config(sizes)
+    return build(name, Qwen3_5MoeForCausalLM, cfg, "qwen3_5_moe_text", "float32", HYBRID_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt(name, HYBRID_PROMPT_LEN),
                  randomizer=randomize_hybrid, extra=hybrid_extra)
 
 

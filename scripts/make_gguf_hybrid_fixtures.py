@@ -17,6 +17,16 @@ Writes into tests/fixtures/gguf/:
 
   qwen3next-{f32,q8_0}.gguf  arch `qwen3next`, from tests/fixtures/qwen3next
   qwen35moe-{f32,q8_0}.gguf  arch `qwen35moe`, from tests/fixtures/qwen35moe
+  qwen3next-sq-{f32,q8_0}.gguf, qwen35moe-sq-{f32,q8_0}.gguf
+                             the same families with square DeltaNet heads
+                             (linear key head dim = value head dim = 32),
+                             built by make_fixtures.py's makers into a
+                             temporary directory (not committed) and
+                             converted: llama.cpp 0.3.36 loads
+                             only square heads (every released checkpoint
+                             has 128 / 128), so these are the files that
+                             scripts/make_llamacpp_greedy.py runs llama.cpp
+                             on
 
 with `--outtype f32` / `--outtype q8_0` and `--no-mtp` (the fixtures have
 no MTP block). F32 must give the Hugging Face directory's logits bit for
@@ -29,6 +39,7 @@ docs/gguf.md).
 """
 
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +71,23 @@ def main():
         sys.argv = ["convert_hf_to_gguf.py", str(FIX / fixture), "--outtype", outtype, "--no-mtp", "--outfile", str(out)]
         conv.main()
         print(f"{out.relative_to(ROOT)}: {out.stat().st_size} bytes")
+
+    # Square-head variants, made on the spot (make_fixtures.py writes into its FIXTURES).
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import make_fixtures as mf  # noqa: E402 (torch, transformers)
+
+    sizes = {**mf.HYBRID_SIZES, "linear_key_head_dim": 32, "linear_value_head_dim": 32}
+    with tempfile.TemporaryDirectory() as tmp:
+        mf.FIXTURES = Path(tmp)
+        for family, maker in (("qwen3next", mf.make_qwen3next), ("qwen35moe", mf.make_qwen35moe)):
+            name = f"{family}-sq"
+            maker(name, sizes)
+            for outtype in ("f32", "q8_0"):
+                out = OUT / f"{name}-{outtype}.gguf"
+                sys.argv = ["convert_hf_to_gguf.py", str(Path(tmp) / name), "--outtype", outtype, "--no-mtp",
+                            "--outfile", str(out)]
+                conv.main()
+                print(f"{out.relative_to(ROOT)}: {out.stat().st_size} bytes")
 
 
 if __name__ == "__main__":
