@@ -8,11 +8,15 @@
 #    llama-cpp-python (which compiles llama.cpp for this CPU with
 #    GGML_NATIVE=ON; AMX off, see docs/TEST-MATERIAL notes) and its source
 #    in $LLAMA_SRC (for llama.cpp's converter, convert_hf_to_gguf.py).
-# 3. Once: the bench model $BENCH/olmoe-w (scripts/make_bench_model.py:
-#    OLMoE-1B-7B widths, hidden 2048, 16 heads, 64 experts of 1024, top-8,
-#    vocabulary 50304, $LAYERS layers, random weights), given the OLMo
-#    tokenizer, converted by llama.cpp's converter to Q8_0, and to Q4_0 by
-#    llama.cpp's quantizer (llama_model_quantize) from a BF16 conversion.
+# 3. Once: the bench model $BENCH/$FAMILY-w (scripts/make_bench_model.py,
+#    $LAYERS layers, random weights; FAMILY=olmoe: OLMoE-1B-7B widths,
+#    hidden 2048, 16 heads, 64 experts of 1024, top-8, vocabulary 50304,
+#    given the OLMo tokenizer; FAMILY=qwen3next: Qwen3-Next-80B-A3B widths,
+#    three gated DeltaNet layers and one gated attention layer, 512 experts
+#    of 512, top-10, a shared expert, vocabulary 151936, given the Qwen3
+#    tokenizer), converted by llama.cpp's converter to Q8_0, and to the
+#    other types by llama.cpp's quantizer (llama_model_quantize) from a
+#    BF16 conversion.
 # 4. For each of $RUNS rounds and each type: charm (`generate --ignore-eos`)
 #    then llama.cpp (scripts/bench_llamacpp.py), alternating, on the same
 #    $PROMPT random prompt ids, $GEN decoded tokens, $THREADS threads;
@@ -37,9 +41,9 @@
 #    divided by the replay's rate (the roofline with the caches: on a CPU
 #    whose last-level cache holds a good part of those bytes between tokens
 #    the first exceeds 100 %).
-#    Raw JSON lines and the table go to $BENCH/vs-llamacpp-<time>/.
+#    Raw JSON lines and the table go to $BENCH/vs-llamacpp-$FAMILY-w-<time>/.
 #
-# Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
+# Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), FAMILY (olmoe), LAYERS (4),
 # RUNS (5), PROMPT (512), GEN (128), THREADS (2), TYPES ("q8_0 q4_0"), KV (f16),
 # LLAMA_VENV (/work/llama-venv), LLAMA_SRC (/work/llama-src), BENCH_PY
 # (/work/bench-venv/bin/python: numpy, for make_bench_model.py), CONVERT_PY
@@ -49,6 +53,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH="${CHARM_BENCH_DIR:-/work/charm-bench}"
+FAMILY="${FAMILY:-olmoe}"
 LAYERS="${LAYERS:-4}"
 RUNS="${RUNS:-5}"
 PROMPT="${PROMPT:-512}"
@@ -83,30 +88,37 @@ if [ ! -f "$CONVERTER/convert_hf_to_gguf.py" ]; then
 fi
 
 # ---- the bench model and its GGUF files --------------------------------------
-MODEL="$BENCH/olmoe-w"
+case "$FAMILY" in
+  olmoe) TOKFILES="olmo/tokenizer.json" CONVERT_FLAGS="" ;;
+  # No multi-token-prediction block in the bench model.
+  qwen3next) TOKFILES="qwen3/tokenizer.json qwen3/tokenizer_config.json" CONVERT_FLAGS="--no-mtp" ;;
+  *) echo "FAMILY must be olmoe or qwen3next" >&2; exit 2 ;;
+esac
+NAME="$FAMILY-w"
+MODEL="$BENCH/$NAME"
 if [ ! -f "$MODEL/config.json" ]; then
-  "$BENCH_PY" "$ROOT/scripts/make_bench_model.py" "$MODEL" --layers "$LAYERS"
+  "$BENCH_PY" "$ROOT/scripts/make_bench_model.py" "$MODEL" --family "$FAMILY" --layers "$LAYERS"
 fi
-TOKDIR="$BENCH/olmoe-w-tok"
+TOKDIR="$BENCH/$NAME-tok"
 if [ ! -f "$TOKDIR/tokenizer.json" ]; then
   bash "$ROOT/scripts/fetch_test_material.sh" >/dev/null
   mkdir -p "$TOKDIR"
   for f in "$MODEL"/*; do ln -sf "$f" "$TOKDIR/"; done
-  cp "$ROOT/tests/material/olmo/tokenizer.json" "$TOKDIR/"
+  for f in $TOKFILES; do cp "$ROOT/tests/material/$f" "$TOKDIR/"; done
 fi
 convert() { # outtype out
   (cd "$CONVERTER" && PYTHONPATH=gguf-py "$CONVERT_PY" convert_hf_to_gguf.py "$TOKDIR" \
-    --outtype "$1" --outfile "$2.partial" >"$BENCH/convert-$1.log" 2>&1) && mv "$2.partial" "$2"
+    --outtype "$1" $CONVERT_FLAGS --outfile "$2.partial" >"$BENCH/convert-$NAME-$1.log" 2>&1) && mv "$2.partial" "$2"
 }
 for ty in $TYPES; do
-  G="$BENCH/olmoe-w.$ty.gguf"
+  G="$BENCH/$NAME.$ty.gguf"
   [ -f "$G" ] && continue
   echo "== $G" >&2
   case "$ty" in
     q8_0) convert q8_0 "$G" ;;
     *)
-      [ -f "$BENCH/olmoe-w.bf16.gguf" ] || convert bf16 "$BENCH/olmoe-w.bf16.gguf"
-      "$LLAMA_VENV/bin/python" - "$BENCH/olmoe-w.bf16.gguf" "$G" "$ty" "$THREADS" <<'EOF'
+      [ -f "$BENCH/$NAME.bf16.gguf" ] || convert bf16 "$BENCH/$NAME.bf16.gguf"
+      "$LLAMA_VENV/bin/python" - "$BENCH/$NAME.bf16.gguf" "$G" "$ty" "$THREADS" <<'EOF'
 import sys, llama_cpp
 src, dst, ty, threads = sys.argv[1], sys.argv[2], sys.argv[3].upper(), int(sys.argv[4])
 params = llama_cpp.llama_model_quantize_default_params()
@@ -136,8 +148,8 @@ fi
 # the table): every dense tensor, one embedding row, used / experts of each
 # expert tensor.
 for ty in $TYPES; do
-  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/olmoe-w.$ty.gguf" "$ty" "$BENCH/olmoe-w.$ty.sizes.json" \
-    >"$BENCH/olmoe-w.$ty.ranges" <<'EOF'
+  PYTHONPATH="$CONVERTER/gguf-py" "$CONVERT_PY" - "$BENCH/$NAME.$ty.gguf" "$ty" "$BENCH/$NAME.$ty.sizes.json" \
+    >"$BENCH/$NAME.$ty.ranges" <<'EOF'
 import json, re, sys
 from gguf import GGUFReader
 r = GGUFReader(sys.argv[1])
@@ -163,7 +175,7 @@ with open(sys.argv[3], "w") as f:
 EOF
 done
 
-OUT="$BENCH/vs-llamacpp-$(date -u +%Y%m%d-%H%M%S)"
+OUT="$BENCH/vs-llamacpp-$NAME-$(date -u +%Y%m%d-%H%M%S)"
 mkdir -p "$OUT"
 RAW="$OUT/runs.jsonl"
 IDS="$(python3 -c "import random; r = random.Random(0); print(','.join(str(r.randrange(50000)) for _ in range($PROMPT)))")"
@@ -177,8 +189,8 @@ for round in $(seq 1 "$RUNS"); do
   echo "{\"round\":$round,\"check\":{\"mem_gbs_1t\":$1,\"mem_gbs_2t\":$2,\"compute_ratio\":$4}}" >>"$RAW"
   echo "== round $round: memory $1 / $2 GB/s (1T / 2T), 2T/1T compute x$4" >&2
   for ty in $TYPES; do
-    G="$BENCH/olmoe-w.$ty.gguf"
-    set -- $("$REPLAY" "$G" 64 "$THREADS" <"$BENCH/olmoe-w.$ty.ranges")
+    G="$BENCH/$NAME.$ty.gguf"
+    set -- $("$REPLAY" "$G" 64 "$THREADS" <"$BENCH/$NAME.$ty.ranges")
     echo "{\"round\":$round,\"type\":\"$ty\",\"replay\":{\"gbs\":$1,\"tok_s\":$2,\"bytes_per_token\":$3,\"plain_gbs\":$5,\"prefetch_gbs\":$6}}" >>"$RAW"
     echo "   $ty replay of a token's bytes: $1 GB/s, $2 tok/s (plain loop $5, prefetching $6 GB/s)" >&2
     c="$("$CHARM" --model "$G" --local --threads "$THREADS" --kv-cache "$KV" generate --prompt-ids "$IDS" \
@@ -204,7 +216,7 @@ for line in sys.stdin:
 done
 
 # ---- bytes per decoded token (written with the ranges above) --------------
-for ty in $TYPES; do cat "$BENCH/olmoe-w.$ty.sizes.json" >>"$RAW"; done
+for ty in $TYPES; do cat "$BENCH/$NAME.$ty.sizes.json" >>"$RAW"; done
 
 python3 - "$RAW" "$THREADS" "$PROMPT" "$GEN" <<'EOF' | tee "$OUT/table.md"
 import json, statistics, sys

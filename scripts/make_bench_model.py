@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
-"""Write a random-weight, real-width OLMoE checkpoint for benchmarks.
+"""Write a random-weight, real-width MoE checkpoint for benchmarks.
 
-    python3 scripts/make_bench_model.py OUT_DIR [--layers 4] [--seed 0]
+    python3 scripts/make_bench_model.py OUT_DIR [--family olmoe|qwen3next] [--layers 4] [--seed 0]
 
-OUT_DIR becomes a Hugging Face directory for `OlmoeForCausalLM` with
-OLMoE-1B-7B's widths (hidden 2048, 16 heads of 128, 64 experts of
-intermediate 1024, top-8, vocabulary 50304) but only `--layers` decoder
-layers, weights in bfloat16 spread over one shard per layer plus one for the
-embeddings and LM head (`model.safetensors.index.json` maps them). At 4
-layers that is about 3.0 GiB of experts and 0.4 GiB of dense weights. There
-is no tokenizer: drive it with `generate --prompt-ids`.
+OUT_DIR becomes a Hugging Face directory with real widths but only
+`--layers` decoder layers, weights in bfloat16 spread over one shard per
+layer plus one for the embeddings and LM head
+(`model.safetensors.index.json` maps them). There is no tokenizer: drive it
+with `generate --prompt-ids`, or copy one in.
+
+- `olmoe` (default): `OlmoeForCausalLM` with OLMoE-1B-7B's widths (hidden
+  2048, 16 heads of 128, 64 experts of intermediate 1024, top-8, vocabulary
+  50304). At 4 layers about 3.0 GiB of experts and 0.4 GiB dense.
+- `qwen3next`: `Qwen3NextForCausalLM` with Qwen3-Next-80B-A3B's widths
+  (hidden 2048; gated DeltaNet layers with 16 key / 32 value heads of 128
+  and a width-4 conv; every fourth layer gated full attention, 16 heads of
+  256, 2 KV heads, partial rotary 0.25; 512 experts of intermediate 512,
+  top-10, a shared expert of 512 with its sigmoid gate; vocabulary 151936,
+  the Qwen3 tokenizer's). At 4 layers (three DeltaNet, one attention) about
+  12.0 GiB of experts and 1.6 GiB dense. Zero-centred norms (`(1 + w)`)
+  are stored as 0, `A_log` as log(U(1, 16)) as transformers initialises it,
+  `dt_bias` as 1.
 
 Only numpy is needed (no torch, no transformers): the safetensors files are
 written by hand (8-byte little-endian header length, JSON header, raw data)
@@ -51,11 +62,29 @@ EXPERTS = 64
 TOP_K = 8
 INTERMEDIATE = 1024
 
+# Qwen3-Next-80B-A3B (config.json of the released checkpoint).
+QN = {
+    "vocab": 151936,
+    "heads": 16,
+    "kv_heads": 2,
+    "head_dim": 256,
+    "experts": 512,
+    "top_k": 10,
+    "moe_inter": 512,
+    "shared_inter": 512,
+    "k_heads": 16,
+    "v_heads": 32,
+    "k_dim": 128,
+    "v_dim": 128,
+    "conv": 4,
+    "interval": 4,
+}
+
 # Elements drawn at a time: bounds memory (64 MiB of float32).
 CHUNK_ELEMS = 16 << 20
 
 
-def config(layers):
+def olmoe_config(layers):
     return {
         "architectures": ["OlmoeForCausalLM"],
         "model_type": "olmoe",
@@ -89,8 +118,8 @@ def config(layers):
     }
 
 
-def shard_plan(layers):
-    """[(file name, [(tensor name, shape, kind, std)])]; kind is 'ones' or 'normal'."""
+def olmoe_shard_plan(layers):
+    """[(file name, [(tensor name, shape, kind, std)])]; kind is 'ones', 'zeros', 'normal' or 'log_uniform_1_16'."""
     total = layers + 1
     name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -128,6 +157,118 @@ def shard_plan(layers):
     return shards
 
 
+def qwen3next_config(layers):
+    c = QN
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "decoder_sparse_step": 1,
+        "full_attention_interval": c["interval"],
+        "head_dim": c["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "initializer_range": 0.02,
+        "intermediate_size": 5120,
+        "linear_conv_kernel_dim": c["conv"],
+        "linear_key_head_dim": c["k_dim"],
+        "linear_num_key_heads": c["k_heads"],
+        "linear_num_value_heads": c["v_heads"],
+        "linear_value_head_dim": c["v_dim"],
+        "max_position_embeddings": 262144,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": c["moe_inter"],
+        "norm_topk_prob": True,
+        "num_attention_heads": c["heads"],
+        "num_experts": c["experts"],
+        "num_experts_per_tok": c["top_k"],
+        "num_hidden_layers": layers,
+        "num_key_value_heads": c["kv_heads"],
+        "output_router_logits": False,
+        "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": None,
+        "rope_theta": 10000000.0,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": c["shared_inter"],
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": c["vocab"],
+    }
+
+
+def qwen3next_shard_plan(layers):
+    """As olmoe_shard_plan, for the Qwen3-Next shape (layer i is full attention when (i + 1) % 4 == 0)."""
+    c = QN
+    total = layers + 1
+    name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+    shards = [
+        (
+            name(0),
+            [
+                ("model.embed_tokens.weight", [c["vocab"], HIDDEN], "normal", 1.0),
+                ("model.norm.weight", [HIDDEN], "zeros", 0.0),
+                ("lm_head.weight", [c["vocab"], HIDDEN], "normal", HIDDEN**-0.5),
+            ],
+        )
+    ]
+    kd, vd = c["k_heads"] * c["k_dim"], c["v_heads"] * c["v_dim"]
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        t = [
+            (p + "input_layernorm.weight", [HIDDEN], "zeros", 0.0),
+            (p + "post_attention_layernorm.weight", [HIDDEN], "zeros", 0.0),
+        ]
+        if (layer + 1) % c["interval"] == 0:
+            q_dim, kv_dim = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+            t += [
+                (p + "self_attn.q_proj.weight", [2 * q_dim, HIDDEN], "normal", HIDDEN**-0.5),
+                (p + "self_attn.k_proj.weight", [kv_dim, HIDDEN], "normal", HIDDEN**-0.5),
+                (p + "self_attn.v_proj.weight", [kv_dim, HIDDEN], "normal", HIDDEN**-0.5),
+                (p + "self_attn.o_proj.weight", [HIDDEN, q_dim], "normal", q_dim**-0.5),
+                (p + "self_attn.q_norm.weight", [c["head_dim"]], "zeros", 0.0),
+                (p + "self_attn.k_norm.weight", [c["head_dim"]], "zeros", 0.0),
+            ]
+        else:
+            a = p + "linear_attn."
+            t += [
+                (a + "in_proj_qkvz.weight", [2 * kd + 2 * vd, HIDDEN], "normal", HIDDEN**-0.5),
+                (a + "in_proj_ba.weight", [2 * c["v_heads"], HIDDEN], "normal", HIDDEN**-0.5),
+                (a + "conv1d.weight", [2 * kd + vd, 1, c["conv"]], "normal", c["conv"] ** -0.5),
+                (a + "dt_bias", [c["v_heads"]], "ones", 0.0),
+                (a + "A_log", [c["v_heads"]], "log_uniform_1_16", 0.0),
+                (a + "norm.weight", [c["v_dim"]], "ones", 0.0),
+                (a + "out_proj.weight", [HIDDEN, vd], "normal", vd**-0.5),
+            ]
+        t.append((p + "mlp.gate.weight", [c["experts"], HIDDEN], "normal", HIDDEN**-0.5))
+        for e in range(c["experts"]):
+            q = f"{p}mlp.experts.{e}."
+            t += [
+                (q + "gate_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                (q + "up_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                (q + "down_proj.weight", [HIDDEN, c["moe_inter"]], "normal", c["moe_inter"] ** -0.5),
+            ]
+        q = p + "mlp.shared_expert."
+        t += [
+            (q + "gate_proj.weight", [c["shared_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+            (q + "up_proj.weight", [c["shared_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+            (q + "down_proj.weight", [HIDDEN, c["shared_inter"]], "normal", c["shared_inter"] ** -0.5),
+            (p + "mlp.shared_expert_gate.weight", [1, HIDDEN], "normal", HIDDEN**-0.5),
+        ]
+        shards.append((name(layer + 1), t))
+    return shards
+
+
+FAMILIES = {
+    "olmoe": ("OlmoeForCausalLM", olmoe_config, olmoe_shard_plan),
+    "qwen3next": ("Qwen3NextForCausalLM", qwen3next_config, qwen3next_shard_plan),
+}
+
+
 def to_bf16(x):
     """float32 array -> uint16 bfloat16 bits, round to nearest even (no NaNs here)."""
     bits = x.view(np.uint32)
@@ -138,10 +279,13 @@ def to_bf16(x):
 def tensor_chunks(name, shape, kind, std, seed):
     """bfloat16 bytes of one tensor, in pieces of at most CHUNK_ELEMS elements."""
     n = int(np.prod(shape))
-    if kind == "ones":
-        yield to_bf16(np.ones(n, dtype=np.float32)).tobytes()
+    if kind in ("ones", "zeros"):
+        yield to_bf16(np.full(n, 1.0 if kind == "ones" else 0.0, dtype=np.float32)).tobytes()
         return
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if kind == "log_uniform_1_16":
+        yield to_bf16(np.log(rng.uniform(1.0, 16.0, n)).astype(np.float32)).tobytes()
+        return
     left = n
     while left:
         k = min(left, CHUNK_ELEMS)
@@ -172,6 +316,7 @@ def write_shard(path, tensors, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="output directory (must not exist)")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="olmoe", help="shape (default olmoe)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     args = ap.parse_args()
@@ -185,6 +330,7 @@ def main():
         shutil.rmtree(partial)
     os.makedirs(partial)
 
+    arch, config, shard_plan = FAMILIES[args.family]
     weight_map, total = {}, 0
     for fname, tensors in shard_plan(args.layers):
         total += write_shard(os.path.join(partial, fname), tensors, args.seed)
@@ -196,7 +342,7 @@ def main():
     with open(os.path.join(partial, "config.json"), "w") as f:
         json.dump(config(args.layers), f, indent=2)
     os.rename(partial, out)
-    print(f"{out}: OlmoeForCausalLM, {args.layers} layers, {total / 2**30:.2f} GiB bf16", file=sys.stderr)
+    print(f"{out}: {arch}, {args.layers} layers, {total / 2**30:.2f} GiB bf16", file=sys.stderr)
 
 
 if __name__ == "__main__":
