@@ -33,6 +33,39 @@ reference.json with outputs computed by the transformers implementation:
                                         vision tower (model.visual.*) and two mtp.* tensors that a text
                                         loader must ignore; text_config / vision_config; reference.json
                                         is qwen35moe's (re-checked on the extracted text weights)
+  deepseekv3/     DeepseekV3ForCausalLM float32, MLA with q_lora_rank 48 (q_a_proj, q_a_layernorm, q_b_proj),
+                                        kv_lora_rank 32, qk_nope 16 + qk_rope 8 (interleaved rope), v_head_dim
+                                        40 (!= 24, != kv_lora_rank), 4 heads; YaRN (factor 4 over 128
+                                        positions, mscale = mscale_all_dim = 1: softmax scale 24^-0.5 * 1.1386^2);
+                                        layer 0 dense (first_k_dense_replace 1), then 16 experts top-4 with
+                                        sigmoid scores + e_score_correction_bias, 4 groups of which 2 are kept,
+                                        norm_topk_prob, routed_scaling_factor 2.5, 1 shared expert; 40-token
+                                        prompt; config.json in the hub spelling (top-level rope_theta and
+                                        rope_scaling {"type": "yarn", ...}, torch_dtype, n_routed_experts, no
+                                        head_dim / qk_head_dim / rope_interleave, topk_method, scoring_func)
+  deepseekv3-noq/ DeepseekV3ForCausalLM the same without q_lora_rank (plain q_proj) and with default rope;
+                                        hub spelling, but rope_interleave written out (true)
+  glm4moe/        Glm4MoeForCausalLM    float32, 4 q / 2 kv heads of 16, q/k/v biases, per-head QK-norm,
+                                        partial rotary 0.5 (first half of each head, rotate-half pairs),
+                                        theta 1e6; layer 0 dense, then 16 experts top-4 in 2 groups of which
+                                        1 is kept, routed_scaling_factor 1.5, 1 shared expert; config.json in
+                                        transformers-5 spelling (rope_parameters with partial_rotary_factor)
+  minimax-m2/     MiniMaxM2ForCausalLM  float32, 4 q / 2 kv heads of 32 (heads * head_dim = 128 != hidden),
+                                        rotary_dim 16 (partial 0.5), QK-norm over the whole q / k projection
+                                        (q_norm [128], k_norm [64]); every layer MoE: 8 experts top-2,
+                                        sigmoid + e_score_correction_bias (on the block: saved as
+                                        block_sparse_moe.e_score_correction_bias), always renormalised, no
+                                        scaling; save_pretrained writes the hub names (block_sparse_moe.gate,
+                                        block_sparse_moe.experts.E.w1 / w2 / w3); transformers-5 spelling plus
+                                        the hub keys rotary_dim, use_qk_norm, qk_norm_type, scoring_func,
+                                        use_routing_bias
+  glm4moelite/    Glm4MoeLiteForCausalLM  float32, GLM-4.7-Flash's MLA (DeepSeek-V3's attention code)
+                                        with q_lora_rank 40, kv_lora_rank 32, qk_nope 24 + qk_rope 8,
+                                        v_head_dim 48, default rope theta 1e6, rms_norm_eps 1e-5 (but
+                                        q_a_layernorm / kv_a_layernorm use 1e-6, as in every MLA class here),
+                                        mlp_layer_types [dense, sparse x3], 16 experts top-4 with no group
+                                        limit (n_group 1), routed_scaling_factor 1.8, 1 shared expert;
+                                        transformers-5 spelling
   tokenizers/qwen3_cases.json, tokenizers/olmo_cases.json
                   encode / decode (and, for Qwen3, chat template) cases from the real tokenizers.
   tokenizers/qwen3_tool_cases.json  (maker "tool-cases"; also made by "tokenizers")
@@ -52,13 +85,28 @@ recurrent gated delta rule) and one full forward (chunked delta rule) over promp
 small debug.json: for prompt position 0 and the last prompt position, the first 8 values after
 the embedding, after every decoder layer (and of each layer's token-mixer and MoE outputs), after
 the final norm, and the first 8 logits at the last prompt position.
+The sigmoid-router fixtures (deepseekv3, deepseekv3-noq, glm4moe, minimax-m2, glm4moelite) measure
+their router gaps on the selection scores instead of softmax probabilities (see
+sigmoid_router_stats: the smaller of the k-th vs (k+1)-th biased score among the allowed experts
+and the gap between the last kept and the first dropped group score), and add mlp_types,
+router_stats per MoE layer, rows_changed_by_group_limit (rows of prompt+greedy x MoE layers that
+a plain top-k over all experts would route differently; > 0 required where groups limit),
+rows_changed_by_bias (rows a selection without e_score_correction_bias would route differently;
+> 0 required), stepwise_vs_full_max_abs_logit_diff, and a debug.json like the hybrids' plus each
+MoE layer's chosen expert ids and final weights for both positions. transformers' cached decode
+(which for MLA caches the normed kv latent and the roped k_rot, and re-expands them through
+kv_b_proj at every step) agrees with its full forward on every argmax for all five, with max
+logit differences of 0.8e-5 to 3.4e-5 (the hybrids: 3.7e-5 / 5.0e-5), plain float32 rounding;
+there is no sparse-attention indexer in these families, the case where the two disagree.
 
 All references are computed in float32 with eager attention. Every >=2-D weight is re-drawn
 from N(0, std) with std larger than the default init (so logits are not flat), every norm
 weight from U(0.5, 1.5) and every bias from N(0, 0.1) (so a wrongly loaded norm or bias shows).
 The hybrids (see randomize_hybrid) draw their zero-centred (1 + w) norm weights from U(-0.5, 0.5),
 the gated output norm from U(0.5, 1.5), A_log, dt_bias and the conv1d weights as noted there, and
-use router std 0.2.
+use router std 0.2. The sigmoid-router fixtures (see randomize_deepseek) also use router std
+0.2, draw every RMSNorm weight (q_a_layernorm, kv_a_layernorm, q_norm, k_norm included) from
+U(0.5, 1.5), and e_score_correction_bias (a buffer) from N(0, 0.05).
 For the bf16/f16 fixtures the weights are rounded to the stored dtype and back, so the float32
 reference model holds exactly the upcast stored weights. Model seeds are tried in order until
 the seed passes every check, so token-exact tests are not flaky; the chosen seed is recorded:
@@ -80,7 +128,8 @@ transformers safetensors`. Then, from any directory:
     /work/venv/bin/python scripts/make_fixtures.py                       # everything
     /work/venv/bin/python scripts/make_fixtures.py qwen3next qwen35moe   # only the named ones
     (names: olmoe qwen3moe mixtral qwen2moe qwen3moe-chat tokenizers qwen3next qwen35moe
-     qwen35moe-vl; qwen35moe-vl reads qwen35moe, so make that first)
+     qwen35moe-vl deepseekv3 deepseekv3-noq glm4moe minimax-m2 glm4moelite; qwen35moe-vl reads
+     qwen35moe, so make that first)
 
 It overwrites the fixture directories (keeping the gitignored tokenizer files that
 fetch_test_material.sh copied into qwen3moe-chat/). Deterministic: fixed seeds, one thread.
@@ -97,7 +146,15 @@ import torch
 import transformers
 from transformers import (
     AutoTokenizer,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     GenerationConfig,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
+    Glm4MoeLiteConfig,
+    Glm4MoeLiteForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -172,8 +229,10 @@ def margin_of(logits_row):
 
 
 @torch.no_grad()
-def analyse(model, prompt_ids, eos_ids, top_k):
-    """Greedy loop + teacher-forced forward; returns (reference dict, problems list)."""
+def analyse(model, prompt_ids, eos_ids, top_k, router_stats=None):
+    """Greedy loop + teacher-forced forward; returns (reference dict, problems list). The router
+    gaps are those of softmax probabilities unless `router_stats(model, ids)` is given (the sigmoid
+    routers: see sigmoid_router_stats)."""
     ids = list(prompt_ids)
     greedy, margins = [], []
     for _ in range(NEW_TOKENS):
@@ -189,11 +248,16 @@ def analyse(model, prompt_ids, eos_ids, top_k):
     margins += [margin_of(row) for row in logits]
 
     router_gaps, distinct = [], []
-    for rl in out.router_logits:  # one (tokens, experts) tensor per MoE layer
-        probs = torch.softmax(rl.float(), dim=-1)
-        srt = torch.sort(probs, dim=-1, descending=True).values
-        router_gaps.append(float((srt[:, top_k - 1] - srt[:, top_k]).min()))
-        distinct.append(len(set(torch.topk(probs, top_k, dim=-1).indices.flatten().tolist())))
+    if router_stats is not None:
+        for layer in router_stats(model, ids):  # one entry per MoE layer
+            router_gaps.append(layer["min_gap"])
+            distinct.append(layer["distinct_experts"])
+    else:
+        for rl in out.router_logits:  # one (tokens, experts) tensor per MoE layer
+            probs = torch.softmax(rl.float(), dim=-1)
+            srt = torch.sort(probs, dim=-1, descending=True).values
+            router_gaps.append(float((srt[:, top_k - 1] - srt[:, top_k]).min()))
+            distinct.append(len(set(torch.topk(probs, top_k, dim=-1).indices.flatten().tolist())))
 
     problems = []
     if tf_argmax[len(prompt_ids) - 1 : -1] != greedy:
@@ -263,6 +327,7 @@ def build(
     top_logits=None,
     randomizer=randomize,
     extra=None,
+    router_stats=None,
 ):
     eos = gen_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
@@ -276,7 +341,7 @@ def build(
         randomizer(model, *stds, seed)
         if dtype != torch.float32:
             round_to(model, dtype)
-        ref, problems = analyse(model, prompt_ids, eos_ids, top_k)
+        ref, problems = analyse(model, prompt_ids, eos_ids, top_k, router_stats)
         if ref["min_margin"] < min_margin:
             problems.append(f"min margin {ref['min_margin']:.2e}")
         if ref["min_router_gap"] < min_router_gap:
@@ -598,12 +663,21 @@ def stepwise_vs_full(model, ids):
 
 
 @torch.no_grad()
-def debug_trace(model, prompt_ids, layer_types):
+def debug_trace(model, prompt_ids, layer_types, routers=None):
     """First 8 values of the residual stream after the embedding and after every decoder layer
     (plus each layer's token-mixer and MLP/MoE outputs, and the final norm) at prompt position 0
-    and the last prompt position, and the first 8 logits at the last prompt position."""
+    and the last prompt position, and the first 8 logits at the last prompt position. With
+    `routers` (sigmoid_routers(model)), also each MoE layer's routing of those positions: the
+    top-k expert ids and their final weights (after renormalisation and scaling), by weight."""
     base = model.model.language_model if hasattr(model.model, "language_model") else model.model
     captured = {}
+    gates = {}
+
+    def gate_hook(i):
+        def f(_module, _inputs, output):  # (router_logits, top-k weights, top-k ids)
+            gates[i] = (output[1].detach().clone(), output[2].detach().clone())
+
+        return f
 
     def hook(key):
         def f(_module, _inputs, output):
@@ -619,6 +693,8 @@ def debug_trace(model, prompt_ids, layer_types):
             mixer.register_forward_hook(hook(f"mixer{i}")),
             layer.mlp.register_forward_hook(hook(f"mlp{i}")),
         ]
+    for r in routers or []:
+        handles.append(r["gate"].register_forward_hook(gate_hook(r["layer"])))
     out = model(torch.tensor([prompt_ids]), output_hidden_states=True)
     for h in handles:
         h.remove()
@@ -631,25 +707,43 @@ def debug_trace(model, prompt_ids, layer_types):
     last_is_normed = torch.equal(hs[-1], captured["norm"])
     assert last_is_normed or torch.equal(hs[-1], captured[f"layer{len(layer_types) - 1}"])
 
+    def routing(i, pos):
+        if i not in gates:
+            return None  # a dense MLP layer
+        weights, ids = gates[i][0][pos], gates[i][1][pos]
+        order = torch.argsort(weights, descending=True)
+        return {"ids": [int(x) for x in ids[order]], "weights": [float(x) for x in weights[order]]}
+
     positions = []
     for pos in (0, len(prompt_ids) - 1):
-        positions.append(
-            {
-                "position": pos,
-                "token_id": prompt_ids[pos],
-                "embedding": first8(captured["embedding"][0, pos]),
-                "after_layer": [first8(captured[f"layer{i}"][0, pos]) for i in range(len(layer_types))],
-                "mixer_out": [first8(captured[f"mixer{i}"][0, pos]) for i in range(len(layer_types))],
-                "mlp_out": [first8(captured[f"mlp{i}"][0, pos]) for i in range(len(layer_types))],
-                "final_norm": first8(captured["norm"][0, pos]),
-            }
-        )
-    return {
-        "note": "first 8 values of each vector; after_layer[i] = residual stream after decoder layer i "
+        entry = {
+            "position": pos,
+            "token_id": prompt_ids[pos],
+            "embedding": first8(captured["embedding"][0, pos]),
+            "after_layer": [first8(captured[f"layer{i}"][0, pos]) for i in range(len(layer_types))],
+            "mixer_out": [first8(captured[f"mixer{i}"][0, pos]) for i in range(len(layer_types))],
+            "mlp_out": [first8(captured[f"mlp{i}"][0, pos]) for i in range(len(layer_types))],
+            "final_norm": first8(captured["norm"][0, pos]),
+        }
+        if routers is not None:
+            entry["router_topk"] = [routing(i, pos) for i in range(len(layer_types))]
+        positions.append(entry)
+    note = (
+        "first 8 values of each vector; after_layer[i] = residual stream after decoder layer i "
         "(= output_hidden_states[i + 1], except the last entry of output_hidden_states, which is "
         + ("the final-normed state" if last_is_normed else "the last layer's output")
         + "); mixer_out[i] = the token mixer's output (linear_attn or self_attn, before the residual add); "
-        "mlp_out[i] = the MoE block's output (before the residual add); final_norm = after model.norm",
+        "mlp_out[i] = the MoE block's output (before the residual add); final_norm = after model.norm"
+    )
+    if routers is not None:
+        note += (
+            "; mlp_out[i] of a dense layer is its MLP's output, of a MoE layer the routed experts' sum "
+            "(plus the shared experts' output where the family has them); router_topk[i] = the experts the router chose for that position (null for a dense "
+            "layer), by weight descending, with the weights the expert outputs are multiplied by (after "
+            "renormalisation and routed_scaling_factor)"
+        )
+    return {
+        "note": note,
         "layer_types": list(layer_types),
         "prompt_len": len(prompt_ids),
         "positions": positions,
@@ -835,6 +929,346 @@ def make_qwen35moe_vl():
     n_visual = sum(n.startswith("model.visual.") for n in names)
     print(f"qwen35moe-vl: {len(names)} tensors ({n_visual} model.visual.*), reference = qwen35moe's")
     return reference
+
+
+# --------------------------------------------------------------------------------------------
+# DeepSeek lineage: sigmoid routers with a selection bias (DeepSeek-V3, GLM-4.5, GLM-4.7-Flash,
+# MiniMax-M2), MLA (DeepSeek-V3, GLM-4.7-Flash)
+
+DS_PROMPT_LEN = 40  # as the hybrids: long enough for rope (and YaRN's low frequencies) to matter
+DS_SIZES = dict(hidden_size=64, num_hidden_layers=4, rms_norm_eps=1e-6, tie_word_embeddings=False)
+# layers, embedding, router, e_score_correction_bias (see randomize_deepseek)
+DS_STDS = (0.2, 0.05, 0.2, 0.05)
+
+
+def randomize_deepseek(model, std, embed_std, router_std, bias_std, seed):
+    """`randomize` for the sigmoid-router families: every matrix (and the 3-D fused expert tensors)
+    as in `randomize` (router std `router_std`), every RMSNorm weight (input / post-attention /
+    final norms, q_a_layernorm, kv_a_layernorm, q_norm, k_norm) from U(0.5, 1.5), every bias from
+    N(0, 0.1), and the e_score_correction_bias buffers (selection-only bias, a persistent buffer,
+    so not in named_parameters) from N(0, bias_std): the same order as the differences between the
+    experts' sigmoid scores, so it changes which experts are chosen (deepseek_extra counts the rows
+    where it does). Any other parameter or persistent buffer is an error."""
+    norms = {
+        f"{name}.weight"
+        for name, m in model.named_modules()
+        if type(m).__name__.endswith("RMSNorm")
+    }
+    params = dict(model.named_parameters())
+    buffers = [n for n in model.state_dict() if n not in params]
+    assert buffers and all(n.endswith("e_score_correction_bias") for n in buffers), buffers
+    named_buffers = dict(model.named_buffers())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.ndim >= 2:
+                if "embed_tokens" in name:
+                    s = embed_std
+                elif name.endswith(".gate.weight"):  # the router
+                    s = router_std
+                else:
+                    s = std
+                p.copy_(torch.randn(p.shape, generator=g) * s)
+            elif name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif name in norms:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            else:
+                raise AssertionError(f"randomize_deepseek: no rule for {name} {tuple(p.shape)}")
+        for name in buffers:
+            b = named_buffers[name]
+            b.copy_(torch.randn(b.shape, generator=g) * bias_std)
+    assert norms <= set(params), norms - set(params)
+
+
+def sigmoid_routers(model):
+    """The router of every MoE layer with what selection needs: DeepSeek-V3 / GLM routers
+    (`mlp.gate`, with e_score_correction_bias, n_group, topk_group, norm_topk_prob,
+    routed_scaling_factor) and MiniMax-M2's (`mlp.gate`, the bias on the block, always
+    renormalised, no groups, no scaling)."""
+    out = []
+    for i, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        if not hasattr(mlp, "gate"):  # a dense MLP layer (gate_proj / up_proj / down_proj)
+            continue
+        gate = mlp.gate
+        if hasattr(gate, "e_score_correction_bias"):
+            out.append(dict(layer=i, gate=gate, bias=gate.e_score_correction_bias, n_group=gate.num_group,
+                            topk_group=gate.topk_group, top_k=gate.top_k, norm=gate.norm_topk_prob,
+                            scale=gate.routed_scaling_factor))
+        else:
+            out.append(dict(layer=i, gate=gate, bias=mlp.e_score_correction_bias, n_group=1, topk_group=1,
+                            top_k=gate.top_k, norm=True, scale=1.0))
+    return out
+
+
+def grouped_topk(choice, n_group, topk_group, top_k):
+    """DeepSeek-V3's group-limited top-k on (rows, experts) selection scores. Returns (ids, the
+    gap between the k-th and (k+1)-th allowed score, the gap between the topk_group-th and the next
+    group score (inf without a group limit)), per row."""
+    rows, n = choice.shape
+    inf = torch.full((rows,), float("inf"))
+    if topk_group < n_group:
+        group_scores = choice.view(rows, n_group, n // n_group).topk(2, dim=-1).values.sum(dim=-1)
+        srt = group_scores.sort(dim=-1, descending=True).values
+        group_gap = srt[:, topk_group - 1] - srt[:, topk_group]
+        keep = torch.zeros(rows, n_group, dtype=torch.bool)
+        keep.scatter_(1, group_scores.topk(topk_group, dim=-1).indices, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(n // n_group, dim=1), float("-inf"))
+    else:
+        group_gap = inf
+    srt = choice.sort(dim=-1, descending=True).values
+    expert_gap = srt[:, top_k - 1] - srt[:, top_k]
+    return choice.topk(top_k, dim=-1).indices, expert_gap, group_gap
+
+
+@torch.no_grad()
+def sigmoid_router_stats(model, ids):
+    """Recompute every MoE layer's routing of `ids` from its router logits (sigmoid scores + the
+    selection bias, group limit, top-k; weights = the unbiased scores of the chosen experts,
+    renormalised, times routed_scaling_factor), require that it is what transformers chose, and
+    return per layer: min_gap (the smaller of the k-th vs (k+1)-th selection-score gap and the
+    group gap), distinct_experts, and how many rows a plain top-k over all experts (no group
+    limit) or a selection without the bias would have routed differently."""
+    routers = sigmoid_routers(model)
+    captured = {}
+
+    def hook(i):
+        def f(_module, _inputs, output):
+            captured[i] = output
+
+        return f
+
+    handles = [r["gate"].register_forward_hook(hook(r["layer"])) for r in routers]
+    model(torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+
+    def differ(a, b):  # per row: the two id sets differ
+        return (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1)
+
+    stats = []
+    for r in routers:
+        logits, weights, chosen = captured[r["layer"]]
+        scores = logits.float().sigmoid()
+        args = (r["n_group"], r["topk_group"], r["top_k"])
+        sel, expert_gap, group_gap = grouped_topk(scores + r["bias"], *args)
+        assert torch.equal(sel.sort(dim=-1).values, chosen.sort(dim=-1).values), f"layer {r['layer']}: selection"
+        w = scores.gather(1, sel)
+        if r["norm"]:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        w = w * r["scale"]
+        got = weights.gather(1, chosen.argsort(dim=-1))  # both ordered by expert id
+        want = w.gather(1, sel.argsort(dim=-1))
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-7), f"layer {r['layer']}: weights"
+        plain = (scores + r["bias"]).topk(r["top_k"], dim=-1).indices
+        unbiased = grouped_topk(scores, *args)[0]
+        stats.append(
+            {
+                "layer": r["layer"],
+                "min_gap": float(torch.minimum(expert_gap, group_gap).min()),
+                "min_expert_gap": float(expert_gap.min()),
+                "min_group_gap": float(group_gap.min()) if r["topk_group"] < r["n_group"] else None,
+                "distinct_experts": len(set(sel.flatten().tolist())),
+                "rows_changed_by_group_limit": int(differ(sel, plain).sum()),
+                "rows_changed_by_bias": int(differ(sel, unbiased).sum()),
+                "rows": int(sel.shape[0]),
+            }
+        )
+    return stats
+
+
+def deepseek_extra(model, prompt_ids, ref, out_dir):
+    """Extra reference entries for the sigmoid-router fixtures, and debug.json."""
+    n = model.config.num_hidden_layers
+    routers = sigmoid_routers(model)
+    moe = {r["layer"] for r in routers}
+    mlp_types = ["moe" if i in moe else "dense" for i in range(n)]
+    stats = sigmoid_router_stats(model, list(prompt_ids) + ref["greedy_ids"])
+    assert min(s["min_gap"] for s in stats) == ref["min_router_gap"]  # the same ids as analyse's
+    by_bias = sum(s["rows_changed_by_bias"] for s in stats)
+    by_groups = sum(s["rows_changed_by_group_limit"] for s in stats)
+    assert by_bias > 0, "e_score_correction_bias changes no selection"
+    if routers[0]["topk_group"] < routers[0]["n_group"]:
+        assert by_groups > 0, "the group limit changes no selection"
+    diff, same = stepwise_vs_full(model, list(prompt_ids) + ref["greedy_ids"])
+    assert same, "transformers: token-by-token decode and full forward disagree on an argmax"
+    assert diff < 1e-3, f"transformers: token-by-token decode differs from full forward by {diff}"
+    debug = debug_trace(model, prompt_ids, ["full_attention"] * n, routers=routers)
+    debug["mlp_types"] = mlp_types
+    (out_dir / "debug.json").write_text(json.dumps(debug, indent=1) + "\n")
+    print(f"  {out_dir.name}: token-by-token vs full forward max |logit diff| {diff:.3g}; rows routed "
+          f"differently without the group limit {by_groups}, without the bias {by_bias} (of "
+          f"{sum(s['rows'] for s in stats)})")
+    return {
+        "mlp_types": mlp_types,
+        "router_stats": [{k: v for k, v in s.items() if k != "min_gap"} for s in stats],
+        "rows_changed_by_group_limit": by_groups,
+        "rows_changed_by_bias": by_bias,
+        "stepwise_vs_full_max_abs_logit_diff": diff,
+    }
+
+
+def to_deepseek_hub_spelling(path, keep_rope_interleave):
+    """Rewrite a transformers-5 DeepSeek-V3 config.json into the spelling of the hub checkpoints
+    (deepseek-ai/DeepSeek-V3): top-level rope_theta and rope_scaling (with "type", as there, not
+    "rope_type"; null for default rope), torch_dtype, no derived head_dim / qk_head_dim, the
+    hub's topk_method / scoring_func; rope_interleave (a transformers key the hub configs do not
+    have; its default is true) only if `keep_rope_interleave`."""
+    cfg = json.loads(path.read_text())
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    rope_type = rope.pop("rope_type", "default")
+    cfg["rope_scaling"] = None if rope_type == "default" else {"type": rope_type, **rope}
+    assert rope_type != "default" or not rope, rope
+    cfg["torch_dtype"] = cfg.pop("dtype")
+    assert cfg.pop("head_dim") == cfg["qk_rope_head_dim"]
+    assert cfg.pop("qk_head_dim") == cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    if not keep_rope_interleave:
+        assert cfg.pop("rope_interleave") is True
+    cfg["topk_method"] = "noaux_tc"
+    cfg["scoring_func"] = "sigmoid"
+    path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
+
+
+def deepseekv3_config(q_lora_rank, rope_parameters):
+    return DeepseekV3Config(
+        **DS_SIZES,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        # != qk_nope + qk_rope (24), != kv_lora_rank: a loader that mixes them up cannot load
+        v_head_dim=40,
+        intermediate_size=96,  # the dense layer 0
+        moe_intermediate_size=24,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        rope_interleave=True,
+        num_mtp_layers=0,  # no multi-token-prediction layer in the checkpoint
+        rope_parameters=rope_parameters,
+        **COMMON,
+    )
+
+
+# DeepSeek-V3's rope scaling (factor 40 over 4096 there) at fixture scale: factor 4 over 128
+# positions (max_position_embeddings 512), mscale = mscale_all_dim = 1, beta_fast 32, beta_slow 1
+DS_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
+
+
+def make_deepseekv3():
+    cfg = deepseekv3_config(48, DS_YARN)
+    return build("deepseekv3", DeepseekV3ForCausalLM, cfg, "deepseek_v3", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("deepseekv3", DS_PROMPT_LEN),
+                 rewrite_config=lambda p: to_deepseek_hub_spelling(p, keep_rope_interleave=False),
+                 randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
+
+
+def make_deepseekv3_noq():
+    cfg = deepseekv3_config(None, {"rope_type": "default", "rope_theta": 10000.0})
+    return build("deepseekv3-noq", DeepseekV3ForCausalLM, cfg, "deepseek_v3", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("deepseekv3-noq", DS_PROMPT_LEN),
+                 rewrite_config=lambda p: to_deepseek_hub_spelling(p, keep_rope_interleave=True),
+                 randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
+
+
+def make_glm4moe():
+    cfg = Glm4MoeConfig(
+        **{**DS_SIZES, "rms_norm_eps": 1e-5},
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_bias=True,  # q/k/v biases (o_proj has none)
+        use_qk_norm=True,  # per-head q_norm / k_norm [head_dim]
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.5,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        norm_topk_prob=True,
+        num_mtp_layers=0,
+        # GLM-4.5's theta and partial rotary factor (rotary on the first half of each head)
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+        **COMMON,
+    )
+    return build("glm4moe", Glm4MoeForCausalLM, cfg, "glm4_moe", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("glm4moe", DS_PROMPT_LEN),
+                 randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
+
+
+def make_minimax_m2():
+    cfg = MiniMaxM2Config(
+        **DS_SIZES,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,  # heads * head_dim (128) != hidden, as in MiniMax-M2 (48 * 128 vs 3072)
+        rotary_dim=16,  # the hub key; transformers turns it into partial_rotary_factor 0.5
+        intermediate_size=24,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
+        # hub keys the transformers class ignores (it always applies the full-width QK-norm and
+        # the sigmoid router with the bias); kept so config.json reads like the hub's
+        use_qk_norm=True,
+        qk_norm_type="per_layer",
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        **COMMON,
+    )
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.5, cfg.rope_parameters
+    return build("minimax-m2", MiniMaxM2ForCausalLM, cfg, "minimax_m2", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("minimax-m2", DS_PROMPT_LEN),
+                 randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
+
+
+def make_glm4moelite():
+    cfg = Glm4MoeLiteConfig(
+        **{**DS_SIZES, "rms_norm_eps": 1e-5},
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=40,
+        kv_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=24,
+        v_head_dim=48,  # != qk_nope + qk_rope (32)
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=1,  # as GLM-4.7-Flash: no group limit
+        topk_group=1,
+        routed_scaling_factor=1.8,
+        n_shared_experts=1,
+        norm_topk_prob=True,
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        rope_interleave=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        **COMMON,
+    )
+    return build("glm4moelite", Glm4MoeLiteForCausalLM, cfg, "glm4_moe_lite", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("glm4moelite", DS_PROMPT_LEN),
+                 randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1079,6 +1513,11 @@ MAKERS = {
     "qwen3next": make_qwen3next,
     "qwen35moe": make_qwen35moe,
     "qwen35moe-vl": make_qwen35moe_vl,  # after qwen35moe: re-lays out its weights
+    "deepseekv3": make_deepseekv3,
+    "deepseekv3-noq": make_deepseekv3_noq,
+    "glm4moe": make_glm4moe,
+    "minimax-m2": make_minimax_m2,
+    "glm4moelite": make_glm4moelite,
 }
 
 

@@ -224,7 +224,7 @@ fn split_gate(q: &mut Vec<f32>, head_dim: usize) -> Vec<f32> {
 
 /// Reorders every `head_dim`-wide head from interleaved rotary pairs
 /// `(x0, y0, x1, y1, ...)` to halves `(x0, x1, ..., y0, y1, ...)`.
-fn deinterleave_heads(xs: &mut [f32], head_dim: usize) {
+pub(crate) fn deinterleave_heads(xs: &mut [f32], head_dim: usize) {
     let half = head_dim / 2;
     let mut tmp = vec![0.0; head_dim];
     for head in xs.chunks_exact_mut(head_dim) {

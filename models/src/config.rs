@@ -31,6 +31,92 @@ pub enum MixerKind {
     Attention,
     /// Gated DeltaNet linear attention over a recurrent state.
     GatedDeltaNet,
+    /// Multi-head latent attention (DeepSeek-V3, GLM-4.7-Flash) over a
+    /// cache of compressed latents and rope keys.
+    Mla,
+}
+
+/// The shape of a model's multi-head latent attention (DeepSeek's config keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaShape {
+    /// `q_lora_rank`: queries through a low-rank `q_a_proj` / `q_b_proj`
+    /// pair; `None` for the plain `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    /// `kv_lora_rank`: width of the cached latent.
+    pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim`: per-head query/key dimensions without position.
+    pub qk_nope_head_dim: usize,
+    /// `qk_rope_head_dim`: the rotary part, one key shared by every head.
+    pub qk_rope_head_dim: usize,
+    /// `v_head_dim`.
+    pub v_head_dim: usize,
+}
+
+impl MlaShape {
+    /// `qk_head_dim = qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Values cached per position: the latent and the rope key.
+    pub fn cache_width(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.kv_lora_rank == 0 || self.qk_nope_head_dim == 0 || self.v_head_dim == 0 || self.q_lora_rank == Some(0) {
+            return Err("kv_lora_rank, qk_nope_head_dim, v_head_dim and q_lora_rank must be positive".into());
+        }
+        if self.qk_rope_head_dim == 0 || !self.qk_rope_head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "qk_rope_head_dim {} must be even and positive",
+                self.qk_rope_head_dim
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The DeepSeek lineage's router settings ([`crate::group_router`]); the
+/// correction bias is a tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GroupRouting {
+    /// `n_group` (1: no group limit).
+    pub groups: usize,
+    /// `topk_group`.
+    pub topk_groups: usize,
+    /// `routed_scaling_factor`.
+    pub scale: f32,
+    /// The router has an `e_score_correction_bias`.
+    pub bias: bool,
+}
+
+/// YaRN rope scaling (`rope_type: yarn`), as transformers'
+/// `_compute_yarn_parameters` reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    pub original_max_position_embeddings: usize,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// `attention_factor`, explicit or from `mscale` / `mscale_all_dim`.
+    pub attention_factor: f64,
+    /// `mscale_all_dim` (0 when absent): MLA's softmax scale is multiplied
+    /// by `yarn_get_mscale(factor, mscale_all_dim) ** 2`.
+    pub mscale_all_dim: f64,
+    /// `truncate` (default true): floor / ceil the correction range.
+    pub truncate: bool,
+}
+
+impl Yarn {
+    /// `yarn_get_mscale(scale, mscale)`: `0.1 * mscale * log(scale) + 1`, 1 below scale 1.
+    pub fn get_mscale(scale: f64, mscale: f64) -> f64 {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * scale.ln() + 1.0
+        }
+    }
 }
 
 /// Everything the decoder needs to know, whatever the family.
@@ -47,6 +133,12 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     /// Linear RoPE scaling factor (positions divided by it); 1.0 = none.
     pub rope_linear_factor: f32,
+    /// YaRN rope scaling, when configured.
+    pub rope_yarn: Option<Yarn>,
+    /// Each head's rotary dimensions come in interleaved pairs
+    /// `(x0, x1), (x2, x3), …` (DeepSeek's `rope_interleave`) rather than
+    /// as halves; they are reordered to halves before RoPE.
+    pub rope_interleave: bool,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub qk_norm: QkNorm,
@@ -68,6 +160,13 @@ pub struct ModelConfig {
     pub intermediate_size: usize,
     /// Intermediate width of the shared expert (Qwen2-MoE), if any.
     pub shared_expert_intermediate_size: Option<usize>,
+    /// The shared expert is Qwen's `mlp.shared_expert` behind a sigmoid
+    /// `shared_expert_gate` (true), or DeepSeek's ungated
+    /// `mlp.shared_experts` (false).
+    pub shared_expert_gated: bool,
+    /// The sigmoid group router of the DeepSeek lineage; `None` routes by
+    /// softmax.
+    pub group_routing: Option<GroupRouting>,
     /// Which layers are MoE (the others run a dense MLP).
     pub moe_layers: Vec<bool>,
     /// End-of-sequence ids from config.json and generation_config.json.
@@ -82,6 +181,8 @@ pub struct ModelConfig {
     pub mixers: Vec<MixerKind>,
     /// The gated DeltaNet layers' shape, when the model has any.
     pub delta_net: Option<crate::gated_delta_net::DeltaNetShape>,
+    /// The latent attention layers' shape, when the model has any.
+    pub mla: Option<MlaShape>,
     /// Leading dimensions of each head that RoPE rotates
     /// (`head_dim * partial_rotary_factor`; `head_dim` for most families).
     pub rotary_dim: usize,
@@ -165,6 +266,32 @@ impl ModelConfig {
                 "the rotary dimension {} (head_dim × partial_rotary_factor) must be even and between 2 and head_dim {}",
                 self.rotary_dim, self.head_dim
             ));
+        }
+        if self.mixers.contains(&MixerKind::Mla) {
+            match &self.mla {
+                Some(m) => m.validate()?,
+                None => return Err("latent attention layers need kv_lora_rank and the qk_*_head_dim keys".into()),
+            }
+        }
+        if let Some(g) = &self.group_routing {
+            if g.groups == 0 || (self.num_experts > 0 && !self.num_experts.is_multiple_of(g.groups)) {
+                return Err(format!(
+                    "n_group ({}) must divide the {} experts",
+                    g.groups, self.num_experts
+                ));
+            }
+            if g.topk_groups == 0 || g.topk_groups > g.groups {
+                return Err(format!(
+                    "topk_group ({}) must be between 1 and n_group ({})",
+                    g.topk_groups, g.groups
+                ));
+            }
+            if self.top_k > g.topk_groups * (self.num_experts / g.groups) {
+                return Err(format!(
+                    "num_experts_per_tok ({}) exceeds the experts of topk_group ({}) groups",
+                    self.top_k, g.topk_groups
+                ));
+            }
         }
         if self.mixers.contains(&MixerKind::GatedDeltaNet) {
             match &self.delta_net {
@@ -334,7 +461,7 @@ impl RawConfig {
         let rope_theta = self
             .f64_opt(&["rope_parameters.rope_theta", "rope_theta"])?
             .unwrap_or(10000.0) as f32;
-        let rope_linear_factor = self.rope_factor()?;
+        let (rope_linear_factor, rope_yarn) = self.rope_scaling()?;
         let mut eos = self.id_list("eos_token_id")?;
         eos.sort_unstable();
         Ok(ModelConfig {
@@ -348,6 +475,8 @@ impl RawConfig {
             rms_norm_eps: self.f64_opt(&["rms_norm_eps"])?.unwrap_or(1e-6) as f32,
             rope_theta,
             rope_linear_factor,
+            rope_yarn,
+            rope_interleave: false,
             max_position_embeddings: self.usize_opt(&["max_position_embeddings"])?.unwrap_or(4096),
             tie_word_embeddings: self.bool_opt(&["tie_word_embeddings"])?.unwrap_or(false),
             qk_norm: QkNorm::None,
@@ -360,12 +489,15 @@ impl RawConfig {
             moe_intermediate_size: 0,
             intermediate_size: self.usize_opt(&["intermediate_size"])?.unwrap_or(0),
             shared_expert_intermediate_size: None,
+            shared_expert_gated: true,
+            group_routing: None,
             moe_layers: vec![true; num_layers],
             eos_token_ids: eos,
             bos_token_id: self.id_list("bos_token_id")?.first().copied(),
             qk_rows_interleaved: false,
             mixers: vec![MixerKind::Attention; num_layers],
             delta_net: None,
+            mla: None,
             rotary_dim: head_dim,
             attn_output_gate: false,
             zero_centred_norms: false,
@@ -373,10 +505,12 @@ impl RawConfig {
         })
     }
 
-    /// The RoPE scaling factor: `rope_scaling` (hub) or `rope_parameters`
-    /// (transformers 5). Only the default and linear schemes are supported;
-    /// anything else is refused by name rather than silently mis-computed.
-    fn rope_factor(&self) -> Result<f32, ModelError> {
+    /// RoPE scaling: `rope_scaling` (hub) or `rope_parameters`
+    /// (transformers 5). Default, linear (the factor) and YaRN are
+    /// supported; anything else is refused by name rather than silently
+    /// mis-computed. `max_position_embeddings` stands in for a missing
+    /// YaRN factor as transformers does.
+    fn rope_scaling(&self) -> Result<(f32, Option<Yarn>), ModelError> {
         let kind = self
             .str_opt(&[
                 "rope_parameters.rope_type",
@@ -384,14 +518,54 @@ impl RawConfig {
                 "rope_scaling.type",
             ])
             .unwrap_or("default");
+        let num = |k: &str| self.f64_opt(&[&format!("rope_parameters.{k}"), &format!("rope_scaling.{k}")]);
         match kind {
-            "default" => Ok(1.0),
-            "linear" => Ok(self
-                .f64_opt(&["rope_parameters.factor", "rope_scaling.factor"])?
-                .ok_or_else(|| self.err("linear rope scaling without a factor".into()))?
-                as f32),
+            "default" => Ok((1.0, None)),
+            "linear" => Ok((
+                num("factor")?.ok_or_else(|| self.err("linear rope scaling without a factor".into()))? as f32,
+                None,
+            )),
+            "yarn" => {
+                let original = self
+                    .usize_opt(&[
+                        "rope_parameters.original_max_position_embeddings",
+                        "rope_scaling.original_max_position_embeddings",
+                    ])?
+                    .ok_or_else(|| self.err("yarn rope scaling without original_max_position_embeddings".into()))?;
+                if original == 0 {
+                    return Err(self.err("original_max_position_embeddings must be positive".into()));
+                }
+                let factor = match num("factor")? {
+                    Some(f) => f,
+                    None => self.usize(&["max_position_embeddings"])? as f64 / original as f64,
+                };
+                let (mscale, mscale_all_dim) = (num("mscale")?, num("mscale_all_dim")?);
+                // if attention_factor is None: if mscale and mscale_all_dim: get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) else get_mscale(factor)
+                let attention_factor = match (num("attention_factor")?, mscale, mscale_all_dim) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+                        Yarn::get_mscale(factor, m) / Yarn::get_mscale(factor, a)
+                    }
+                    _ => Yarn::get_mscale(factor, 1.0),
+                };
+                let truncate = self
+                    .bool_opt(&["rope_parameters.truncate", "rope_scaling.truncate"])?
+                    .unwrap_or(true);
+                Ok((
+                    1.0,
+                    Some(Yarn {
+                        factor,
+                        original_max_position_embeddings: original,
+                        beta_fast: num("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                        beta_slow: num("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                        attention_factor,
+                        mscale_all_dim: mscale_all_dim.unwrap_or(0.0),
+                        truncate,
+                    }),
+                ))
+            }
             other => Err(self.err(format!(
-                "rope scaling type {other} is not supported (supported: default, linear)"
+                "rope scaling type {other} is not supported (supported: default, linear, yarn)"
             ))),
         }
     }

@@ -18,9 +18,11 @@ use crate::config::{norm_weight, MixerKind, ModelConfig};
 use crate::error::{ExpertError, ModelError};
 use crate::ffn::SwiGlu;
 use crate::gated_delta_net::GatedDeltaNet;
+use crate::group_router::SigmoidGroup;
 use crate::kv_cache::{KvCache, KvDtype, LayerCache};
+use crate::mla::Mla;
 use crate::rope::Rope;
-use crate::router::{batch_union, Router};
+use crate::router::{batch_union, Router, Scoring};
 
 /// A loaded model: everything but the routed experts (those live in a worker).
 pub struct Model {
@@ -46,18 +48,20 @@ struct Layer {
     mlp: Mlp,
 }
 
-/// A layer's token mixer: `self_attn` or `linear_attn`.
+/// A layer's token mixer: `self_attn` (softmax or latent attention) or `linear_attn`.
 enum Mixer {
     Attention(Box<Attention>),
     GatedDeltaNet(Box<GatedDeltaNet>),
+    Mla(Box<Mla>),
 }
 
 enum Mlp {
     Dense(Box<SwiGlu>),
     Moe {
         router: Router,
-        /// Qwen2-MoE's shared expert and its `[1, hidden]` sigmoid gate.
-        shared: Option<Box<(SwiGlu, Weight)>>,
+        /// The shared expert: Qwen2-MoE's with its `[1, hidden]` sigmoid
+        /// gate, or DeepSeek's ungated `shared_experts`.
+        shared: Option<Box<(SwiGlu, Option<Weight>)>>,
     },
 }
 
@@ -99,21 +103,45 @@ impl Model {
             let p = format!("model.layers.{l}");
             let mlp = if cfg.is_moe_layer(l) {
                 let shared = match cfg.shared_expert_intermediate_size {
-                    Some(si) => {
+                    Some(si) if cfg.shared_expert_gated => {
                         let n =
                             ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.shared_expert.{x}.weight"));
                         Some(Box::new((
                             SwiGlu::load(files, &n, h, si)?,
-                            files.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?,
+                            Some(files.matrix(&format!("{p}.mlp.shared_expert_gate.weight"), 1, h)?),
                         )))
                     }
+                    Some(si) => {
+                        let n =
+                            ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.shared_experts.{x}.weight"));
+                        Some(Box::new((SwiGlu::load(files, &n, h, si)?, None)))
+                    }
                     None => None,
+                };
+                let scoring = match cfg.group_routing {
+                    None => Scoring::Softmax {
+                        renormalize: cfg.norm_topk_prob,
+                    },
+                    Some(g) => {
+                        let bias = if g.bias {
+                            files.vector(&names.router_bias(l), cfg.num_experts)?
+                        } else {
+                            vec![0.0; cfg.num_experts]
+                        };
+                        Scoring::SigmoidGroup(SigmoidGroup {
+                            bias,
+                            groups: g.groups,
+                            topk_groups: g.topk_groups,
+                            renormalize: cfg.norm_topk_prob,
+                            scale: g.scale,
+                        })
+                    }
                 };
                 Mlp::Moe {
                     router: Router {
                         weight: files.matrix(&names.router(l), cfg.num_experts, h)?,
                         top_k: cfg.top_k,
-                        norm_topk_prob: cfg.norm_topk_prob,
+                        scoring,
                     },
                     shared,
                 }
@@ -121,10 +149,11 @@ impl Model {
                 let n = ["gate_proj", "up_proj", "down_proj"].map(|x| format!("{p}.mlp.{x}.weight"));
                 Mlp::Dense(Box::new(SwiGlu::load(files, &n, h, cfg.intermediate_size)?))
             };
-            let mixer = match (cfg.mixers[l], cfg.delta_net) {
-                (MixerKind::GatedDeltaNet, Some(shape)) => {
+            let mixer = match (cfg.mixers[l], cfg.delta_net, cfg.mla) {
+                (MixerKind::GatedDeltaNet, Some(shape), _) => {
                     GatedDeltaNet::load(files, shape, h, cfg.rms_norm_eps, l).map(|d| Mixer::GatedDeltaNet(Box::new(d)))
                 }
+                (MixerKind::Mla, _, Some(shape)) => Mla::load(files, &cfg, shape, l).map(|m| Mixer::Mla(Box::new(m))),
                 _ => Attention::load(files, &cfg, l).map(|a| Mixer::Attention(Box::new(a))),
             }
             .map_err(|source| mixer_error(files, l, cfg.mixers[l], source))?;
@@ -143,7 +172,10 @@ impl Model {
         Ok(Model {
             embed: files.matrix("model.embed_tokens.weight", v, h)?,
             norm: norm_weight(files, &cfg, "model.norm.weight", h)?,
-            rope: Rope::partial(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rope_linear_factor),
+            rope: match &cfg.rope_yarn {
+                Some(y) => Rope::yarn(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, y),
+                None => Rope::partial(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rope_linear_factor),
+            },
             layers,
             lm_head,
             cfg,
@@ -160,6 +192,7 @@ impl Model {
                 .map(|l| match &l.mixer {
                     Mixer::Attention(_) => LayerCache::kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype),
                     Mixer::GatedDeltaNet(d) => LayerCache::Recurrent(d.new_state()),
+                    Mixer::Mla(_) => LayerCache::latent(self.cfg.mla.map_or(0, |m| m.cache_width()), self.kv_dtype),
                 })
                 .collect(),
         )
@@ -210,6 +243,9 @@ impl Model {
             (Mixer::Attention(a), LayerCache::Kv(kv)) => {
                 a.forward_timed(&xs, &st.positions, &self.rope, kv, &mut attn_out, times)
             }
+            (Mixer::Mla(m), LayerCache::Latent(cache)) => {
+                m.forward_timed(&xs, &st.positions, &self.rope, cache, &mut attn_out, times)
+            }
             (Mixer::GatedDeltaNet(d), LayerCache::Recurrent(state)) => {
                 debug_assert_eq!(state.len(), st.positions[0], "positions must continue the state");
                 d.forward_timed(&xs, n, state, &mut attn_out, times);
@@ -239,12 +275,15 @@ impl Model {
             }
             Mlp::Moe { router, shared } => {
                 st.shared_out = shared.as_deref().map(|(ffn, gate)| {
-                    // shared_expert_output = F.sigmoid(self.shared_expert_gate(x)) * shared_expert(x)
                     let mut out = vec![0.0; n * h];
                     ffn.forward(&xs, n, &mut out);
-                    for (row, x) in out.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
-                        let g = sigmoid(gate.row_dot(0, x));
-                        row.iter_mut().for_each(|v| *v *= g);
+                    // shared_expert_output = F.sigmoid(self.shared_expert_gate(x)) * shared_expert(x)
+                    // (DeepSeek: hidden_states + self.shared_experts(residuals), ungated)
+                    if let Some(gate) = gate {
+                        for (row, x) in out.chunks_exact_mut(h).zip(xs.chunks_exact(h)) {
+                            let g = sigmoid(gate.row_dot(0, x));
+                            row.iter_mut().for_each(|v| *v *= g);
+                        }
                     }
                     out
                 });

@@ -2,7 +2,10 @@
 
 use crate::config::{ModelConfig, RawConfig};
 use crate::error::ModelError;
-use crate::{llama, mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next};
+use crate::{
+    deepseek_v3, glm4_moe, glm4_moe_lite, llama, minimax_m2, mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe,
+    qwen3_next,
+};
 
 /// A supported architecture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +20,14 @@ pub enum Family {
     Qwen3Next,
     /// Qwen3.5 / Qwen3.6 MoE, the same hybrid with separate projections.
     Qwen35Moe,
+    /// DeepSeek-V3 / R1 / Kimi K2: latent attention, sigmoid group router.
+    DeepseekV3,
+    /// GLM-4.5 … 4.7: GQA with partial rotary, the DeepSeek MoE.
+    Glm4Moe,
+    /// GLM-4.7-Flash: latent attention, the DeepSeek MoE.
+    Glm4MoeLite,
+    /// MiniMax-M2: full-width QK-norm, sigmoid router.
+    MiniMaxM2,
 }
 
 /// Tensor naming of a family's MoE block.
@@ -27,11 +38,13 @@ pub struct MoeNames {
     pub block: &'static str,
     /// Projection names of one expert: gate, up, down.
     pub proj: [&'static str; 3],
+    /// The sigmoid router's selection bias under the block.
+    pub router_bias: &'static str,
 }
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 7] = [
+    pub const ALL: [Family; 11] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -39,6 +52,10 @@ impl Family {
         Family::Llama,
         Family::Qwen3Next,
         Family::Qwen35Moe,
+        Family::DeepseekV3,
+        Family::Glm4Moe,
+        Family::Glm4MoeLite,
+        Family::MiniMaxM2,
     ];
 
     /// The `architectures` entry of this family.
@@ -51,6 +68,10 @@ impl Family {
             Family::Llama => "LlamaForCausalLM",
             Family::Qwen3Next => "Qwen3NextForCausalLM",
             Family::Qwen35Moe => "Qwen3_5MoeForCausalLM",
+            Family::DeepseekV3 => "DeepseekV3ForCausalLM",
+            Family::Glm4Moe => "Glm4MoeForCausalLM",
+            Family::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
+            Family::MiniMaxM2 => "MiniMaxM2ForCausalLM",
         }
     }
 
@@ -91,6 +112,10 @@ impl Family {
             "llama" => Family::Llama,
             "qwen3_next" => Family::Qwen3Next,
             "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
+            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            "glm4_moe" => Family::Glm4Moe,
+            "glm4_moe_lite" => Family::Glm4MoeLite,
+            "minimax_m2" => Family::MiniMaxM2,
             _ => {
                 return Err(ModelError::UnknownArchitecture {
                     name: format!("(no architectures; model_type {model_type:?})"),
@@ -111,21 +136,29 @@ impl Family {
             Family::Llama => llama::parse(raw),
             Family::Qwen3Next => qwen3_next::parse(raw),
             Family::Qwen35Moe => qwen3_5_moe::parse(raw),
+            Family::DeepseekV3 => deepseek_v3::parse(raw),
+            Family::Glm4Moe => glm4_moe::parse(raw),
+            Family::Glm4MoeLite => glm4_moe_lite::parse(raw),
+            Family::MiniMaxM2 => minimax_m2::parse(raw),
         }
     }
 
     /// How this family names its router and experts.
     pub fn moe_names(self) -> MoeNames {
         match self {
-            Family::Mixtral => mixtral::MOE_NAMES,
+            Family::Mixtral | Family::MiniMaxM2 => mixtral::MOE_NAMES,
             Family::Olmoe
             | Family::Qwen3Moe
             | Family::Qwen2Moe
             | Family::Llama
             | Family::Qwen3Next
-            | Family::Qwen35Moe => MoeNames {
+            | Family::Qwen35Moe
+            | Family::DeepseekV3
+            | Family::Glm4Moe
+            | Family::Glm4MoeLite => MoeNames {
                 block: "mlp",
                 proj: ["gate_proj", "up_proj", "down_proj"],
+                router_bias: "gate.e_score_correction_bias",
             },
         }
     }
@@ -135,6 +168,12 @@ impl MoeNames {
     /// `model.layers.{layer}.{block}.gate.weight`, the router.
     pub fn router(&self, layer: usize) -> String {
         format!("model.layers.{layer}.{}.gate.weight", self.block)
+    }
+
+    /// `model.layers.{layer}.{block}.{router_bias}`, the sigmoid router's
+    /// selection bias.
+    pub fn router_bias(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.{}", self.block, self.router_bias)
     }
 
     /// The gate, up and down projection names of one expert.

@@ -3,7 +3,7 @@
 //! recurrent state for gated DeltaNet layers.
 //!
 //! Keys are stored after RoPE. Each layer owns its own cache, so layers of
-//! different kinds (full, sliding, later MLA) can keep different shapes.
+//! different kinds (full, sliding, MLA latents) keep different shapes.
 
 use std::fmt;
 use std::str::FromStr;
@@ -222,11 +222,67 @@ impl LayerKv {
     }
 }
 
+/// The cache of a latent attention layer ([`crate::mla`]): per position,
+/// one row of the normed latent and the roped key shared by every head
+/// (`kv_lora_rank + qk_rope_head_dim` values), in the cache's dtype. The
+/// latent part serves as keys and as values.
+#[derive(Clone, Debug)]
+pub struct LatentKv {
+    rows: Rows,
+    width: usize,
+    len: usize,
+    dtype: KvDtype,
+}
+
+impl LatentKv {
+    fn new(width: usize, dtype: KvDtype) -> Self {
+        LatentKv {
+            rows: Rows::new(dtype),
+            width,
+            len: 0,
+            dtype,
+        }
+    }
+
+    /// Cached positions.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends one position's row (`width` values), rounded to the cache's dtype.
+    pub fn push(&mut self, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.width);
+        self.rows.extend(row);
+        self.len += 1;
+    }
+
+    /// The rows of positions `from..to`.
+    pub fn rows(&self, from: usize, to: usize) -> CachedRows<'_> {
+        self.rows.view(from * self.width, to * self.width)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.rows.truncate(len * self.width);
+        self.len = self.len.min(len);
+    }
+
+    fn bytes(&self) -> usize {
+        self.rows.elements() * self.dtype.size()
+    }
+}
+
 /// One layer's cache, of its mixer's kind.
 #[derive(Clone, Debug)]
 pub enum LayerCache {
     /// Attention: keys and values of every position.
     Kv(LayerKv),
+    /// Latent attention: the compressed latent and rope key of every position.
+    Latent(LatentKv),
     /// Gated DeltaNet: conv inputs and recurrent state after the last position.
     Recurrent(RecurrentState),
 }
@@ -237,10 +293,16 @@ impl LayerCache {
         LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype))
     }
 
+    /// An empty latent cache of `width` values per position in `dtype`.
+    pub fn latent(width: usize, dtype: KvDtype) -> Self {
+        LayerCache::Latent(LatentKv::new(width, dtype))
+    }
+
     /// Positions seen.
     pub fn len(&self) -> usize {
         match self {
             LayerCache::Kv(kv) => kv.len(),
+            LayerCache::Latent(l) => l.len(),
             LayerCache::Recurrent(s) => s.len(),
         }
     }
@@ -254,6 +316,7 @@ impl LayerCache {
     pub fn bytes(&self) -> usize {
         match self {
             LayerCache::Kv(kv) => kv.bytes(),
+            LayerCache::Latent(l) => l.bytes(),
             LayerCache::Recurrent(s) => s.bytes(),
         }
     }
@@ -304,6 +367,7 @@ impl KvCache {
         for l in &mut self.layers {
             match l {
                 LayerCache::Kv(kv) => kv.truncate(keep),
+                LayerCache::Latent(l) => l.truncate(keep),
                 LayerCache::Recurrent(s) if s.len() > keep => s.reset(),
                 LayerCache::Recurrent(_) => {}
             }
@@ -324,7 +388,7 @@ mod tests {
     fn kv(c: &KvCache, l: usize) -> &LayerKv {
         match &c.layers[l] {
             LayerCache::Kv(kv) => kv,
-            LayerCache::Recurrent(_) => panic!("layer {l} is recurrent"),
+            _ => panic!("layer {l} is not an attention layer"),
         }
     }
 

@@ -16,6 +16,7 @@ use crate::family::{Family, MoeNames};
 pub const MOE_NAMES: MoeNames = MoeNames {
     block: "block_sparse_moe",
     proj: ["w1", "w3", "w2"],
+    router_bias: "e_score_correction_bias",
 };
 
 /// Parses a Mixtral `config.json`.

@@ -1,16 +1,30 @@
-//! The MoE router: softmax over expert logits, top-k, optional
-//! renormalization; and the batch-union that groups a step's rows by expert.
+//! The MoE router: expert logits, then a scoring kind — softmax over the
+//! experts, top-k, optional renormalization (OLMoE, Qwen, Mixtral), or the
+//! sigmoid group router of the DeepSeek lineage
+//! ([`crate::group_router`]) — and the batch-union that groups a step's
+//! rows by expert.
 
 use charm_common::kernels::{softmax, top_k};
 use charm_common::Weight;
 use charm_proto::{ExpertBatch, ExpertGroup};
+
+use crate::group_router::SigmoidGroup;
 
 /// One layer's router.
 pub struct Router {
     /// `[num_experts, hidden]`
     pub weight: Weight,
     pub top_k: usize,
-    pub norm_topk_prob: bool,
+    pub scoring: Scoring,
+}
+
+/// How a router turns expert logits into a choice.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scoring {
+    /// Softmax over every expert, top-k, renormalized when `norm_topk_prob`.
+    Softmax { renormalize: bool },
+    /// Sigmoid scores, selection-only bias, group-limited top-k, scaled.
+    SigmoidGroup(SigmoidGroup),
 }
 
 /// The experts one row chose, with their gate weights, in router rank order.
@@ -18,28 +32,32 @@ pub type Choice = Vec<(u32, f32)>;
 
 impl Router {
     /// Routes `n` rows.
-    ///
-    /// `routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)`
-    /// `routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)`
-    /// `if self.norm_topk_prob: routing_weights /= routing_weights.sum(dim=-1, keepdim=True)`
     pub fn route(&self, xs: &[f32], n: usize) -> Vec<Choice> {
         let e = self.weight.rows();
         let mut logits = vec![0.0; n * e];
         self.weight.matmul(xs, n, &mut logits);
         logits
             .chunks_exact_mut(e)
-            .map(|probs| {
-                softmax(probs);
-                let idx = top_k(probs, self.top_k);
-                let mut w: Vec<f32> = idx.iter().map(|&i| probs[i]).collect();
-                if self.norm_topk_prob {
-                    let s: f32 = w.iter().sum();
-                    w.iter_mut().for_each(|v| *v /= s);
-                }
-                idx.into_iter().map(|i| i as u32).zip(w).collect()
+            .map(|row| match &self.scoring {
+                Scoring::Softmax { renormalize } => softmax_top_k(row, self.top_k, *renormalize),
+                Scoring::SigmoidGroup(g) => g.choose(row, self.top_k),
             })
             .collect()
     }
+}
+
+/// `routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)`
+/// `routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)`
+/// `if self.norm_topk_prob: routing_weights /= routing_weights.sum(dim=-1, keepdim=True)`
+fn softmax_top_k(probs: &mut [f32], k: usize, renormalize: bool) -> Choice {
+    softmax(probs);
+    let idx = top_k(probs, k);
+    let mut w: Vec<f32> = idx.iter().map(|&i| probs[i]).collect();
+    if renormalize {
+        let s: f32 = w.iter().sum();
+        w.iter_mut().for_each(|v| *v /= s);
+    }
+    idx.into_iter().map(|i| i as u32).zip(w).collect()
 }
 
 /// Groups rows by expert: every unique expert once, sorted by id, with the
@@ -100,13 +118,13 @@ mod tests {
         let r = Router {
             weight: w,
             top_k: 2,
-            norm_topk_prob: true,
+            scoring: Scoring::Softmax { renormalize: true },
         };
         let c = r.route(&[2.0, 1.0], 1);
         assert_eq!(c[0][0].0, 0);
         assert!((c[0].iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
         let r = Router {
-            norm_topk_prob: false,
+            scoring: Scoring::Softmax { renormalize: false },
             ..r
         };
         assert!(r.route(&[2.0, 1.0], 1)[0].iter().map(|x| x.1).sum::<f32>() < 1.0);

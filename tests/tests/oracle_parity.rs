@@ -15,7 +15,8 @@
 //! - for families with recurrent (gated DeltaNet) layers, a second turn
 //!   that cuts back into the cache starts over (the state cannot rewind),
 //!   one that extends it reuses all of it, and one-shot, chunked and
-//!   token-by-token prefill give the same logit bits.
+//!   token-by-token prefill give the same logit bits (as they do for
+//!   latent attention, which runs in its absorbed form throughout).
 
 use charm_coordinator::{Engine, FinishReason, GenerateParams, SamplingParams, Session};
 use charm_models::MixerKind;
@@ -231,9 +232,10 @@ fn check_family(name: &str) {
     d_decode = d_decode.max(d);
     println!("{name}: KV-cache decode vs logits_all maxdiff={d_decode:.3e}; vs reference maxdiff={d_ref:.3e}");
 
-    if recurrent {
-        // 5. The recurrence runs in one order whatever the chunking: the
-        // same bits from one chunk, chunks of 5 and one token at a time.
+    if recurrent || engine.config().mixers.contains(&MixerKind::Mla) {
+        // 5. The recurrence, and latent attention's absorbed form, run in
+        // one order whatever the chunking: the same bits from one chunk,
+        // chunks of 5 and one token at a time.
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
         let mut by_token = Vec::new();
         let mut cache = engine.model.new_cache();
@@ -293,4 +295,29 @@ fn qwen35moe() {
 #[test]
 fn qwen35moe_vl() {
     check_family("qwen35moe-vl");
+}
+
+#[test]
+fn deepseekv3() {
+    check_family("deepseekv3");
+}
+
+#[test]
+fn deepseekv3_noq() {
+    check_family("deepseekv3-noq");
+}
+
+#[test]
+fn glm4moe() {
+    check_family("glm4moe");
+}
+
+#[test]
+fn glm4moelite() {
+    check_family("glm4moelite");
+}
+
+#[test]
+fn minimax_m2() {
+    check_family("minimax-m2");
 }

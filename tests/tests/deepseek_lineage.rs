@@ -1,0 +1,167 @@
+//! The DeepSeek lineage (DeepSeek-V3 with and without `q_lora_rank`,
+//! GLM-4.5-style MoE, GLM-4.7-Flash, MiniMax-M2) under the one rule, the
+//! latent cache's size, and bad input. Real `worker` processes on 127.0.0.1.
+//!
+//! - `deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache`:
+//!   teacher-forced logits and 16 greedy ids from `--local` and three
+//!   workers (Hugging Face directory) are the same bits; a bf16 container
+//!   gives the same bits with cache 0, an unlimited cache and on three
+//!   workers.
+//! - `the_latent_cache_holds_the_latent_and_the_rope_key`: an MLA layer
+//!   caches `(kv_lora_rank + qk_rope_head_dim) × 4` bytes per position
+//!   (× 2 with the f16 cache), whatever the head count.
+//! - `bad_configs_and_tensors_are_named`: a missing `kv_b_proj`, an
+//!   unknown rope scaling type, `n_group` that does not divide the experts,
+//!   a wrong-sized `e_score_correction_bias`.
+
+mod cluster_support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use charm_coordinator::{Engine, EngineOptions};
+use charm_models::{KvDtype, LayerCache, MixerKind};
+use charm_tests::{fixture, Reference};
+use cluster_support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const FIXTURES: [&str; 5] = ["deepseekv3", "deepseekv3-noq", "glm4moe", "glm4moelite", "minimax-m2"];
+
+fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
+    (
+        bits(&e.logits_all(&r.full_sequence()).unwrap()),
+        greedy(e, &r.prompt_ids, 16),
+    )
+}
+
+#[test]
+fn deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let r = Reference::load(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let key = keygen(tmp.path(), "cluster.key");
+
+        let want = logits_and_ids(&Engine::local(&dir).unwrap(), &r);
+        assert_eq!(want.1, r.greedy_ids, "{name}: local run against transformers");
+        let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
+        let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
+        let svc = service(&dir, &key, &addrs, TIMEOUT, false);
+        svc.wait_for_workers(3, TIMEOUT).unwrap();
+        assert!(logits_and_ids(&engine(&dir, svc), &r) == want, "{name}: 3 workers");
+        drop(workers);
+
+        let c = convert_bf16(&dir, tmp.path(), &format!("{name}-bf16"));
+        let run = |cache_gb: f64| {
+            let opts = EngineOptions {
+                expert_cache_bytes: Some((cache_gb * (1u64 << 30) as f64) as u64),
+                state_dir: Some(tmp.path().join("state")),
+                ..EngineOptions::default()
+            };
+            logits_and_ids(&Engine::load(&c, &opts).unwrap().0, &r)
+        };
+        let uncached = run(0.0);
+        assert!(run(64.0) == uncached, "{name}: cache 0 vs unlimited");
+        let workers: Vec<Worker> = (0..3)
+            .map(|_| Worker::start(&c, &key, &["--expert-cache-gb", "0"]))
+            .collect();
+        let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
+        let svc = service(&c, &key, &addrs, TIMEOUT, false);
+        svc.wait_for_workers(3, TIMEOUT).unwrap();
+        assert!(
+            logits_and_ids(&engine(&c, svc), &r) == uncached,
+            "{name}: container on 3 workers"
+        );
+    }
+}
+
+#[test]
+fn the_latent_cache_holds_the_latent_and_the_rope_key() {
+    for name in ["deepseekv3", "glm4moelite"] {
+        let r = Reference::load(name);
+        for (dtype, size) in [(KvDtype::F32, 4), (KvDtype::F16, 2)] {
+            let mut e = Engine::local(&fixture(name)).unwrap();
+            e.model.kv_dtype = dtype;
+            let mla = e.config().mla.expect("an MLA model");
+            assert!(e.config().mixers.iter().all(|&m| m == MixerKind::Mla), "{name}");
+            let mut cache = e.model.new_cache();
+            e.forward(&r.prompt_ids, &mut cache, false).unwrap();
+            let per_layer = (mla.kv_lora_rank + mla.qk_rope_head_dim) * size * r.prompt_ids.len();
+            for l in &cache.layers {
+                assert!(matches!(l, LayerCache::Latent(_)), "{name}: a latent cache");
+                assert_eq!(l.bytes(), per_layer, "{name} {dtype}");
+            }
+            assert_eq!(cache.bytes(), per_layer * e.config().num_layers, "{name} {dtype}");
+        }
+    }
+}
+
+/// A copy of fixture `name` with its config edited by `edit`.
+fn edited_config(name: &str, tmp: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+    let out = tmp.join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, out.join(p.file_name().unwrap())).unwrap();
+    }
+    let path = out.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    out
+}
+
+fn load_err(dir: &Path) -> String {
+    match Engine::local(dir) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// `dir/model.safetensors` without the tensor `gone`, or with it replaced
+/// by `replace` (same dtype, the given shape and little-endian f32 data).
+fn edit_tensor(dir: &Path, gone: &str, replace: Option<(Vec<usize>, Vec<f32>)>) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let data: Vec<u8> = replace
+        .as_ref()
+        .map(|(_, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+        .unwrap_or_default();
+    let mut kept: Vec<(String, safetensors::tensor::TensorView)> =
+        st.tensors().into_iter().filter(|(n, _)| n != gone).collect();
+    assert_eq!(kept.len() + 1, st.len(), "the fixture has {gone}");
+    if let Some((shape, _)) = &replace {
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), &data).unwrap();
+        kept.push((gone.to_string(), view));
+    }
+    safetensors::tensor::serialize_to_file(kept, None, &path).unwrap();
+}
+
+#[test]
+fn bad_configs_and_tensors_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+
+    let dir = edited_config("deepseekv3", &tmp.path().join("a"), |_| {});
+    edit_tensor(&dir, "model.layers.2.self_attn.kv_b_proj.weight", None);
+    let err = load_err(&dir);
+    assert!(err.contains("model.layers.2.self_attn.kv_b_proj.weight"), "{err}");
+
+    let dir = edited_config("deepseekv3", &tmp.path().join("b"), |v| {
+        v["rope_scaling"]["type"] = serde_json::json!("longrope");
+    });
+    let err = load_err(&dir);
+    assert!(err.contains("rope scaling type longrope is not supported"), "{err}");
+
+    let dir = edited_config("glm4moe", &tmp.path().join("c"), |v| {
+        v["n_group"] = serde_json::json!(3);
+    });
+    let err = load_err(&dir);
+    assert!(err.contains("n_group (3) must divide the 16 experts"), "{err}");
+
+    let dir = edited_config("deepseekv3", &tmp.path().join("d"), |_| {});
+    let name = "model.layers.1.mlp.gate.e_score_correction_bias";
+    edit_tensor(&dir, name, Some((vec![8], vec![0.0; 8])));
+    let err = load_err(&dir);
+    assert!(err.contains(name), "{err}");
+}
