@@ -19,6 +19,21 @@ pub trait WeightSource: Send + Sync {
 
     /// Whether a tensor of that name exists.
     fn contains(&self, name: &str) -> bool;
+
+    /// A 2-D weight as [`WeightSource::matrix`] gives it, or — where a
+    /// source stores its columns in another order and moving them would
+    /// cost the stored format (a GGUF block spanning the moved units) — the
+    /// matrix as stored and `order`, the stored column of each model
+    /// column: the caller then moves its inputs instead
+    /// (`x_stored[order[c]] = x[c]`), which keeps the stored blocks.
+    fn matrix_in_stored_order(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(Weight, Option<Vec<usize>>), LoadError> {
+        Ok((self.matrix(name, rows, cols)?, None))
+    }
 }
 
 impl WeightSource for crate::TensorFiles {

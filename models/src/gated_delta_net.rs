@@ -94,6 +94,9 @@ pub struct GatedDeltaNet {
     /// The gated RMSNorm's weight, `[v_head_dim]`.
     norm: Vec<f32>,
     out_proj: Weight,
+    /// When `out_proj` keeps a source's column order: the stored column of
+    /// each of the rule's output columns ([`WeightSource::matrix_in_stored_order`]).
+    out_order: Option<Vec<usize>>,
     shape: DeltaNetShape,
     eps: f32,
 }
@@ -134,13 +137,15 @@ impl GatedDeltaNet {
         };
         // self.A_log = nn.Parameter(torch.log(A)); g = -self.A_log.float().exp() * ...
         let a_log = files.vector(&format!("{p}.A_log"), vh)?;
+        let (out_proj, out_order) = files.matrix_in_stored_order(&format!("{p}.out_proj.weight"), hidden, vd)?;
         Ok(GatedDeltaNet {
             proj,
             conv: files.array(&format!("{p}.conv1d.weight"), &[shape.conv_dim(), 1, shape.conv_kernel])?,
             dt_bias: files.vector(&format!("{p}.dt_bias"), vh)?,
             neg_a: a_log.iter().map(|x| -x.exp()).collect(),
             norm: files.vector(&format!("{p}.norm.weight"), shape.v_head_dim)?,
-            out_proj: files.matrix(&format!("{p}.out_proj.weight"), hidden, vd)?,
+            out_proj,
+            out_order,
             shape,
             eps,
         })
@@ -303,6 +308,15 @@ impl GatedDeltaNet {
         }
         times.heads_ms += ms(started);
         let started = Instant::now();
+        if let Some(order) = &self.out_order {
+            let mut stored = vec![0.0f32; core.len()];
+            for (src, dst) in core.chunks_exact(vd).zip(stored.chunks_exact_mut(vd)) {
+                for (&x, &c) in src.iter().zip(order) {
+                    dst[c] = x;
+                }
+            }
+            core = stored;
+        }
         self.out_proj.matmul(&core, n, out);
         times.o_proj_ms += ms(started);
     }

@@ -600,6 +600,21 @@ fn rearranged(
     Weight::try_new(rows, cols, data).map_err(|e| bad_tensor(file, g, e.to_string()))
 }
 
+/// For columns stored as value-head units `units` (the stored unit of each
+/// model unit) in blocks of `block` elements that span a unit: the stored
+/// column of each model column, so inputs move instead of blocks. `None`
+/// when whole blocks can move (or the columns do not split into units).
+fn input_order(units: &[usize], cols: usize, block: usize) -> Option<Vec<usize>> {
+    if units.is_empty() || !cols.is_multiple_of(units.len()) {
+        return None;
+    }
+    let width = cols / units.len();
+    if width.is_multiple_of(block) {
+        return None;
+    }
+    Some(units.iter().flat_map(|&u| u * width..(u + 1) * width).collect())
+}
+
 impl WeightSource for GgufModel {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
         let hybrid = self.hybrid != Hybrid::No;
@@ -637,6 +652,29 @@ impl WeightSource for GgufModel {
                 Err(self.missing(format!("{g} (for {name})")))
             }
         }
+    }
+
+    fn matrix_in_stored_order(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<(Weight, Option<Vec<usize>>), LoadError> {
+        // Qwen3.5's tiled `ssm_out` columns in a type whose blocks span a
+        // value head (K-quants over 128-wide heads): keep the blocks, move
+        // the inputs.
+        if let (Some(Mapped::Whole(g)), Some((_, None, Some(units)))) =
+            (map_name(name, self.hybrid), self.moved(name, rows))
+        {
+            let t = self
+                .file
+                .tensor(&g)
+                .ok_or_else(|| self.missing(format!("{g} (for {name})")))?;
+            if let Some(order) = input_order(&units, cols, t.ty.block_elems()) {
+                return Ok((self.file.weight(&g, rows, cols)?, Some(order)));
+            }
+        }
+        Ok((self.matrix(name, rows, cols)?, None))
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
@@ -886,6 +924,31 @@ mod tests {
             );
             assert_eq!(matches!(w.data(), WeightData::F32(_)), !blocks_move, "type {ty}");
         }
+        // A K-quant whose blocks span units keeps its blocks; its inputs
+        // move instead, and the products are the moved matrix's.
+        let mut q4k = seeded(rows * 2 * 144);
+        for blk in q4k.chunks_exact_mut(144) {
+            blk[..4].copy_from_slice(&[0x00, 0x2c, 0x00, 0x28]);
+        }
+        let f = one_tensor(12, rows as u64, cols as u64, &q4k);
+        let stored = f.weight("w", rows, cols).unwrap().data().to_f32_vec();
+        let moved = rearranged(&f, "w", rows, cols, None, Some(&units))
+            .unwrap()
+            .data()
+            .to_f32_vec();
+        let order = input_order(&units, cols, 256).expect("blocks span units");
+        assert_eq!(input_order(&units, cols, 32), None, "Q8_0 blocks move whole");
+        let x: Vec<f64> = (0..cols).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
+        let mut x_stored = vec![0.0f64; cols];
+        for (c, &o) in order.iter().enumerate() {
+            x_stored[o] = x[c];
+        }
+        for r in 0..rows {
+            let a: f64 = (0..cols).map(|c| moved[r * cols + c] as f64 * x[c]).sum();
+            let b: f64 = (0..cols).map(|c| stored[r * cols + c] as f64 * x_stored[c]).sum();
+            assert!((a - b).abs() <= 1e-9 * a.abs().max(1.0), "row {r}: {a} vs {b}");
+        }
+
         let f = one_tensor(8, 1, 32, &[0u8; 34]);
         let e = match rearranged(&f, "w", 1, 32, Some(&[1]), None) {
             Ok(_) => panic!("row 1 of a 1-row tensor was read"),

@@ -1,4 +1,4 @@
-//! Matrix-matrix products (prefill) of Q8_0 and Q4_0 rows on x86: the same
+//! Matrix-matrix products (prefill) of Q8_0, Q4_0 and Q4_K rows on x86: the same
 //! definition and bits as [`super::dot`], with the data laid out so that
 //! no block needs a horizontal fold.
 //!
@@ -14,7 +14,9 @@
 //! - Activations: [`Q8Acts::arrange`] adds the transposed codes and the
 //!   per-block code totals (once per activation row).
 //! - Weights: [`arrange_row`] writes one row's codes (nibbles unpacked,
-//!   Q8_0 offset by 128 for `vpdpbusd`) and widened scales into an
+//!   Q8_0 offset by 128 for `vpdpbusd`; a Q4_K super-block is one chunk,
+//!   its sub-blocks the eight blocks) and widened scales (Q4_K: `d`,
+//!   `dmin` and the 6-bit scales and mins) into an
 //!   [`ArrangedRow`], once per row per product, shared by every activation
 //!   row it meets.
 //! - [`dot_many_arranged`]: one arranged row with any number of activation
@@ -34,7 +36,7 @@
 //! [`super::dot`] bit for bit (tested against it on every instruction set
 //! this CPU runs).
 
-use super::super::types::{f16_le, GgmlType, QK};
+use super::super::types::{f16_le, scale_min_k4, GgmlType, QK};
 use super::Q8Acts;
 use crate::Isa;
 
@@ -51,7 +53,7 @@ pub fn packable(ty: GgmlType, cols: usize) -> bool {
 
 /// [`packable`] for a chosen instruction set (which this CPU must run).
 pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    usable_on(isa, ty, cols)
+    (matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0) && usable_on(isa, ty, cols))
         || (ty == GgmlType::Q6_K
             && cols > 0
             && cols.is_multiple_of(CHUNK)
@@ -60,15 +62,15 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0 or Q4_0, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the active
-/// instruction set, [`Isa::active`]).
+/// Q8_0, Q4_0 or Q4_K, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the
+/// active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
 }
 
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
         && cols > 0
         && cols.is_multiple_of(CHUNK)
         && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
@@ -83,8 +85,13 @@ pub struct ArrangedRow {
     isa: Option<Isa>,
     /// Per chunk, eight steps of 32 code bytes (lane `b` = block `b`).
     codes: Vec<u8>,
-    /// Each block's scale, widened.
+    /// Each block's scale, widened (Q4_K: the super-block's `d` in all
+    /// eight lanes of its chunk).
     d: Vec<f32>,
+    /// Q4_K: per chunk, the eight sub-blocks' 6-bit scales, then their mins.
+    k_scales: Vec<i32>,
+    /// Q4_K: per chunk, the super-block's `dmin` in all eight lanes.
+    dmin: Vec<f32>,
 }
 
 impl Q8Acts {
@@ -159,7 +166,7 @@ pub fn arrange_row(ty: GgmlType, row: &[u8], out: &mut ArrangedRow) {
 /// If [`usable_on`] is false for `isa`, `ty` and the row's width.
 pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow) {
     let bs = ty.block_bytes();
-    let cols = row.len() / bs * QK;
+    let cols = row.len() / bs * ty.block_elems();
     assert!(
         usable_on(isa, ty, cols),
         "{ty} rows of {cols} have no arranged product on {isa:?}"
@@ -169,6 +176,9 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     out.isa = Some(isa);
     out.codes.resize(cols, 0);
     out.d.resize(cols / QK, 0.0);
+    if ty == GgmlType::Q4_K {
+        return arrange_q4_k(isa, row, out);
+    }
     let offset = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `usable_on` checked that the CPU runs AVX2 (both ISAs
@@ -178,6 +188,44 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     }
     #[cfg(not(target_arch = "x86_64"))]
     arrange_scalar(ty, row, offset, &mut out.codes, &mut out.d);
+}
+
+/// A Q4_K row (one super-block per chunk): the nibbles of sub-block `b`
+/// (elements `32b..32b + 32`; sub-block `2i` the low nibbles of
+/// `qs[32i..32i + 32]`, `2i + 1` the high ones) in the transposed order,
+/// `d` and `dmin` in every lane, and the 6-bit scales and mins widened.
+fn arrange_q4_k(isa: Isa, row: &[u8], out: &mut ArrangedRow) {
+    let chunks = out.codes.len() / CHUNK;
+    out.k_scales.resize(16 * chunks, 0);
+    out.dmin.resize(8 * chunks, 0.0);
+    let mut natural = [0u8; CHUNK];
+    for (c, sb) in row.chunks_exact(GgmlType::Q4_K.block_bytes()).enumerate() {
+        let (d, dmin) = (f16_le([sb[0], sb[1]]), f16_le([sb[2], sb[3]]));
+        out.d[8 * c..8 * c + 8].fill(d);
+        out.dmin[8 * c..8 * c + 8].fill(dmin);
+        let scales: &[u8; 12] = sb[4..16].try_into().expect("12 scale bytes");
+        for b in 0..8 {
+            let (sc, mn) = scale_min_k4(scales, b);
+            out.k_scales[16 * c + b] = sc as i32;
+            out.k_scales[16 * c + 8 + b] = mn as i32;
+        }
+        for (g, qs) in sb[16..].chunks_exact(32).enumerate() {
+            for (l, &q) in qs.iter().enumerate() {
+                natural[64 * g + l] = q & 0x0f;
+                natural[64 * g + 32 + l] = q >> 4;
+            }
+        }
+        let dst = &mut out.codes[c * CHUNK..(c + 1) * CHUNK];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) {
+            // SAFETY: `usable_on` checked that the CPU runs AVX2; eight
+            // 32-byte blocks in, 256 bytes out.
+            unsafe { x86::transpose32(natural.as_ptr(), QK, dst.as_mut_ptr(), false) };
+            continue;
+        }
+        let _ = isa;
+        transpose_scalar(&natural, dst);
+    }
 }
 
 /// [`arrange_row_on`]'s layout, element by element (the reference of the

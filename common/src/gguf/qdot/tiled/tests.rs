@@ -13,7 +13,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
         if !isa.runs() {
             continue;
         }
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
             for case in 0..12 {
                 let cols = CHUNK * rng.gen_range(1..=8);
                 let row = random_row(&mut rng, ty, cols);
@@ -44,7 +44,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                 let quad = [&acts[0], &acts[1], &acts[2], &acts[3]];
                 dot_many_arranged(&arranged, &ArrangedActs::new(&quad), &mut got);
                 // The same row packed, where the active set packs it.
-                if isa == Isa::active() {
+                if isa == Isa::active() && packable_on(isa, ty, cols) {
                     let mut from_packed = [0.0f32; 4];
                     let packed = pack_rows(ty, &row, 1, cols);
                     dot_many_packed(ty, &packed, &ArrangedActs::new(&quad), &mut from_packed);
@@ -267,8 +267,9 @@ fn requantizing_drops_the_arrangement() {
 }
 
 #[test]
-fn only_whole_chunks_of_q8_0_and_q4_0_are_usable() {
-    assert!(!usable(GgmlType::Q4_K, 4096));
+fn only_whole_chunks_of_q8_0_q4_0_and_q4_k_are_usable() {
+    assert!(!usable(GgmlType::Q5_K, 4096));
+    assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
     assert!(!usable(GgmlType::Q8_0, 32 * 9));
     assert!(!usable(GgmlType::Q8_0, 0));
     assert_eq!(

@@ -255,6 +255,8 @@ trait Row: Copy {
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i);
     /// Chunk `c`'s eight block scales, widened.
     unsafe fn scales(self, c: usize) -> __m256;
+    /// Q4_K chunk `c`'s sub-block scales and mins, and `dmin` in every lane.
+    unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256);
     /// Chunk `c` whole.
     #[inline(always)]
     unsafe fn chunk(self, c: usize) -> Chunk {
@@ -290,6 +292,20 @@ impl Row for Arranged<'_> {
     unsafe fn scales(self, c: usize) -> __m256 {
         // SAFETY: `d` holds eight floats per chunk.
         unsafe { _mm256_loadu_ps(self.0.d.as_ptr().add(8 * c)) }
+    }
+
+    #[inline(always)]
+    unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
+        // SAFETY: a Q4_K row holds sixteen scales and mins and eight
+        // `dmin` lanes per chunk.
+        unsafe {
+            let k = self.0.k_scales.as_ptr().add(16 * c);
+            (
+                _mm256_loadu_si256(k as *const __m256i),
+                _mm256_loadu_si256(k.add(8) as *const __m256i),
+                _mm256_loadu_ps(self.0.dmin.as_ptr().add(8 * c)),
+            )
+        }
     }
 }
 
@@ -330,6 +346,23 @@ impl Row for Packed {
     unsafe fn scales(self, c: usize) -> __m256 {
         // SAFETY: as above; the scales are the chunk's last 16 bytes.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.p.add(c * self.cb + self.cb - 16) as *const __m128i)) }
+    }
+
+    unsafe fn k_scales(self, _: usize) -> (__m256i, __m256i, __m256) {
+        unreachable!("Q4_K rows are arranged, never packed")
+    }
+}
+
+/// [`super::super::combine`]'s Q4_K term on eight sub-blocks' lanes:
+/// `(d * dx) * f32(sc · i) - (dmin * dx) * f32(mn · S)`.
+#[inline(always)]
+unsafe fn q4_k_term(row: impl Row, c: usize, dw: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
+    // SAFETY: forwarded (the caller's chunk index is in range).
+    unsafe {
+        let (sc, mn, dmin) = row.k_scales(c);
+        let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, i)));
+        let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, tot)));
+        _mm256_sub_ps(a, b)
     }
 }
 
@@ -401,9 +434,9 @@ unsafe fn dot<const VNNI: bool, const N: usize>(
     if VNNI {
         unsafe { body::<N>(ty, chunks, row, acts) }
     } else if ty == GgmlType::Q8_0 {
-        unsafe { body_avx2::<true, N>(chunks, row, acts) }
+        unsafe { body_avx2::<true, N>(ty, chunks, row, acts) }
     } else {
-        unsafe { body_avx2::<false, N>(chunks, row, acts) }
+        unsafe { body_avx2::<false, N>(ty, chunks, row, acts) }
     }
 }
 
@@ -412,9 +445,16 @@ unsafe fn dot<const VNNI: bool, const N: usize>(
 /// activation codes with `w`'s signs, widened per step; Q4_0 (unsigned
 /// nibbles) with every step's `vpmaddubsw` pairs summed in 16 bits and
 /// widened once per chunk ([`widen_q4`]'s bound), less 8 times the block
-/// totals. Then [`super::super::combine`]'s term and lane sums, as `body`.
+/// totals (Q4_K's nibbles the same, with its own term). Then
+/// [`super::super::combine`]'s term and lane sums, as `body`.
 #[inline(always)]
-unsafe fn body_avx2<const SIGNED: bool, const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
+unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
+    ty: GgmlType,
+    chunks: usize,
+    row: impl Row,
+    acts: [&Q8Acts; N],
+) -> [f32; N] {
+    let k_quant = ty == GgmlType::Q4_K;
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -445,13 +485,19 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(chunks: usize, row: impl
             }
             let dw = row.scales(c);
             for ((a, acc), s) in acts.iter().zip(acc.iter_mut()).zip(s) {
+                let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+                if k_quant {
+                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+                    let i = _mm256_madd_epi16(s, ones);
+                    *acc = _mm256_add_ps(*acc, q4_k_term(row, c, dw, dx, i, tot));
+                    continue;
+                }
                 let i = if SIGNED {
                     s
                 } else {
                     let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
                     _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_sll_epi32(tot, count))
                 };
-                let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
         }
@@ -461,7 +507,8 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(chunks: usize, row: impl
 
 /// The VNNI chunk loop: block `b`'s integer sum in lane `b`, less the
 /// activation total times the type's offset (Q4_0's 8; Q8_0's codes carry
-/// +128), then [`super::super::combine`]'s term and lane sums.
+/// +128; Q4_K's sub-block mins in its own term), then
+/// [`super::super::combine`]'s term and lane sums.
 #[inline(always)]
 unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
     let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
@@ -483,8 +530,12 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                     s1 = madd::<true, false>(s1, w[j + 1], q(j + 1));
                 }
                 let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                let i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+                if ty == GgmlType::Q4_K {
+                    *acc = _mm256_add_ps(*acc, q4_k_term(row, c, dw, dx, _mm256_add_epi32(s0, s1), tot));
+                    continue;
+                }
+                let i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
         }
