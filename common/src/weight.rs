@@ -694,9 +694,12 @@ impl Weight {
     }
 
     /// Whether products with four or more activation rows take the
-    /// chunk-transposed path ([`qdot::tiled`]).
+    /// chunk-transposed path ([`qdot::tiled`]): from the packed copy, or
+    /// arranging rows per product where that pays.
     fn tiled(&self) -> bool {
-        matches!(&self.data, WeightData::Gguf { ty, .. } if qdot::tiled::usable(*ty, self.cols))
+        matches!(&self.data, WeightData::Gguf { ty, .. }
+            if qdot::tiled::usable(*ty, self.cols)
+                && (self.packed.is_some() || qdot::tiled::arranging_pays(*ty)))
     }
 
     /// The tiles of [`Weight::matmul_many`] for one matrix: `acts` prepared

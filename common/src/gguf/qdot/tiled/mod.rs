@@ -1,4 +1,4 @@
-//! Matrix-matrix products (prefill) of Q8_0, Q4_0 and Q4_K rows on x86: the same
+//! Matrix-matrix products (prefill) of Q8_0, Q4_0, Q4_K and Q6_K rows on x86: the same
 //! definition and bits as [`super::dot`], with the data laid out so that
 //! no block needs a horizontal fold.
 //!
@@ -21,15 +21,17 @@
 //!   row it meets.
 //! - [`dot_many_arranged`]: one arranged row with any number of activation
 //!   rows ([`ArrangedActs`], checked once), four at a time;
-//!   [`dot_many_packed`] the same from a row of a packed copy.
+//!   [`dot_many_packed`] the same from a row of a packed copy. A Q6_K row
+//!   is arranged by packing it ([`q6k`]'s layout is already transposed:
+//!   lane `b` of the first four steps holds sub-block `b`'s first half,
+//!   of the last four its second half, each with its own scale).
 //!
 //! - Decode: [`pack_rows`] stores whole matrices in the same transposed
 //!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
 //!   a chunk after its codes: the GGUF row size exactly), once at load;
 //!   [`dot_rows_packed`] multiplies them with one activation row. Q6_K
 //!   (the output head of llama.cpp's Q4_0 files) is packed the same way
-//!   for decode only ([`q6k`]: its 6-bit codes split into nibble and
-//!   top-bit steps); its prefill keeps the GGUF rows.
+//!   ([`q6k`]: its 6-bit codes split into nibble and top-bit steps).
 //!
 //! Integer sums are exact in any order and the float part is
 //! [`super::combine`]'s operations in its order, so results equal
@@ -62,19 +64,28 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0, Q4_0 or Q4_K, whole chunks, and an AVX2 or AVX-512 VNNI CPU (the
-/// active instruction set, [`Isa::active`]).
+/// Q8_0, Q4_0, Q4_K or Q6_K, whole chunks, and an AVX2 or AVX-512 VNNI CPU
+/// (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
 }
 
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K)
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
         && cols > 0
         && cols.is_multiple_of(CHUNK)
         && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
         && isa.runs()
+}
+
+/// Whether arranging a row of `ty` for each product ([`arrange_row`]) pays
+/// against the folding kernel ([`super::dot4`]) when there is no packed
+/// copy: not for Q6_K, whose arrangement is the scalar decode packing
+/// (measured 3.5x slower than `dot4` for 16 activation rows; a packed copy
+/// is 1.6x faster than `dot4`).
+pub fn arranging_pays(ty: GgmlType) -> bool {
+    ty != GgmlType::Q6_K
 }
 
 /// One weight row laid out for [`dot_many_arranged`] (reused between rows:
@@ -83,7 +94,10 @@ pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 pub struct ArrangedRow {
     ty: Option<GgmlType>,
     isa: Option<Isa>,
-    /// Per chunk, eight steps of 32 code bytes (lane `b` = block `b`).
+    /// Elements.
+    cols: usize,
+    /// Per chunk, eight steps of 32 code bytes (lane `b` = block `b`);
+    /// Q6_K: the row in [`q6k`]'s packed layout.
     codes: Vec<u8>,
     /// Each block's scale, widened (Q4_K: the super-block's `d` in all
     /// eight lanes of its chunk).
@@ -174,6 +188,15 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     assert_eq!(row.len() % bs, 0, "{ty} row of {} bytes is not whole blocks", row.len());
     out.ty = Some(ty);
     out.isa = Some(isa);
+    out.cols = cols;
+    if ty == GgmlType::Q6_K {
+        // The decode packing is already the transposed order.
+        out.codes.resize(row.len(), 0);
+        for (s, d) in row.chunks_exact(q6k::BLOCK).zip(out.codes.chunks_exact_mut(q6k::BLOCK)) {
+            q6k::pack_block(s, d);
+        }
+        return;
+    }
     out.codes.resize(cols, 0);
     out.d.resize(cols / QK, 0.0);
     if ty == GgmlType::Q4_K {
@@ -324,7 +347,17 @@ pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [
     if acts.is_empty() {
         return;
     }
-    assert_eq!(acts.width, row.codes.len(), "activations do not match the row");
+    assert_eq!(acts.width, row.cols, "activations do not match the row");
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q6_K {
+        // SAFETY: as below; the codes are one packed row of the width.
+        return unsafe {
+            match row.isa {
+                Some(Isa::Avx512Vnni) => x86::many_packed_vnni(ty, &row.codes, acts.acts, out),
+                _ => x86::many_packed_avx2(ty, &row.codes, acts.acts, out),
+            }
+        };
+    }
     #[cfg(target_arch = "x86_64")]
     match row.isa {
         // SAFETY: rows are only arranged for an instruction set this CPU
@@ -358,8 +391,8 @@ pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &
         acts.width
     );
     assert_eq!(
-        row.len(),
-        acts.width / QK * ty.block_bytes(),
+        Some(row.len()),
+        ty.row_bytes(acts.width),
         "{ty} packed row does not match the activations"
     );
     #[cfg(target_arch = "x86_64")]

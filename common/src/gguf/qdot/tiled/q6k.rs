@@ -183,7 +183,11 @@ unsafe fn rows_body<const VNNI: bool>(rows: &[u8], rb: usize, acts: &Q8Acts, out
 /// every byte): one 16-bit shift, whose bits crossing a byte are masked off.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn at4(v: std::arch::x86_64::__m256i, m: usize, top: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+pub(super) unsafe fn at4(
+    v: std::arch::x86_64::__m256i,
+    m: usize,
+    top: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
     let s = match m {
         0 => _mm256_slli_epi16(v, 4),

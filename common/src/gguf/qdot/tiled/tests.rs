@@ -13,10 +13,20 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
         if !isa.runs() {
             continue;
         }
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
             for case in 0..12 {
                 let cols = CHUNK * rng.gen_range(1..=8);
-                let row = random_row(&mut rng, ty, cols);
+                let mut row = random_row(&mut rng, ty, cols);
+                if ty == GgmlType::Q6_K && case % 3 == 0 {
+                    // Every code 63 with scales ±127: the AVX2 16-bit sums'
+                    // largest magnitudes.
+                    for sb in row.chunks_exact_mut(q6k::BLOCK) {
+                        sb[..192].fill(0xff);
+                        for (i, s) in sb[192..208].iter_mut().enumerate() {
+                            *s = if i % 2 == 0 { 127 } else { 0x81 };
+                        }
+                    }
+                }
                 let mut acts: Vec<Q8Acts> = (0..4)
                     .map(|n| {
                         let x: Vec<f32> = (0..cols)
@@ -353,10 +363,11 @@ fn the_q6_k_layout_holds_every_code_once() {
 }
 
 #[test]
-fn q6_k_whole_chunks_pack_but_have_no_arranged_prefill() {
+fn q6_k_whole_chunks_pack_and_have_an_arranged_prefill() {
     let x86 = matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni);
     assert_eq!(packable(GgmlType::Q6_K, 2048), x86);
-    assert!(!usable(GgmlType::Q6_K, 2048));
+    assert_eq!(usable(GgmlType::Q6_K, 2048), x86);
+    assert!(!usable(GgmlType::Q6_K, 2048 + 32));
     assert!(!packable(GgmlType::Q4_K, 2048));
     assert!(!packable(GgmlType::Q6_K, 0));
     assert_eq!(packable(GgmlType::Q4_0, 2048), usable(GgmlType::Q4_0, 2048));

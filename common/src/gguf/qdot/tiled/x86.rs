@@ -255,7 +255,8 @@ trait Row: Copy {
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i);
     /// Chunk `c`'s eight block scales, widened.
     unsafe fn scales(self, c: usize) -> __m256;
-    /// Q4_K chunk `c`'s sub-block scales and mins, and `dmin` in every lane.
+    /// Q4_K chunk `c`'s sub-block scales and mins, and `dmin` in every lane;
+    /// Q6_K's scales of the first and of the second halves.
     unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256);
     /// Chunk `c` whole.
     #[inline(always)]
@@ -312,7 +313,10 @@ impl Row for Arranged<'_> {
 /// A row of a packed copy ([`super::pack_rows_on`]'s layout, chunks of
 /// `cb` bytes from `p`): Q4_0's step `j` of nibble pairs split into the
 /// low (step `j`) and high (`4 + j`) codes, as [`super::arrange_row_on`]
-/// lays them out; the chunk's eight f16 scales after its codes.
+/// lays them out; the chunk's eight f16 scales after its codes. Q6_K
+/// ([`super::q6k`]'s layout): step `j`'s nibbles joined with their top
+/// bits give the first halves' codes (step `j`) and the second halves'
+/// (`4 + j`); the super-block's `d` in every lane and the halves' scales.
 #[derive(Clone, Copy)]
 struct Packed {
     ty: GgmlType,
@@ -326,7 +330,20 @@ impl Row for Packed {
         // SAFETY: the caller's `c` is below the row's chunk count.
         unsafe {
             let p = self.p.add(c * self.cb);
-            if self.ty == GgmlType::Q4_0 {
+            if self.ty == GgmlType::Q6_K {
+                let low4 = _mm256_set1_epi8(0x0f);
+                let top = _mm256_set1_epi8(0x30);
+                let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+                let h0 = _mm256_loadu_si256(p.add(128) as *const __m256i);
+                let h1 = _mm256_loadu_si256(p.add(160) as *const __m256i);
+                (
+                    _mm256_or_si256(_mm256_and_si256(v, low4), super::q6k::at4(h0, j, top)),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                        super::q6k::at4(h1, j, top),
+                    ),
+                )
+            } else if self.ty == GgmlType::Q4_0 {
                 let low4 = _mm256_set1_epi8(0x0f);
                 let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
                 (
@@ -344,12 +361,31 @@ impl Row for Packed {
 
     #[inline(always)]
     unsafe fn scales(self, c: usize) -> __m256 {
-        // SAFETY: as above; the scales are the chunk's last 16 bytes.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.p.add(c * self.cb + self.cb - 16) as *const __m128i)) }
+        // SAFETY: as above; the scales are the chunk's last 16 bytes (Q6_K:
+        // `d` its last two).
+        unsafe {
+            let p = self.p.add(c * self.cb + self.cb);
+            if self.ty == GgmlType::Q6_K {
+                _mm256_cvtph_ps(_mm_set1_epi16((p.sub(2) as *const i16).read_unaligned()))
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.sub(16) as *const __m128i))
+            }
+        }
     }
 
-    unsafe fn k_scales(self, _: usize) -> (__m256i, __m256i, __m256) {
-        unreachable!("Q4_K rows are arranged, never packed")
+    #[inline(always)]
+    unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
+        debug_assert_eq!(self.ty, GgmlType::Q6_K, "Q4_K rows are arranged, never packed");
+        // SAFETY: as above; a Q6_K super-block's scales of the first
+        // halves are its bytes 192..200, of the second halves 200..208.
+        unsafe {
+            let p = self.p.add(c * self.cb);
+            (
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(192) as *const __m128i)),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(200) as *const __m128i)),
+                _mm256_setzero_ps(),
+            )
+        }
     }
 }
 
@@ -363,6 +399,27 @@ unsafe fn q4_k_term(row: impl Row, c: usize, dw: __m256, dx: __m256, i: __m256i,
         let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, i)));
         let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, tot)));
         _mm256_sub_ps(a, b)
+    }
+}
+
+/// [`super::super::combine`]'s Q6_K term on eight sub-blocks' lanes, from
+/// the half sums `lo`, `hi` and the activations' `off6` (`32 s` per half):
+/// `(d * dx) * f32(sc₀ (lo − 32 s₀) + sc₁ (hi − 32 s₁))`.
+#[inline(always)]
+unsafe fn q6_k_term(row: impl Row, c: usize, a: &Q8Acts, lo: __m256i, hi: __m256i) -> __m256 {
+    // SAFETY: forwarded (the caller's chunk index is in range; arranged
+    // activations hold sixteen offsets and eight scales per chunk).
+    unsafe {
+        let (sc0, sc1, _) = row.k_scales(c);
+        let off = a.off6.as_ptr().add(16 * c);
+        let s0 = _mm256_loadu_si256(off as *const __m256i);
+        let s1 = _mm256_loadu_si256(off.add(8) as *const __m256i);
+        let i = _mm256_add_epi32(
+            _mm256_mullo_epi32(sc0, _mm256_sub_epi32(lo, s0)),
+            _mm256_mullo_epi32(sc1, _mm256_sub_epi32(hi, s1)),
+        );
+        let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+        _mm256_mul_ps(_mm256_mul_ps(row.scales(c), dx), _mm256_cvtepi32_ps(i))
     }
 }
 
@@ -380,7 +437,7 @@ pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts]
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = 8 * ty.block_bytes();
+    let cb = CHUNK / ty.block_elems() * ty.block_bytes();
     let packed = Packed {
         ty,
         p: row.as_ptr(),
@@ -392,7 +449,7 @@ pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = 8 * ty.block_bytes();
+    let cb = CHUNK / ty.block_elems() * ty.block_bytes();
     let packed = Packed {
         ty,
         p: row.as_ptr(),
@@ -460,6 +517,9 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     // SAFETY: as `body`.
     unsafe {
+        if ty == GgmlType::Q6_K {
+            return body_avx2_q6_k(chunks, row, acts);
+        }
         for c in 0..chunks {
             let mut s = [_mm256_setzero_si256(); N];
             for j in 0..4 {
@@ -505,6 +565,39 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     }
 }
 
+/// AVX2's Q6_K loop: per activation row, the first halves' sums `lo` and
+/// the second halves' `hi`, two steps' `vpmaddubsw` pairs added in 16 bits
+/// before each widening (a pair is at most 2 · 63 · 127 = 16002 in
+/// magnitude, two 32004 < 2^15: exact), then [`q6_k_term`].
+#[inline(always)]
+unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    // SAFETY: as `body`.
+    unsafe {
+        for c in 0..chunks {
+            let mut lo = [_mm256_setzero_si256(); N];
+            let mut hi = [_mm256_setzero_si256(); N];
+            for j in (0..4).step_by(2) {
+                let (a0, b0) = row.pair(c, j);
+                let (a1, b1) = row.pair(c, j + 1);
+                for ((a, lo), hi) in acts.iter().zip(lo.iter_mut()).zip(hi.iter_mut()) {
+                    let q = a.qt.as_ptr().add(c * CHUNK + 32 * j);
+                    let x = |k: usize| _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
+                    let pl = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x(0)), _mm256_maddubs_epi16(a1, x(1)));
+                    let ph = _mm256_add_epi16(_mm256_maddubs_epi16(b0, x(4)), _mm256_maddubs_epi16(b1, x(5)));
+                    *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(pl, ones));
+                    *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(ph, ones));
+                }
+            }
+            for (((a, acc), lo), hi) in acts.iter().zip(acc.iter_mut()).zip(lo).zip(hi) {
+                *acc = _mm256_add_ps(*acc, q6_k_term(row, c, a, lo, hi));
+            }
+        }
+        crate::gguf::qdot::x86::lane_sums(acc)
+    }
+}
+
 /// The VNNI chunk loop: block `b`'s integer sum in lane `b`, less the
 /// activation total times the type's offset (Q4_0's 8; Q8_0's codes carry
 /// +128; Q4_K's sub-block mins in its own term), then
@@ -525,6 +618,15 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
                 let mut s0 = _mm256_setzero_si256();
                 let mut s1 = _mm256_setzero_si256();
+                if ty == GgmlType::Q6_K {
+                    // The halves apart: steps 0..4 and 4..8.
+                    for j in 0..4 {
+                        s0 = madd::<true, false>(s0, w[j], q(j));
+                        s1 = madd::<true, false>(s1, w[4 + j], q(4 + j));
+                    }
+                    *acc = _mm256_add_ps(*acc, q6_k_term(row, c, a, s0, s1));
+                    continue;
+                }
                 for j in (0..8).step_by(2) {
                     s0 = madd::<true, false>(s0, w[j], q(j));
                     s1 = madd::<true, false>(s1, w[j + 1], q(j + 1));
