@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Record llama.cpp's own greedy output on the square-head hybrid Q8_0 GGUF
-fixtures (`qwen3next-sq-q8_0.gguf`, `qwen35moe-sq-q8_0.gguf`, from
-scripts/make_gguf_hybrid_fixtures.py; llama.cpp 0.3.36 refuses DeltaNet
-heads whose key and value widths differ): the second reference for their
-GGUF semantics (tests/tests/gguf_parity.rs measures charm against it).
+"""Record llama.cpp's own greedy output on GGUF fixtures made by its
+converter: the square-head hybrids (`qwen3next-sq-*.gguf`,
+`qwen35moe-sq-*.gguf`, from scripts/make_gguf_hybrid_fixtures.py; llama.cpp
+0.3.36 refuses DeltaNet heads whose key and value widths differ) and the
+DeepSeek lineage (`deepseekv3-*`, `glm4moe-*`, `minimax-m2-*`, from
+scripts/make_gguf_lineage_fixtures.py), F32 and Q8_0: the second reference
+for their GGUF semantics (tests/tests/gguf_parity.rs measures charm against
+it).
 
 Run by hand (the output is committed; CI needs no llama.cpp):
 
@@ -44,7 +47,13 @@ from gguf import GGUFReader, GGUFWriter, GGUFValueType
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF_DIR = ROOT / "tests" / "fixtures" / "gguf"
-FILES = [f"{f}-sq-{t}.gguf" for f in ("qwen3next", "qwen35moe") for t in ("f32", "q8_0")]
+FILES = [f"{f}-sq-{t}.gguf" for f in ("qwen3next", "qwen35moe") for t in ("f32", "q8_0")] + [
+    # Not deepseekv3-noq: llama.cpp 0.3.36 requires `deepseek2.attention.q_lora_rank`,
+    # which its converter writes only when there is one. Not glm4moelite: its
+    # converter writes `leading_dense_block_count` 0 over a dense first layer,
+    # and llama.cpp then looks for `blk.0.ffn_gate_inp.weight`.
+    f"{f}-{t}.gguf" for f in ("deepseekv3", "glm4moe", "minimax-m2") for t in ("f32", "q8_0")
+]
 PROMPTS = 8
 GEN = 24
 

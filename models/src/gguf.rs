@@ -33,6 +33,18 @@
 //!   grouped order at load (rows and whole blocks are moved, never
 //!   re-quantized; `ssm_out` columns of a block type whose block spans more
 //!   than one value head are dequantized to f32 to be moved).
+//!
+//! The DeepSeek lineage: `deepseek2` (DeepSeek-V3 / R1 / Kimi K2, and
+//! GLM-4.7-Flash, which the converter writes as `deepseek2` too), `glm4moe`
+//! (GLM-4.5 / 4.6 / 4.7) and `minimax-m2`. The converter splits MLA's
+//! `kv_b_proj` into `attn_k_b` (each head's key part, transposed) and
+//! `attn_v_b`; [`GgufModel`] joins them back into `kv_b_proj` as f32 (the
+//! latent attention keeps its per-head up-projections in f32 anyway). It
+//! writes YaRN's `mscale_all_dim` as `rope.scaling.yarn_log_multiplier =
+//! 0.1 · mscale_all_dim` and no `mscale`: every released config has
+//! `mscale == mscale_all_dim`, whose attention factor is 1, and a file that
+//! says otherwise through `yarn_attn_factor` is followed. DeepSeek-V2's
+//! softmax routing (no selection bias) is refused.
 
 use std::path::Path;
 
@@ -40,7 +52,7 @@ use charm_common::gguf::{GgmlType, GgufError, GgufFile, MetaValue};
 use charm_common::weight::{Buf, WeightData};
 use charm_common::{LoadError, Weight, WeightSource};
 
-use crate::config::{MixerKind, ModelConfig, QkNorm};
+use crate::config::{GroupRouting, MixerKind, MlaShape, ModelConfig, QkNorm, Yarn};
 use crate::error::ModelError;
 use crate::family::Family;
 use crate::gated_delta_net::{DeltaNetShape, ProjectionLayout};
@@ -101,7 +113,17 @@ fn bad(file: &GgufFile, reason: String) -> ModelError {
 }
 
 /// Architectures charm reads from GGUF.
-pub const GGUF_ARCHES: [&str; 6] = ["llama", "olmoe", "qwen3moe", "qwen2moe", "qwen3next", "qwen35moe"];
+pub const GGUF_ARCHES: [&str; 9] = [
+    "llama",
+    "olmoe",
+    "qwen3moe",
+    "qwen2moe",
+    "qwen3next",
+    "qwen35moe",
+    "deepseek2",
+    "glm4moe",
+    "minimax-m2",
+];
 
 fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError> {
     let family = match arch {
@@ -112,6 +134,9 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         "qwen2moe" => Family::Qwen2Moe,
         "qwen3next" => Family::Qwen3Next,
         "qwen35moe" => Family::Qwen35Moe,
+        "deepseek2" => Family::DeepseekV3,
+        "glm4moe" => Family::Glm4Moe,
+        "minimax-m2" => Family::MiniMaxM2,
         other => {
             return Err(ModelError::UnknownArchitecture {
                 name: format!("{other} (GGUF general.architecture)"),
@@ -141,13 +166,14 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         Some(t) => t.len(),
         None => opt_u("vocab_size").ok_or_else(|| bad(f, "no tokenizer.ggml.tokens and no vocab_size".into()))?,
     };
-    let rope_linear_factor = match get("rope.scaling.type").and_then(MetaValue::as_str) {
-        None | Some("none") => 1.0,
-        Some("linear") => opt_f("rope.scaling.factor").unwrap_or(1.0) as f32,
+    let (rope_linear_factor, rope_yarn) = match get("rope.scaling.type").and_then(MetaValue::as_str) {
+        None | Some("none") => (1.0, None),
+        Some("linear") => (opt_f("rope.scaling.factor").unwrap_or(1.0) as f32, None),
+        Some("yarn") => (1.0, Some(yarn_from_gguf(f, arch)?)),
         Some(other) => {
             return Err(bad(
                 f,
-                format!("rope scaling type {other} is not supported (supported: none, linear)"),
+                format!("rope scaling type {other} is not supported (supported: none, linear, yarn)"),
             ));
         }
     };
@@ -189,7 +215,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon").unwrap_or(1e-6) as f32,
         rope_theta: opt_f("rope.freq_base").unwrap_or(10000.0) as f32,
         rope_linear_factor,
-        rope_yarn: None,
+        rope_yarn,
         rope_interleave: false,
         max_position_embeddings: opt_u("context_length").unwrap_or(4096),
         tie_word_embeddings: f.tensor("output.weight").is_none(),
@@ -224,8 +250,142 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         zero_centred_norms: false,
         vision_ignored: false,
     };
+    let mut cfg = cfg;
+    if matches!(family, Family::DeepseekV3 | Family::Glm4Moe | Family::MiniMaxM2) {
+        lineage(f, arch, &mut cfg)?;
+    }
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)
+}
+
+/// YaRN from `rope.scaling.*`: `factor`, `original_context_length`,
+/// `yarn_beta_fast` / `yarn_beta_slow` (32 / 1 when absent), the attention
+/// factor from `yarn_attn_factor` (else transformers' default
+/// `0.1 ln(factor) + 1`, or 1 for the DeepSeek lineage's
+/// `mscale == mscale_all_dim`), and `mscale_all_dim` from `deepseek2`'s
+/// `yarn_log_multiplier` (`0.1 · mscale_all_dim`, undone in f32, the
+/// precision it was stored in).
+fn yarn_from_gguf(f: &GgufFile, arch: &str) -> Result<Yarn, ModelError> {
+    let num = |k: &str| f.meta(&format!("{arch}.rope.scaling.{k}")).and_then(MetaValue::as_f64);
+    let factor =
+        num("factor").ok_or_else(|| bad(f, format!("yarn rope scaling without {arch}.rope.scaling.factor")))?;
+    let original = f
+        .meta(&format!("{arch}.rope.scaling.original_context_length"))
+        .and_then(MetaValue::as_u64)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            bad(
+                f,
+                format!("yarn rope scaling without {arch}.rope.scaling.original_context_length"),
+            )
+        })?;
+    let log_mul = num("yarn_log_multiplier").filter(|&m| m != 0.0);
+    let mscale_all_dim = log_mul.map_or(0.0, |m| (m as f32 / 0.1f32) as f64);
+    let attention_factor = match (num("yarn_attn_factor"), log_mul) {
+        (Some(a), _) => a,
+        (None, Some(_)) => 1.0,
+        (None, None) => Yarn::get_mscale(factor, 1.0),
+    };
+    Ok(Yarn {
+        factor,
+        original_max_position_embeddings: original as usize,
+        beta_fast: num("yarn_beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+        beta_slow: num("yarn_beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+        attention_factor,
+        mscale_all_dim,
+        truncate: true,
+    })
+}
+
+/// The DeepSeek lineage's parts of the config: MLA's shape (`deepseek2`),
+/// partial rotary and QK-norm (`glm4moe`, `minimax-m2`), and the sigmoid
+/// router with its selection bias (`exp_probs_b`), group limit and scale,
+/// with ungated shared experts.
+fn lineage(f: &GgufFile, arch: &str, c: &mut ModelConfig) -> Result<(), ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let opt_u = |k: &str| f.meta(&key(k)).and_then(MetaValue::as_u64).map(|v| v as usize);
+    let req_u = |k: &str| opt_u(k).ok_or_else(|| bad(f, format!("missing or non-integer metadata {}", key(k))));
+    let rope = opt_u("rope.dimension_count");
+    let has = |t: &str| f.tensor(t).is_some();
+    match c.family {
+        Family::DeepseekV3 => {
+            let rope = rope.ok_or_else(|| bad(f, format!("missing metadata {}", key("rope.dimension_count"))))?;
+            // MQA-converted files give the per-head sizes as `*_mla`;
+            // older ones as the plain lengths.
+            let qk = opt_u("attention.key_length_mla").map_or_else(|| req_u("attention.key_length"), Ok)?;
+            let v = opt_u("attention.value_length_mla").map_or_else(|| req_u("attention.value_length"), Ok)?;
+            if qk <= rope {
+                return Err(bad(
+                    f,
+                    format!("key length {qk} leaves nothing beside the {rope} rotary dims"),
+                ));
+            }
+            c.mla = Some(MlaShape {
+                q_lora_rank: opt_u("attention.q_lora_rank").filter(|&r| r > 0),
+                kv_lora_rank: req_u("attention.kv_lora_rank")?,
+                qk_nope_head_dim: qk - rope,
+                qk_rope_head_dim: rope,
+                v_head_dim: v,
+            });
+            c.head_dim = rope;
+            c.rotary_dim = rope;
+            c.num_kv_heads = c.num_heads;
+            c.mixers = vec![MixerKind::Mla; c.num_layers];
+            // llama.cpp's `deepseek2` rotates adjacent pairs.
+            c.rope_interleave = true;
+            c.qk_norm = QkNorm::None;
+        }
+        Family::Glm4Moe => {
+            c.rotary_dim = rope.unwrap_or(c.head_dim / 2);
+            if has("blk.0.attn_q_norm.weight") {
+                c.qk_norm = QkNorm::PerHead;
+            }
+        }
+        _ => {
+            c.rotary_dim = rope.unwrap_or(c.head_dim);
+            c.qk_norm = QkNorm::Full;
+        }
+    }
+    // expert_gating_func: 1 softmax, 2 sigmoid.
+    let gating = opt_u("expert_gating_func");
+    let biased = (0..c.num_layers).any(|l| has(&format!("blk.{l}.exp_probs_b.bias")));
+    if gating.is_some_and(|g| g != 2) || (gating.is_none() && !biased && c.num_experts > 0) {
+        return Err(bad(
+            f,
+            format!("{arch} routing other than sigmoid with a selection bias (DeepSeek-V2's softmax) is not supported"),
+        ));
+    }
+    let minimax = c.family == Family::MiniMaxM2;
+    c.group_routing = Some(GroupRouting {
+        groups: if minimax {
+            1
+        } else {
+            opt_u("expert_group_count").unwrap_or(1).max(1)
+        },
+        topk_groups: if minimax {
+            1
+        } else {
+            opt_u("expert_group_used_count").unwrap_or(1).max(1)
+        },
+        scale: if minimax {
+            1.0
+        } else {
+            f.meta(&key("expert_weights_scale"))
+                .and_then(MetaValue::as_f64)
+                .unwrap_or(1.0) as f32
+        },
+        bias: biased,
+    });
+    // MiniMax-M2 always renormalizes; the others as written (the converter
+    // writes `expert_weights_norm` only when true for `deepseek2`).
+    c.norm_topk_prob = minimax
+        || f.meta(&key("expert_weights_norm"))
+            .and_then(MetaValue::as_bool)
+            .unwrap_or(false);
+    let shared = opt_u("expert_shared_count").unwrap_or(0);
+    c.shared_expert_intermediate_size = (shared > 0).then_some(c.moe_intermediate_size * shared);
+    c.shared_expert_gated = false;
+    Ok(())
 }
 
 /// A hybrid's mixer per layer (`attention.recurrent_layers`, else every
@@ -373,6 +533,21 @@ fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
         "mlp.shared_expert.up_proj.weight" => return blk("ffn_up_shexp.weight"),
         "mlp.shared_expert.down_proj.weight" => return blk("ffn_down_shexp.weight"),
         "mlp.shared_expert_gate.weight" => return blk("ffn_gate_inp_shexp.weight"),
+        // The DeepSeek lineage: ungated shared experts, the selection bias
+        // and MLA's projections (`kv_b_proj` is joined from attn_k_b and
+        // attn_v_b by the source).
+        "mlp.shared_experts.gate_proj.weight" => return blk("ffn_gate_shexp.weight"),
+        "mlp.shared_experts.up_proj.weight" => return blk("ffn_up_shexp.weight"),
+        "mlp.shared_experts.down_proj.weight" => return blk("ffn_down_shexp.weight"),
+        "mlp.gate.e_score_correction_bias" | "block_sparse_moe.e_score_correction_bias" => {
+            return blk("exp_probs_b.bias")
+        }
+        "self_attn.q_a_proj.weight" => return blk("attn_q_a.weight"),
+        "self_attn.q_a_layernorm.weight" => return blk("attn_q_a_norm.weight"),
+        "self_attn.q_b_proj.weight" => return blk("attn_q_b.weight"),
+        "self_attn.kv_a_proj_with_mqa.weight" => return blk("attn_kv_a_mqa.weight"),
+        "self_attn.kv_a_layernorm.weight" => return blk("attn_kv_a_norm.weight"),
+        "self_attn.kv_b_proj.weight" => return blk("attn_kv_b.weight"),
         _ => {}
     }
     let experts = rest
@@ -433,6 +608,63 @@ fn a_log_from_ssm_a(a: f32) -> Option<f32> {
 }
 
 impl GgufModel {
+    /// `hf`'s llama.cpp name, with the alternatives one converter or another
+    /// writes: `glm4moe` stores `post_attention_layernorm` as
+    /// `post_attention_norm` where the other architectures use `ffn_norm`.
+    fn locate(&self, hf: &str) -> Option<Mapped> {
+        match map_name(hf, self.hybrid)? {
+            Mapped::Whole(g) if self.file.tensor(&g).is_none() && g.ends_with(".ffn_norm.weight") => {
+                let alt = g.replace(".ffn_norm.weight", ".post_attention_norm.weight");
+                Some(Mapped::Whole(if self.file.tensor(&alt).is_some() { alt } else { g }))
+            }
+            m => Some(m),
+        }
+    }
+
+    /// MLA's `kv_b_proj` (`heads · (nope + v)` × `kv_lora_rank`) joined back
+    /// from the converter's `attn_k_b` (per head `[kv_lora_rank, nope]`,
+    /// the key part transposed) and `attn_v_b` (per head `[v,
+    /// kv_lora_rank]`), as f32.
+    fn joined_kv_b(&self, layer: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
+        let shape = self
+            .cfg
+            .mla
+            .ok_or_else(|| self.missing(format!("blk.{layer}.attn_kv_b.weight")))?;
+        let (heads, r) = (self.cfg.num_heads, shape.kv_lora_rank);
+        let (nope, v) = (shape.qk_nope_head_dim, shape.v_head_dim);
+        if rows != heads * (nope + v) || cols != r {
+            return Err(self.bad_tensor(
+                &format!("blk.{layer}.attn_kv_b.weight"),
+                format!(
+                    "asked for {rows} x {cols}, MLA's shape gives {} x {r}",
+                    heads * (nope + v)
+                ),
+            ));
+        }
+        let (kb, vb) = (
+            format!("blk.{layer}.attn_k_b.weight"),
+            format!("blk.{layer}.attn_v_b.weight"),
+        );
+        for g in [&kb, &vb] {
+            if self.file.tensor(g).is_none() {
+                return Err(self.missing(format!("{g} (for model.layers.{layer}.self_attn.kv_b_proj.weight)")));
+            }
+        }
+        let mut out = vec![0.0f32; rows * cols];
+        for h in 0..heads {
+            let k = self.file.weight_slice(&kb, h, r, nope)?.data().to_f32_vec();
+            let vv = self.file.weight_slice(&vb, h, v, r)?.data().to_f32_vec();
+            let head = &mut out[h * (nope + v) * r..(h + 1) * (nope + v) * r];
+            for i in 0..nope {
+                for c in 0..r {
+                    head[i * r + c] = k[c * nope + i];
+                }
+            }
+            head[nope * r..].copy_from_slice(&vv);
+        }
+        Ok(Weight::from_f32(rows, cols, out))
+    }
+
     fn missing(&self, name: String) -> LoadError {
         missing(&self.file, name)
     }
@@ -619,7 +851,11 @@ impl WeightSource for GgufModel {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
         let hybrid = self.hybrid != Hybrid::No;
         let missing = || self.missing(name.to_string());
-        match map_name(name, self.hybrid).ok_or_else(missing)? {
+        match self.locate(name).ok_or_else(missing)? {
+            Mapped::Whole(g) if g.ends_with(".attn_kv_b.weight") && self.file.tensor(&g).is_none() => {
+                let layer = g.trim_start_matches("blk.").trim_end_matches(".attn_kv_b.weight");
+                self.joined_kv_b(layer, rows, cols)
+            }
             Mapped::Whole(g) => {
                 if hybrid {
                     if let Some((src_rows, pick, units)) = self.moved(name, rows) {
@@ -678,7 +914,7 @@ impl WeightSource for GgufModel {
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
-        let g = match map_name(name, self.hybrid) {
+        let g = match self.locate(name) {
             Some(Mapped::Whole(g)) => g,
             _ => return Err(self.missing(name.to_string())),
         };
@@ -714,7 +950,7 @@ impl WeightSource for GgufModel {
             [rows, cols] => (rows, cols),
             _ => return Err(self.missing(format!("{name} (a {}-D tensor, not read from GGUF files)", dims.len()))),
         };
-        let g = match map_name(name, self.hybrid) {
+        let g = match self.locate(name) {
             Some(Mapped::Whole(g)) => g,
             _ => return Err(self.missing(name.to_string())),
         };
@@ -742,7 +978,11 @@ impl WeightSource for GgufModel {
     }
 
     fn contains(&self, name: &str) -> bool {
-        match map_name(name, self.hybrid) {
+        match self.locate(name) {
+            Some(Mapped::Whole(g)) if g.ends_with(".attn_kv_b.weight") && self.file.tensor(&g).is_none() => {
+                self.file.tensor(&g.replace("attn_kv_b", "attn_k_b")).is_some()
+                    && self.file.tensor(&g.replace("attn_kv_b", "attn_v_b")).is_some()
+            }
             Some(Mapped::Whole(g)) | Some(Mapped::Slice(g, _)) => self.file.tensor(&g).is_some(),
             None => false,
         }

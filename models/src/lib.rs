@@ -6,14 +6,19 @@
 //!   [`ModelConfig`], accepting hub and transformers-5 spellings.
 //! - [`family`]: the supported architectures and their tensor names; one
 //!   file per family ([`olmoe`], [`qwen3_moe`], [`mixtral`], [`qwen2_moe`],
-//!   dense [`llama`])
-//!   holds only what differs.
+//!   dense [`llama`], the hybrids [`qwen3_next`] and [`qwen3_5_moe`], the
+//!   DeepSeek lineage [`deepseek_v3`], [`glm4_moe`], [`glm4_moe_lite`],
+//!   [`minimax_m2`]) holds only what differs.
 //! - [`decoder`]: the shared decoder, stepped layer by layer
 //!   ([`Model::pre_experts`] → expert service → [`Model::post_experts`]).
 //! - [`attention`], [`rope`], [`kv_cache`]: attention with GQA, QK-norm,
 //!   biases, sliding windows; rotary embeddings; per-layer KV cache (f32, or
 //!   f16 with [`KvDtype::F16`]).
-//! - [`router`]: softmax top-k routing and the batch-union.
+//! - Mixers besides attention: [`gated_delta_net`] (gated DeltaNet over a
+//!   [`recurrent_state`]) and [`mla`] (multi-head latent attention in the
+//!   absorbed form over a latent cache, [`LayerCache::Latent`]).
+//! - [`router`]: top-k routing (softmax, or [`group_router`]'s sigmoid
+//!   scores with a selection bias and group limit) and the batch-union.
 //! - [`ffn`]: the SwiGLU block, the one place for expert / MLP math.
 //! - [`gguf`]: GGUF files as models: config from metadata, tensors by
 //!   Hugging Face name mapped onto llama.cpp's names.

@@ -7,6 +7,9 @@
 //!   workers (Hugging Face directory) are the same bits; a bf16 container
 //!   gives the same bits with cache 0, an unlimited cache and on three
 //!   workers.
+//! - `lineage_ggufs_keep_their_bits_in_containers_and_on_workers`: the
+//!   Q8_0 GGUFs of llama.cpp's converter against their containers, on
+//!   `--local` and on three workers.
 //! - `the_latent_cache_holds_the_latent_and_the_rope_key`: an MLA layer
 //!   caches `(kv_lora_rank + qk_rope_head_dim) × 4` bytes per position
 //!   (× 2 with the f16 cache), whatever the head count.
@@ -72,6 +75,38 @@ fn deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache() {
             logits_and_ids(&engine(&c, svc), &r) == uncached,
             "{name}: container on 3 workers"
         );
+    }
+}
+
+/// llama.cpp's Q8_0 conversions of the fixtures (`make_gguf_lineage_fixtures.py`)
+/// give the GGUF's bits converted to containers (blocks as stored), on
+/// `--local` and on three workers.
+#[test]
+fn lineage_ggufs_keep_their_bits_in_containers_and_on_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    for name in FIXTURES {
+        let gguf = fixture("gguf").join(format!("{name}-q8_0.gguf"));
+        let r = Reference::load(name);
+        let want = logits_and_ids(&Engine::local(&gguf).unwrap(), &r);
+        let out = tmp.path().join(name);
+        let o = coordinator(&[
+            "--model",
+            gguf.to_str().unwrap(),
+            "convert",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            logits_and_ids(&Engine::local(&out).unwrap(), &r) == want,
+            "{name}: container of the GGUF"
+        );
+        let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&out, &key, &[])).collect();
+        let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
+        let svc = service(&out, &key, &addrs, TIMEOUT, false);
+        svc.wait_for_workers(3, TIMEOUT).unwrap();
+        assert!(logits_and_ids(&engine(&out, svc), &r) == want, "{name}: on 3 workers");
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use charm_common::container::{is_container, record_layout, record_weights, verify_record, Manifest};
+use charm_common::container::{is_container, record_weights, verify_record, Manifest};
 use charm_common::TensorFiles;
 use charm_models::{ExpertError, ExpertService, ExpertStats, ModelConfig, ModelError, SwiGlu};
 use charm_proto::{Hello, Holdings, WorkerStats, MAX_FRAME_LEN};
@@ -76,10 +76,23 @@ pub struct Served {
     experts_served: AtomicU64,
 }
 
+/// The config of the model in `dir`: `config.json`, or for a container
+/// converted from a GGUF file the metadata of its dense GGUF.
+fn model_config(dir: &Path) -> Result<ModelConfig, ServeError> {
+    if is_container(dir) {
+        let manifest = Manifest::open(dir).map_err(ExpertError::from)?;
+        let dense = dir.join(&manifest.dense_file);
+        if dense.extension().is_some_and(|x| x == "gguf") {
+            return Ok(charm_models::gguf::GgufModel::open(&dense)?.cfg);
+        }
+    }
+    Ok(ModelConfig::load(dir)?)
+}
+
 impl Served {
     /// Opens the model in `dir` and measures it.
     pub fn open(dir: &Path, opts: &ServeOptions) -> Result<Served, ServeError> {
-        let cfg = ModelConfig::load(dir)?;
+        let cfg = model_config(dir)?;
         let fingerprint = model_fingerprint(dir)?;
         let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)).collect();
         let io = |path: &Path| {
@@ -123,8 +136,7 @@ impl Served {
             let disk = measure_read(&path, &ranges).map_err(io(&path))?;
             // The first record, decoded the way the store decodes it (read
             // here, so the store's counters and history stay untouched).
-            let layout = record_layout(manifest.hidden_size, manifest.moe_intermediate_size, manifest.quant)
-                .map_err(ExpertError::from)?;
+            let layout = manifest.layout(&first).map_err(ExpertError::from)?;
             let mut buf = AlignedBuf::new_zeroed(first.padded_len() as usize);
             let mut f = File::open(&path).map_err(io(&path))?;
             f.seek(SeekFrom::Start(first.offset)).map_err(io(&path))?;
