@@ -66,6 +66,15 @@ reference.json with outputs computed by the transformers implementation:
                                         mlp_layer_types [dense, sparse x3], 16 experts top-4 with no group
                                         limit (n_group 1), routed_scaling_factor 1.8, 1 shared expert;
                                         transformers-5 spelling
+  deepseekv3-fp8/ DeepseekV3ForCausalLM deepseekv3's config, stored as DeepSeek releases it: every attention and
+                                        MLP matrix (dense, routed, shared) as F8_E4M3 with a float32
+                                        weight_scale_inv per block of 4 x 8 (quantization_config fp8,
+                                        weight_block_size [4, 8]: non-square, so a loader that swaps the
+                                        grid's rows and columns cannot load), embeddings, norms and output
+                                        head bfloat16, the router and e_score_correction_bias float32; the
+                                        reference is transformers' own dequantization on a CPU
+                                        ((q * scale).to(bfloat16), model run in float32), re-checked by
+                                        reloading the FP8 directory
   tokenizers/qwen3_cases.json, tokenizers/olmo_cases.json
                   encode / decode (and, for Qwen3, chat template) cases from the real tokenizers.
   tokenizers/qwen3_tool_cases.json  (maker "tool-cases"; also made by "tokenizers")
@@ -289,9 +298,10 @@ def check_generate(model, prompt_ids, greedy):
 
 
 @torch.no_grad()
-def check_reload(directory, cls, prompt_ids, greedy, expected_last):
-    """Reload the saved directory in float32 and require bit-identical last logits."""
-    m = cls.from_pretrained(directory, dtype=torch.float32, attn_implementation="eager").eval()
+def check_reload(directory, cls, prompt_ids, greedy, expected_last, dtype=torch.float32):
+    """Reload the saved directory (in `dtype`, then run in float32) and require bit-identical last
+    logits."""
+    m = cls.from_pretrained(directory, dtype=dtype, attn_implementation="eager").float().eval()
     logits = m(torch.tensor([list(prompt_ids) + greedy])).logits[0, -1]
     got = [float(x) for x in logits]
     assert got == expected_last, f"{directory}: reloaded model gives different logits"
@@ -328,6 +338,7 @@ def build(
     randomizer=randomize,
     extra=None,
     router_stats=None,
+    reload_dtype=torch.float32,
 ):
     eos = gen_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
@@ -373,7 +384,7 @@ def build(
         (out_dir / f).write_bytes(data)
     if rewrite_config:
         rewrite_config(out_dir / "config.json")
-    check_reload(out_dir, cls, prompt_ids, ref["greedy_ids"], ref["last_logits"])
+    check_reload(out_dir, cls, prompt_ids, ref["greedy_ids"], ref["last_logits"], reload_dtype)
 
     reference = {
         "family": family,
@@ -1189,6 +1200,112 @@ def make_deepseekv3_noq():
                  randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
 
 
+# Non-square, and dividing every matrix dimension of the fixture (transformers' dequantization
+# requires whole blocks; charm also takes partial edge blocks, as released checkpoints have them).
+FP8_BLOCK = [4, 8]
+# The FP8 codes and scales of the last randomized model, by parameter name.
+FP8_STORE = {}
+
+
+def fp8_quantized(name, p):
+    """Whether DeepSeek's FP8 release stores parameter `name` in FP8: every matrix of attention
+    and of the MLPs (dense, routed and shared experts), not the router."""
+    return p.ndim == 2 and (".self_attn." in name or ".mlp." in name) and not name.endswith("mlp.gate.weight")
+
+
+def fp8_quantize(w, block):
+    """`w` in F8_E4M3 per `block` (scale = block amax / 448), its float32 scales
+    (`weight_scale_inv`), and what transformers' dequantization makes of them for a bfloat16
+    model: (q.float() * scale).to(bfloat16), back in float32."""
+    rows, cols = w.shape
+    b0, b1 = block
+    grid = (rows // b0, b0, cols // b1, b1)
+    blocks = w.to(torch.float32).reshape(grid)
+    scale = (blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0).to(torch.float32)
+    s = scale[:, None, :, None]
+    q = (blocks / s).clamp(-448.0, 448.0).reshape(rows, cols).to(torch.float8_e4m3fn)
+    deq = (q.to(torch.float32).reshape(grid) * s).reshape(rows, cols)
+    return q, scale, deq.to(torch.bfloat16).to(torch.float32)
+
+
+def randomize_deepseek_fp8(model, *args):
+    """`randomize_deepseek`, then the FP8 matrices replaced by their dequantization (codes and
+    scales kept in FP8_STORE) and the other bfloat16 tensors rounded to bfloat16; the router and
+    the selection bias stay float32 (transformers keeps them in float32)."""
+    randomize_deepseek(model, *args)
+    FP8_STORE.clear()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".mlp.experts.gate_up_proj") or name.endswith(".mlp.experts.down_proj"):
+                # Fused [E, 2I, H] / [E, H, I]: saved per expert as gate / up / down matrices, each
+                # quantized on its own grid as the release stores them.
+                prefix = name[: -len("gate_up_proj")] if name.endswith("gate_up_proj") else name[: -len("down_proj")]
+                for e in range(p.shape[0]):
+                    if name.endswith("gate_up_proj"):
+                        i = p.shape[1] // 2
+                        parts = [("gate_proj", slice(0, i)), ("up_proj", slice(i, 2 * i))]
+                    else:
+                        parts = [("down_proj", slice(0, p.shape[1]))]
+                    for proj, rows in parts:
+                        q, scale, deq = fp8_quantize(p.data[e, rows], FP8_BLOCK)
+                        FP8_STORE[f"{prefix}{e}.{proj}.weight"] = (q, scale)
+                        p.data[e, rows] = deq
+            elif fp8_quantized(name, p):
+                q, scale, deq = fp8_quantize(p.data, FP8_BLOCK)
+                FP8_STORE[name] = (q, scale)
+                p.copy_(deq)
+            elif not name.endswith("mlp.gate.weight"):
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+
+
+def write_fp8_checkpoint(config_path):
+    """The saved float32 directory rewritten as DeepSeek's FP8 release: hub config spelling with
+    its quantization_config, and model.safetensors with the FP8 codes, their weight_scale_inv, and
+    the rest in bfloat16 (router and selection bias float32)."""
+    from safetensors.torch import load_file, save_file
+
+    to_deepseek_hub_spelling(config_path, keep_rope_interleave=False)
+    cfg = json.loads(config_path.read_text())
+    cfg["torch_dtype"] = "bfloat16"
+    cfg["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": FP8_BLOCK,
+    }
+    config_path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
+    st = config_path.parent / "model.safetensors"
+    out = {}
+    for name, t in load_file(st).items():
+        if name in FP8_STORE:
+            q, scale = FP8_STORE[name]
+            assert torch.equal(fp8_quantize_check(q, scale), t), name
+            out[name] = q.contiguous()
+            out[f"{name}_scale_inv"] = scale.contiguous()
+        elif name.endswith("mlp.gate.weight") or name.endswith("e_score_correction_bias"):
+            out[name] = t
+        else:
+            out[name] = t.to(torch.bfloat16)
+    assert len(FP8_STORE) == sum(1 for n in out if n.endswith("_scale_inv")), "every FP8 matrix saved"
+    save_file(out, st, metadata={"format": "pt"})
+
+
+def fp8_quantize_check(q, scale):
+    """The bfloat16 dequantization of codes `q` and scales `scale` (as fp8_quantize gives it)."""
+    rows, cols = q.shape
+    b0, b1 = rows // scale.shape[0], cols // scale.shape[1]
+    deq = (q.to(torch.float32).reshape(rows // b0, b0, cols // b1, b1) * scale[:, None, :, None]).reshape(rows, cols)
+    return deq.to(torch.bfloat16).to(torch.float32)
+
+
+def make_deepseekv3_fp8():
+    cfg = deepseekv3_config(48, DS_YARN)
+    return build("deepseekv3-fp8", DeepseekV3ForCausalLM, cfg, "deepseek_v3", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("deepseekv3-fp8", DS_PROMPT_LEN),
+                 rewrite_config=write_fp8_checkpoint, randomizer=randomize_deepseek_fp8,
+                 extra=deepseek_extra, router_stats=sigmoid_router_stats, reload_dtype=torch.bfloat16)
+
+
 def make_glm4moe():
     cfg = Glm4MoeConfig(
         **{**DS_SIZES, "rms_norm_eps": 1e-5},
@@ -1515,6 +1632,7 @@ MAKERS = {
     "qwen35moe-vl": make_qwen35moe_vl,  # after qwen35moe: re-lays out its weights
     "deepseekv3": make_deepseekv3,
     "deepseekv3-noq": make_deepseekv3_noq,
+    "deepseekv3-fp8": make_deepseekv3_fp8,
     "glm4moe": make_glm4moe,
     "minimax-m2": make_minimax_m2,
     "glm4moelite": make_glm4moelite,

@@ -11,6 +11,8 @@
 //!   expert, 4 KiB aligned, checksummed) — manifest, layout, checks.
 //! - [`safetensors`]: a model directory's safetensors files (single or
 //!   sharded), memory-mapped, validated, looked up by tensor name.
+//! - [`fp8`]: block-scaled FP8 (`F8_E4M3` + `weight_scale_inv`) weights,
+//!   read as their bf16 dequantization.
 //! - [`gguf`]: GGUF files (v2/v3), memory-mapped and validated: metadata,
 //!   tensor table, GGML block types with their reference dequantization
 //!   and dot products; tensors become [`Weight`]s without re-quantizing.
@@ -34,6 +36,7 @@
 pub mod container;
 pub mod dtype;
 pub mod error;
+pub mod fp8;
 pub mod gguf;
 pub mod hugemem;
 pub mod isa;

@@ -14,6 +14,11 @@
 //! as Qwen3.5 checkpoints store them), are seen as the per-expert tensors
 //! `mlp.experts.{e}.{gate,up,down}_proj.weight` the other families use: each
 //! is a contiguous byte range of the fused one, so nothing is copied.
+//!
+//! Block-scaled FP8 matrices (`F8_E4M3` with a `{name}_scale_inv` grid, the
+//! block from `config.json`'s `quantization_config.weight_block_size`,
+//! default 128 × 128) are read as their bf16 dequantization ([`crate::fp8`]);
+//! the scale tensors themselves are listed by [`TensorFiles::is_fp8_scale`].
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,6 +30,7 @@ use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 
 use crate::dtype::DType;
 use crate::error::LoadError;
+use crate::fp8;
 use crate::weight::{Buf, Weight, WeightData};
 
 /// One mapped file.
@@ -49,6 +55,16 @@ pub struct TensorFiles {
     dir: PathBuf,
     files: Vec<MappedFile>,
     entries: HashMap<String, Entry>,
+    /// FP8 weights' block (rows, cols) per scale.
+    fp8_block: [usize; 2],
+}
+
+/// Released FP8 checkpoints' block.
+const FP8_BLOCK: [usize; 2] = [128, 128];
+
+/// The FP8 scale tensor of weight `name`.
+fn scale_name(name: &str) -> String {
+    format!("{name}_scale_inv")
 }
 
 /// A located tensor: its dtype, shape and bytes (borrowed from the map).
@@ -60,6 +76,9 @@ pub struct TensorRef<'a> {
     map: &'a Arc<Mmap>,
     start: usize,
     end: usize,
+    /// An FP8 matrix's bf16 dequantization (little-endian bytes), in place
+    /// of the mapped bytes.
+    owned: Option<Arc<Vec<u8>>>,
 }
 
 /// Where a vision-language checkpoint keeps its language model.
@@ -84,6 +103,7 @@ impl TensorFiles {
             dir: dir.to_path_buf(),
             files: Vec::new(),
             entries: HashMap::new(),
+            fp8_block: fp8_block(dir)?,
         };
         for name in shard_names {
             let path = dir.join(&name);
@@ -168,6 +188,7 @@ impl TensorFiles {
             dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
             files: Vec::new(),
             entries: HashMap::new(),
+            fp8_block: FP8_BLOCK,
         };
         if !path.exists() {
             return Err(LoadError::Io {
@@ -239,7 +260,16 @@ impl TensorFiles {
         v
     }
 
-    /// Locates a tensor, checking that its dtype is one charm computes with.
+    /// Whether `name` is the scale grid of a block-scaled FP8 weight (read
+    /// with the weight, not on its own).
+    pub fn is_fp8_scale(&self, name: &str) -> bool {
+        name.strip_suffix("_scale_inv")
+            .and_then(|w| self.entries.get(w))
+            .is_some_and(|e| e.dtype == StDtype::F8_E4M3)
+    }
+
+    /// Locates a tensor, checking that its dtype is one charm computes with
+    /// (a block-scaled FP8 matrix is dequantized to bf16 here).
     pub fn get<'a>(&'a self, name: &'a str) -> Result<TensorRef<'a>, LoadError> {
         let e = self.entries.get(name).ok_or_else(|| LoadError::MissingTensor {
             dir: self.dir.clone(),
@@ -250,6 +280,19 @@ impl TensorFiles {
             StDtype::F32 => DType::F32,
             StDtype::BF16 => DType::BF16,
             StDtype::F16 => DType::F16,
+            StDtype::F8_E4M3 if e.shape.len() == 2 => {
+                let owned = self.dequantize_fp8(name, e)?;
+                return Ok(TensorRef {
+                    name,
+                    path: &f.path,
+                    dtype: DType::BF16,
+                    shape: &e.shape,
+                    map: &f.map,
+                    start: e.start,
+                    end: e.end,
+                    owned: Some(Arc::new(owned)),
+                });
+            }
             other => {
                 return Err(LoadError::UnsupportedDtype {
                     path: f.path.clone(),
@@ -266,7 +309,42 @@ impl TensorFiles {
             map: &f.map,
             start: e.start,
             end: e.end,
+            owned: None,
         })
+    }
+
+    /// FP8 matrix `name` (entry `e`) times its `_scale_inv` grid, as bf16
+    /// little-endian bytes ([`fp8::dequantize_bf16`]).
+    fn dequantize_fp8(&self, name: &str, e: &Entry) -> Result<Vec<u8>, LoadError> {
+        let (rows, cols) = (e.shape[0], e.shape[1]);
+        let path = &self.files[e.file].path;
+        let sname = scale_name(name);
+        if !self.entries.contains_key(&sname) {
+            return Err(LoadError::MissingTensor {
+                dir: self.dir.clone(),
+                name: format!("{sname} (the block scales of FP8 {name})"),
+            });
+        }
+        let scales = self.get(&sname)?;
+        let grid = fp8::scale_grid(rows, cols, self.fp8_block);
+        if scales.shape != grid {
+            return Err(LoadError::ShapeMismatch {
+                path: scales.path.to_path_buf(),
+                name: sname.clone(),
+                got: scales.shape.to_vec(),
+                expected: grid.to_vec(),
+            });
+        }
+        let codes = &self.files[e.file].map[e.start..e.end];
+        if codes.len() != rows * cols {
+            return Err(LoadError::BadSafetensors {
+                path: path.clone(),
+                reason: format!("FP8 tensor {name} of shape {:?} holds {} bytes", e.shape, codes.len()),
+            });
+        }
+        let scales = scales.data().to_f32_vec();
+        let w = fp8::dequantize_bf16(codes, rows, cols, &scales, self.fp8_block);
+        Ok(w.iter().flat_map(|v| v.to_le_bytes()).collect())
     }
 
     /// A 2-D weight `[rows, cols]`, checked against the expected shape.
@@ -303,20 +381,61 @@ impl<'a> TensorRef<'a> {
         Ok(())
     }
 
-    /// The tensor's raw little-endian bytes, borrowed from the map.
-    pub fn bytes(&self) -> &'a [u8] {
+    /// The tensor's little-endian bytes in [`TensorRef::dtype`] (an FP8
+    /// matrix's dequantization).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.owned {
+            Some(v) => v,
+            None => &self.map[self.start..self.end],
+        }
+    }
+
+    /// [`TensorRef::bytes`] borrowed from the map for the files' lifetime;
+    /// `None` for a dequantized FP8 matrix.
+    pub fn mapped_bytes(&self) -> Option<&'a [u8]> {
         let map: &'a Mmap = self.map;
-        &map[self.start..self.end]
+        self.owned.is_none().then(|| &map[self.start..self.end])
     }
 
     /// The tensor's elements, mapped in place when suitably aligned.
     pub fn data(&self) -> WeightData {
+        if let Some(v) = &self.owned {
+            return WeightData::BF16(Buf::shared(v.clone(), 0, v.len() / 2));
+        }
         let n = (self.end - self.start) / self.dtype.size();
         match self.dtype {
             DType::F32 => WeightData::F32(Buf::mapped(self.map.clone(), self.start, n)),
             DType::BF16 => WeightData::BF16(Buf::mapped(self.map.clone(), self.start, n)),
             DType::F16 => WeightData::F16(Buf::mapped(self.map.clone(), self.start, n)),
         }
+    }
+}
+
+/// `quantization_config.weight_block_size` of `dir/config.json` (FP8
+/// checkpoints), else 128 × 128.
+fn fp8_block(dir: &Path) -> Result<[usize; 2], LoadError> {
+    let path = dir.join("config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(FP8_BLOCK);
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        // The config reader reports a malformed config.json.
+        return Ok(FP8_BLOCK);
+    };
+    let Some(b) = v.pointer("/quantization_config/weight_block_size") else {
+        return Ok(FP8_BLOCK);
+    };
+    match b
+        .as_array()
+        .map(|a| a.iter().map(serde_json::Value::as_u64).collect::<Vec<_>>())
+    {
+        Some(a) if a.len() == 2 && a.iter().all(|x| x.is_some_and(|x| x > 0)) => {
+            Ok([a[0].unwrap_or(1) as usize, a[1].unwrap_or(1) as usize])
+        }
+        _ => Err(LoadError::BadSafetensors {
+            path,
+            reason: format!("quantization_config.weight_block_size {b} is not two positive integers"),
+        }),
     }
 }
 

@@ -116,7 +116,8 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     bar.set_message("dense");
     let mut dense: Vec<(String, DenseView)> = Vec::new();
     for name in files.names() {
-        if expert_names.contains(name) {
+        // FP8 scale grids go with their weights, dequantized to bf16.
+        if expert_names.contains(name) || files.is_fp8_scale(name) {
             continue;
         }
         let t = files.get(name)?;
@@ -304,7 +305,10 @@ impl<'a> DenseView<'a> {
         DenseView {
             dtype,
             shape: t.shape.to_vec(),
-            data: Cow::Borrowed(t.bytes()),
+            data: match t.mapped_bytes() {
+                Some(b) => Cow::Borrowed(b),
+                None => Cow::Owned(t.bytes().to_vec()),
+            },
         }
     }
 }

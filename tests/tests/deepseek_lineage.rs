@@ -15,7 +15,12 @@
 //!   (× 2 with the f16 cache), whatever the head count.
 //! - `bad_configs_and_tensors_are_named`: a missing `kv_b_proj`, an
 //!   unknown rope scaling type, `n_group` that does not divide the experts,
-//!   a wrong-sized `e_score_correction_bias`.
+//!   a wrong-sized `e_score_correction_bias`; for FP8, a scale grid of the
+//!   wrong shape, a missing one, a malformed `weight_block_size`.
+//!
+//! The FP8 fixture (`deepseekv3-fp8`, DeepSeek-V3 as released: F8_E4M3
+//! matrices with `weight_scale_inv` blocks) joins the bit-identity test:
+//! read directly, and converted to a bf16 container.
 
 mod cluster_support;
 
@@ -29,6 +34,8 @@ use cluster_support::*;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const FIXTURES: [&str; 5] = ["deepseekv3", "deepseekv3-noq", "glm4moe", "glm4moelite", "minimax-m2"];
+/// DeepSeek-V3 as released: block-scaled FP8 matrices (`make_fixtures.py deepseekv3-fp8`).
+const FP8: &str = "deepseekv3-fp8";
 
 fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
     (
@@ -39,7 +46,7 @@ fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache() {
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().chain([FP8]) {
         let dir = fixture(name);
         let r = Reference::load(name);
         let tmp = tempfile::tempdir().unwrap();
@@ -199,4 +206,25 @@ fn bad_configs_and_tensors_are_named() {
     edit_tensor(&dir, name, Some((vec![8], vec![0.0; 8])));
     let err = load_err(&dir);
     assert!(err.contains(name), "{err}");
+
+    // FP8: a scale grid of the wrong shape, and a missing one, are named.
+    let dir = edited_config(FP8, &tmp.path().join("e"), |_| {});
+    let name = "model.layers.2.self_attn.o_proj.weight_scale_inv";
+    edit_tensor(&dir, name, Some((vec![16, 21], vec![1.0; 16 * 21])));
+    let err = load_err(&dir);
+    assert!(
+        err.contains(name) && err.contains("[16, 21]") && err.contains("[16, 20]"),
+        "{err}"
+    );
+    let dir = edited_config(FP8, &tmp.path().join("f"), |_| {});
+    let name = "model.layers.3.mlp.experts.5.down_proj.weight_scale_inv";
+    edit_tensor(&dir, name, None);
+    let err = load_err(&dir);
+    assert!(err.contains(name), "{err}");
+    // A block size that is not two positive integers.
+    let dir = edited_config(FP8, &tmp.path().join("g"), |v| {
+        v["quantization_config"]["weight_block_size"] = serde_json::json!([128]);
+    });
+    let err = load_err(&dir);
+    assert!(err.contains("weight_block_size"), "{err}");
 }

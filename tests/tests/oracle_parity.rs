@@ -307,6 +307,13 @@ fn deepseekv3_noq() {
     check_family("deepseekv3-noq");
 }
 
+/// DeepSeek-V3 as released in FP8 (`F8_E4M3` with `weight_scale_inv` per
+/// 4 × 8 block): transformers' bf16 dequantization, run in f32.
+#[test]
+fn deepseekv3_fp8() {
+    check_family("deepseekv3-fp8");
+}
+
 #[test]
 fn glm4moe() {
     check_family("glm4moe");
