@@ -29,9 +29,11 @@
 //! - Decode: [`pack_rows`] stores whole matrices in the same transposed
 //!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
 //!   a chunk after its codes: the GGUF row size exactly), once at load;
-//!   [`dot_rows_packed`] multiplies them with one activation row. Q6_K
-//!   (the output head of llama.cpp's Q4_0 files) is packed the same way
-//!   ([`q6k`]: its 6-bit codes split into nibble and top-bit steps).
+//!   [`dot_rows_packed`] multiplies them with one activation row. Q4_K
+//!   ([`q4k`]: nibble pairs in the transposed order, the 6-bit scales
+//!   decoded per chunk in registers) and Q6_K (the output head of
+//!   llama.cpp's Q4_0 files; [`q6k`]: its 6-bit codes split into nibble
+//!   and top-bit steps) are packed the same way, the GGUF's size.
 //!
 //! Integer sums are exact in any order and the float part is
 //! [`super::combine`]'s operations in its order, so results equal
@@ -45,17 +47,19 @@ use crate::Isa;
 /// Elements per chunk: eight 32-element blocks.
 pub const CHUNK: usize = 8 * QK;
 
+pub mod q4k;
 pub mod q6k;
 
 /// Whether [`pack_rows`] and [`dot_rows_packed`] (decode) take rows of `ty`
-/// with `cols` elements here: what [`usable`] takes, and Q6_K.
+/// with `cols` elements here: Q8_0, Q4_0, Q4_K and Q6_K, whole chunks, on
+/// an AVX2 or AVX-512 VNNI CPU.
 pub fn packable(ty: GgmlType, cols: usize) -> bool {
     packable_on(Isa::active(), ty, cols)
 }
 
 /// [`packable`] for a chosen instruction set (which this CPU must run).
 pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    (matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0) && usable_on(isa, ty, cols))
+    (matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K) && usable_on(isa, ty, cols))
         || (ty == GgmlType::Q6_K
             && cols > 0
             && cols.is_multiple_of(CHUNK)
@@ -449,6 +453,9 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     assert_eq!(out.len(), data.len(), "the packed copy is as long as the rows");
     if ty == GgmlType::Q6_K {
         return q6k::pack_into(data, out);
+    }
+    if ty == GgmlType::Q4_K {
+        return q4k::pack_into(data, out);
     }
     let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
     #[cfg(target_arch = "x86_64")]

@@ -368,7 +368,92 @@ fn q6_k_whole_chunks_pack_and_have_an_arranged_prefill() {
     assert_eq!(packable(GgmlType::Q6_K, 2048), x86);
     assert_eq!(usable(GgmlType::Q6_K, 2048), x86);
     assert!(!usable(GgmlType::Q6_K, 2048 + 32));
-    assert!(!packable(GgmlType::Q4_K, 2048));
+    assert_eq!(packable(GgmlType::Q4_K, 2048), x86);
+    assert!(!packable(GgmlType::Q5_K, 2048));
     assert!(!packable(GgmlType::Q6_K, 0));
     assert_eq!(packable(GgmlType::Q4_0, 2048), usable(GgmlType::Q4_0, 2048));
+}
+
+#[test]
+fn packed_q4_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    let ty = GgmlType::Q4_K;
+    let mut ran = false;
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !packable_on(isa, ty, CHUNK) {
+            continue;
+        }
+        ran = true;
+        for (case, &chunks) in [1usize, 3, 8].iter().enumerate() {
+            let cols = CHUNK * chunks;
+            let rows = 6;
+            let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+            // Row 0: every nibble 15 with every 6-bit scale and min 63 (the
+            // 16-bit sums' and the scale decode's largest values).
+            for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(q4k::BLOCK) {
+                sb[4..].fill(0xff);
+            }
+            let x: Vec<f32> = (0..cols)
+                .map(|i| match case {
+                    0 => {
+                        if i % 5 == 0 {
+                            -1.0
+                        } else {
+                            1.0
+                        }
+                    }
+                    _ => rng.gen_range(-1.0f32..1.0),
+                })
+                .collect();
+            let mut a = Q8Acts::new(&x);
+            a.arrange();
+            let packed = pack_rows_on(isa, ty, &data, rows, cols);
+            assert_eq!(packed.len(), data.len());
+            let mut got = vec![0.0f32; rows];
+            dot_rows_packed_on(isa, ty, &packed, &a, &mut got);
+            let rb = data.len() / rows;
+            for (r, g) in got.iter().enumerate() {
+                let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &a);
+                assert_eq!(g.to_bits(), want.to_bits(), "{isa:?} {cols} row {r}: {g} vs {want}");
+            }
+        }
+    }
+    assert_eq!(ran, Isa::Avx2.runs());
+}
+
+#[test]
+fn the_q4_k_layout_holds_every_code_and_scale_once() {
+    let mut rng = ChaCha8Rng::seed_from_u64(18);
+    for _ in 0..8 {
+        let src = random_row(&mut rng, GgmlType::Q4_K, CHUNK);
+        let mut p = vec![0u8; q4k::BLOCK];
+        q4k::pack_block(&src, &mut p);
+        for b in 0..8 {
+            let want = crate::gguf::qdot::reference::codes(GgmlType::Q4_K, &src, b);
+            for (e, &w) in want.iter().enumerate() {
+                let (half, i) = (e / 16, e % 16);
+                let (j, k) = (i / 4, i % 4);
+                let nib = p[32 * j + 4 * b + k] >> (4 * half) & 0x0f;
+                assert_eq!(nib as i16, w, "sub-block {b} element {e}");
+            }
+        }
+        let s: &[u8; 12] = src[4..16].try_into().unwrap();
+        let (sc, mn) = q4k::scales_scalar(&p);
+        for b in 0..8 {
+            let (x, m) = crate::gguf::types::scale_min_k4(s, b);
+            assert_eq!((sc[b], mn[b]), (x as i32, m as i32));
+        }
+        assert_eq!(p[140..144], src[0..4]);
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx2.runs() {
+            // The register decode against the scalar one, and d / dmin.
+            let (vs, vm, d, dmin) = unsafe { q4k::scales(p.as_ptr()) };
+            let lanes = |v: std::arch::x86_64::__m256i| unsafe { std::mem::transmute::<_, [i32; 8]>(v) };
+            let flanes = |v: std::arch::x86_64::__m256| unsafe { std::mem::transmute::<_, [f32; 8]>(v) };
+            assert_eq!((lanes(vs), lanes(vm)), (sc, mn));
+            let h = |i: usize| crate::gguf::types::f16_le([src[i], src[i + 1]]);
+            assert_eq!(flanes(d), [h(0); 8]);
+            assert_eq!(flanes(dmin), [h(2); 8]);
+        }
+    }
 }

@@ -140,9 +140,9 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
     unsafe { packed::<false, SIGNED>(ty, rows, rb, acts, out) }
 }
 
-/// The packed rows' loop: per chunk, the codes' steps (Q4_0's nibbles
-/// split as they are loaded) against the activation steps, then the
-/// same term as `body`.
+/// The packed rows' loop: per chunk, the codes' steps (Q4_0's and Q4_K's
+/// nibbles split as they are loaded) against the activation steps, then
+/// the same term as `body` (Q4_K's from its packed scales, [`k_term`]).
 #[inline(always)]
 unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
     ty: GgmlType,
@@ -151,7 +151,8 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
     acts: &Q8Acts,
     out: &mut [f32],
 ) {
-    let q4 = ty == GgmlType::Q4_0;
+    let q4 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K);
+    let k4 = ty == GgmlType::Q4_K;
     let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
     let low4 = _mm256_set1_epi8(0x0f);
     let chunks = acts.len() / CHUNK;
@@ -199,12 +200,17 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
                     }
                 }
                 let mut i = _mm256_add_epi32(s0, s1);
+                let tot = _mm256_loadu_si256(acts.tot.as_ptr().add(8 * c) as *const __m256i);
+                let dx = _mm256_loadu_ps(acts.d.as_ptr().add(8 * c));
+                if k4 {
+                    let (sc, mn, d, dmin) = super::q4k::scales(p);
+                    acc = _mm256_add_ps(acc, k_term(sc, mn, d, dmin, dx, i, tot));
+                    continue;
+                }
                 if !SIGNED {
-                    let tot = _mm256_loadu_si256(acts.tot.as_ptr().add(8 * c) as *const __m256i);
                     i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
                 }
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i));
-                let dx = _mm256_loadu_ps(acts.d.as_ptr().add(8 * c));
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
             *o = crate::gguf::qdot::x86::lane_sums([acc])[0];
@@ -343,7 +349,7 @@ impl Row for Packed {
                         super::q6k::at4(h1, j, top),
                     ),
                 )
-            } else if self.ty == GgmlType::Q4_0 {
+            } else if matches!(self.ty, GgmlType::Q4_0 | GgmlType::Q4_K) {
                 let low4 = _mm256_set1_epi8(0x0f);
                 let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
                 (
@@ -365,21 +371,25 @@ impl Row for Packed {
         // `d` its last two).
         unsafe {
             let p = self.p.add(c * self.cb + self.cb);
-            if self.ty == GgmlType::Q6_K {
-                _mm256_cvtph_ps(_mm_set1_epi16((p.sub(2) as *const i16).read_unaligned()))
-            } else {
-                _mm256_cvtph_ps(_mm_loadu_si128(p.sub(16) as *const __m128i))
+            match self.ty {
+                GgmlType::Q6_K => _mm256_cvtph_ps(_mm_set1_epi16((p.sub(2) as *const i16).read_unaligned())),
+                // Q4_K's `d`: bytes 140..142 of its 144.
+                GgmlType::Q4_K => _mm256_cvtph_ps(_mm_set1_epi16((p.sub(4) as *const i16).read_unaligned())),
+                _ => _mm256_cvtph_ps(_mm_loadu_si128(p.sub(16) as *const __m128i)),
             }
         }
     }
 
     #[inline(always)]
     unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
-        debug_assert_eq!(self.ty, GgmlType::Q6_K, "Q4_K rows are arranged, never packed");
         // SAFETY: as above; a Q6_K super-block's scales of the first
         // halves are its bytes 192..200, of the second halves 200..208.
         unsafe {
             let p = self.p.add(c * self.cb);
+            if self.ty == GgmlType::Q4_K {
+                let (sc, mn, _, dmin) = super::q4k::scales(p);
+                return (sc, mn, dmin);
+            }
             (
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(192) as *const __m128i)),
                 _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(200) as *const __m128i)),
@@ -390,12 +400,12 @@ impl Row for Packed {
 }
 
 /// [`super::super::combine`]'s Q4_K term on eight sub-blocks' lanes:
-/// `(d * dx) * f32(sc · i) - (dmin * dx) * f32(mn · S)`.
+/// `(d * dx) * f32(sc · i) - (dmin * dx) * f32(mn · S)`, from the
+/// super-block's scales and mins (`Row::k_scales`, read once per chunk).
 #[inline(always)]
-unsafe fn q4_k_term(row: impl Row, c: usize, dw: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
-    // SAFETY: forwarded (the caller's chunk index is in range).
+unsafe fn k_term(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
+    // SAFETY: register arithmetic only (the caller's target runs AVX2).
     unsafe {
-        let (sc, mn, dmin) = row.k_scales(c);
         let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, i)));
         let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, tot)));
         _mm256_sub_ps(a, b)
@@ -403,14 +413,20 @@ unsafe fn q4_k_term(row: impl Row, c: usize, dw: __m256, dx: __m256, i: __m256i,
 }
 
 /// [`super::super::combine`]'s Q6_K term on eight sub-blocks' lanes, from
-/// the half sums `lo`, `hi` and the activations' `off6` (`32 s` per half):
+/// the half sums `lo`, `hi`, the activations' `off6` (`32 s` per half) and
+/// the chunk's `d` and half scales (read once per chunk):
 /// `(d * dx) * f32(sc₀ (lo − 32 s₀) + sc₁ (hi − 32 s₁))`.
 #[inline(always)]
-unsafe fn q6_k_term(row: impl Row, c: usize, a: &Q8Acts, lo: __m256i, hi: __m256i) -> __m256 {
-    // SAFETY: forwarded (the caller's chunk index is in range; arranged
-    // activations hold sixteen offsets and eight scales per chunk).
+unsafe fn q6_k_term(
+    c: usize,
+    (d, sc0, sc1): (__m256, __m256i, __m256i),
+    a: &Q8Acts,
+    lo: __m256i,
+    hi: __m256i,
+) -> __m256 {
+    // SAFETY: the caller's chunk index is in range; arranged activations
+    // hold sixteen offsets and eight scales per chunk.
     unsafe {
-        let (sc0, sc1, _) = row.k_scales(c);
         let off = a.off6.as_ptr().add(16 * c);
         let s0 = _mm256_loadu_si256(off as *const __m256i);
         let s1 = _mm256_loadu_si256(off.add(8) as *const __m256i);
@@ -419,7 +435,7 @@ unsafe fn q6_k_term(row: impl Row, c: usize, a: &Q8Acts, lo: __m256i, hi: __m256
             _mm256_mullo_epi32(sc1, _mm256_sub_epi32(hi, s1)),
         );
         let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
-        _mm256_mul_ps(_mm256_mul_ps(row.scales(c), dx), _mm256_cvtepi32_ps(i))
+        _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i))
     }
 }
 
@@ -544,12 +560,17 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 }
             }
             let dw = row.scales(c);
+            let (sc, mn, dmin) = if k_quant {
+                row.k_scales(c)
+            } else {
+                (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
+            };
             for ((a, acc), s) in acts.iter().zip(acc.iter_mut()).zip(s) {
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
                 if k_quant {
                     let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
                     let i = _mm256_madd_epi16(s, ones);
-                    *acc = _mm256_add_ps(*acc, q4_k_term(row, c, dw, dx, i, tot));
+                    *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;
                 }
                 let i = if SIGNED {
@@ -590,8 +611,10 @@ unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q
                     *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(ph, ones));
                 }
             }
+            let (sc0, sc1, _) = row.k_scales(c);
+            let ks = (row.scales(c), sc0, sc1);
             for (((a, acc), lo), hi) in acts.iter().zip(acc.iter_mut()).zip(lo).zip(hi) {
-                *acc = _mm256_add_ps(*acc, q6_k_term(row, c, a, lo, hi));
+                *acc = _mm256_add_ps(*acc, q6_k_term(c, ks, a, lo, hi));
             }
         }
         crate::gguf::qdot::x86::lane_sums(acc)
@@ -613,6 +636,11 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
     unsafe {
         for c in 0..chunks {
             let (w, dw) = row.chunk(c);
+            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+                row.k_scales(c)
+            } else {
+                (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
+            };
             for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                 let q0 = a.qt.as_ptr().add(c * CHUNK) as *const u8;
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
@@ -624,7 +652,7 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                         s0 = madd::<true, false>(s0, w[j], q(j));
                         s1 = madd::<true, false>(s1, w[4 + j], q(4 + j));
                     }
-                    *acc = _mm256_add_ps(*acc, q6_k_term(row, c, a, s0, s1));
+                    *acc = _mm256_add_ps(*acc, q6_k_term(c, (dw, sc, mn), a, s0, s1));
                     continue;
                 }
                 for j in (0..8).step_by(2) {
@@ -634,7 +662,8 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                 let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
                 if ty == GgmlType::Q4_K {
-                    *acc = _mm256_add_ps(*acc, q4_k_term(row, c, dw, dx, _mm256_add_epi32(s0, s1), tot));
+                    let i = _mm256_add_epi32(s0, s1);
+                    *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;
                 }
                 let i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
