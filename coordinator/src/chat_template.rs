@@ -107,7 +107,7 @@ impl ChatTemplate {
             .get_template("chat")
             .map_err(|e| TemplateError(e.to_string()))?;
         let mut ctx: Vec<(&str, Value)> = vec![
-            ("messages", Value::from_serialize(messages)),
+            ("messages", Value::from_serialize(template_messages(messages))),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos_token.clone())),
             ("eos_token", Value::from(self.eos_token.clone())),
@@ -124,6 +124,23 @@ impl ChatTemplate {
             TemplateError(msg)
         })
     }
+}
+
+/// `messages` as a template sees them: an assistant turn that only calls
+/// tools has `content: none`, as OpenAI clients send it and transformers
+/// passes it on (DeepSeek's template tests `message['content'] is none`;
+/// Qwen3's renders none and "" alike).
+fn template_messages(messages: &[Message]) -> Vec<serde_json::Value> {
+    messages
+        .iter()
+        .map(|m| {
+            let mut v = serde_json::to_value(m).unwrap_or_default();
+            if m.tool_calls.is_some() && m.content.is_empty() {
+                v["content"] = serde_json::Value::Null;
+            }
+            v
+        })
+        .collect()
 }
 
 /// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False,
@@ -192,6 +209,20 @@ mod tests {
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
         let out = t.render(&[Message::new("user", "  hi  ")], true, &[]).unwrap();
         assert_eq!(out, "<user>hi\n<assistant>");
+    }
+
+    #[test]
+    fn a_turn_that_only_calls_tools_has_no_content() {
+        // DeepSeek-V3's test for a tool-call turn.
+        let src = "{% for m in messages %}{% if m['content'] is none %}[calls {{ m['tool_calls'] | length }}]{% else %}[{{ m['content'] }}]{% endif %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let call = serde_json::json!({"type": "function", "function": {"name": "f", "arguments": "{}"}});
+        let msgs = [
+            Message::new("user", "hi"),
+            Message::assistant_calls("", vec![call.clone()]),
+            Message::assistant_calls("let me look", vec![call]),
+        ];
+        assert_eq!(t.render(&msgs, false, &[]).unwrap(), "[hi][calls 1][let me look]");
     }
 
     #[test]

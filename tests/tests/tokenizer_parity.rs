@@ -1,9 +1,11 @@
 //! Tokenizer parity: [`TextCodec`] against what transformers produced for
-//! real Qwen3 and OLMo tokenizers (`tests/fixtures/tokenizers/*_cases.json`).
+//! real Qwen3, OLMo and DeepSeek-V3 tokenizers
+//! (`tests/fixtures/tokenizers/*_cases.json`).
 //!
 //! - every encode case (special tokens added as the post-processor says);
 //! - every decode case, with and without `skip_special_tokens`;
-//! - every Qwen3 chat case: the rendered template text and its ids;
+//! - every Qwen3 and DeepSeek-V3 chat case: the rendered template text and
+//!   its ids (DeepSeek-V3: joined system prompts, BOS from the template);
 //! - the streaming decoder: ids pushed one at a time, pieces concatenated,
 //!   equal `decode(ids, true)`.
 //!
@@ -157,8 +159,12 @@ fn qwen3_stream_decode() {
 
 #[test]
 fn qwen3_chat_template() {
-    let codec = qwen3();
-    let cases = cases("qwen3");
+    check_chat("qwen3", &qwen3(), &cases("qwen3"));
+}
+
+/// Every chat case of `cases`: the rendered text and its ids. Messages carry
+/// a role, a content (none for a turn that only calls tools) and tool calls.
+fn check_chat(name: &str, codec: &TextCodec, cases: &Cases) {
     assert!(!cases.chat.is_empty());
     for (i, c) in cases.chat.iter().enumerate() {
         let messages: Vec<Message> = c
@@ -167,18 +173,25 @@ fn qwen3_chat_template() {
             .map(|m| {
                 let extra: Vec<&String> = m
                     .keys()
-                    .filter(|k| k.as_str() != "role" && k.as_str() != "content")
+                    .filter(|k| !["role", "content", "tool_calls"].contains(&k.as_str()))
                     .collect();
                 assert!(
                     extra.is_empty(),
-                    "chat case {i}: message fields {extra:?} cannot be represented by Message"
+                    "{name} chat case {i}: message fields {extra:?} cannot be represented by Message"
                 );
-                let field = |k: &str| {
-                    m.get(k)
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_else(|| panic!("chat case {i}: message without a string {k}"))
+                let role = m
+                    .get("role")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_else(|| panic!("{name} chat case {i}: message without a role"));
+                let content = match m.get("content") {
+                    Some(serde_json::Value::String(s)) => s.as_str(),
+                    Some(serde_json::Value::Null) if m.contains_key("tool_calls") => "",
+                    _ => panic!("{name} chat case {i}: message without a string content"),
                 };
-                Message::new(field("role"), field("content"))
+                match m.get("tool_calls").and_then(|v| v.as_array()) {
+                    Some(calls) => Message::assistant_calls(content, calls.clone()),
+                    None => Message::new(role, content),
+                }
             })
             .collect();
         let extra = match c.enable_thinking {
@@ -190,18 +203,49 @@ fn qwen3_chat_template() {
             .unwrap_or_else(|e| panic!("chat case {i}: render_chat: {e}"));
         assert_eq!(
             text, c.text,
-            "chat case {i} (enable_thinking {:?}): rendered text",
+            "{name} chat case {i} (enable_thinking {:?}): rendered text",
             c.enable_thinking
         );
         let ids = codec
             .encode_chat(&messages, c.add_generation_prompt, &extra)
-            .unwrap_or_else(|e| panic!("chat case {i}: encode_chat: {e}"));
+            .unwrap_or_else(|e| panic!("{name} chat case {i}: encode_chat: {e}"));
         assert_eq!(
             ids, c.ids,
-            "chat case {i} (enable_thinking {:?}): ids",
+            "{name} chat case {i} (enable_thinking {:?}): ids",
             c.enable_thinking
         );
     }
+}
+
+/// The real DeepSeek-V3 tokenizer and chat template, alone in a temporary
+/// model directory.
+fn deepseek_v3() -> (tempfile::TempDir, TextCodec) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        let src: PathBuf = material(&format!("tests/material/deepseek_v3/{f}"));
+        std::fs::copy(&src, tmp.path().join(f)).expect("copy the tokenizer");
+    }
+    let codec = TextCodec::load(tmp.path()).unwrap_or_else(|e| panic!("TextCodec::load: {e}"));
+    assert!(
+        codec.has_template(),
+        "DeepSeek-V3's tokenizer_config.json has a chat template"
+    );
+    (tmp, codec)
+}
+
+#[test]
+fn deepseek_v3_encode_decode_and_stream() {
+    let (_tmp, codec) = deepseek_v3();
+    let cases = cases("deepseek_v3");
+    check_encode("deepseek_v3", &codec, &cases);
+    check_decode("deepseek_v3", &codec, &cases);
+    check_stream("deepseek_v3", &codec, &cases);
+}
+
+#[test]
+fn deepseek_v3_chat_template() {
+    let (_tmp, codec) = deepseek_v3();
+    check_chat("deepseek_v3", &codec, &cases("deepseek_v3"));
 }
 
 #[test]
