@@ -222,7 +222,7 @@ fn check_chat(name: &str, codec: &TextCodec, cases: &Cases) {
 fn deepseek_v3() -> (tempfile::TempDir, TextCodec) {
     let tmp = tempfile::tempdir().expect("tempdir");
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        let src: PathBuf = material(&format!("tests/material/deepseek_v3/{f}"));
+        let src: PathBuf = material(format!("tests/material/deepseek_v3/{f}"));
         std::fs::copy(&src, tmp.path().join(f)).expect("copy the tokenizer");
     }
     let codec = TextCodec::load(tmp.path()).unwrap_or_else(|e| panic!("TextCodec::load: {e}"));
