@@ -58,6 +58,9 @@ pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    /// Whether a tool-call-only assistant turn reaches the template as
+    /// `content: none` (see [`ChatTemplate::render`]).
+    null_content: bool,
 }
 
 /// Rendering failed (template syntax, or the template raised an exception).
@@ -80,12 +83,40 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat".to_string(), source.to_string())
             .map_err(|e| TemplateError(e.to_string()))?;
-        Ok(ChatTemplate {
+        let mut t = ChatTemplate {
             env,
             source: source.to_string(),
             bos_token: bos_token.into(),
             eos_token: eos_token.into(),
-        })
+            null_content: false,
+        };
+        t.null_content = t.takes_null_content();
+        Ok(t)
+    }
+
+    /// Probes whether this template renders an assistant turn that only
+    /// calls tools with `content: none` (as OpenAI clients send it, and as
+    /// DeepSeek's template tests with `message['content'] is none`): it must
+    /// render without error and without printing the none. Templates that
+    /// run string tests on the content (Qwen3's `'</think>' in
+    /// message.content`) fail on none, and get `""` instead.
+    fn takes_null_content(&self) -> bool {
+        let call = serde_json::json!({"id": "call_0", "type": "function",
+            "function": {"name": "probe", "arguments": {}}});
+        let msgs = [
+            Message::new("user", "probe"),
+            Message::assistant_calls("", vec![call]),
+            Message::tool_result("call_0", "probe"),
+        ];
+        let with = |null: bool| self.render_as(&msgs, false, &[], null);
+        match (with(true), with(false)) {
+            (Ok(a), Ok(b)) => {
+                let nones = |s: &str| s.matches("none").count() + s.matches("None").count();
+                nones(&a) <= nones(&b)
+            }
+            (Ok(a), Err(_)) => !a.contains("none") && !a.contains("None"),
+            _ => false,
+        }
     }
 
     /// The template's Jinja source.
@@ -95,19 +126,34 @@ impl ChatTemplate {
 
     /// Renders `messages` (with the assistant prompt appended when
     /// `add_generation_prompt`). `extra` carries template switches such as
-    /// `enable_thinking`.
+    /// `enable_thinking`. An assistant turn that only calls tools reaches
+    /// the template as `content: none` when the template handles none, else
+    /// as `""` (the probe at [`ChatTemplate::new`]).
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
         extra: &[(&str, Value)],
     ) -> Result<String, TemplateError> {
+        self.render_as(messages, add_generation_prompt, extra, self.null_content)
+    }
+
+    fn render_as(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        extra: &[(&str, Value)],
+        null_content: bool,
+    ) -> Result<String, TemplateError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| TemplateError(e.to_string()))?;
         let mut ctx: Vec<(&str, Value)> = vec![
-            ("messages", Value::from_serialize(template_messages(messages))),
+            (
+                "messages",
+                Value::from_serialize(template_messages(messages, null_content)),
+            ),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
             ("bos_token", Value::from(self.bos_token.clone())),
             ("eos_token", Value::from(self.eos_token.clone())),
@@ -126,16 +172,15 @@ impl ChatTemplate {
     }
 }
 
-/// `messages` as a template sees them: an assistant turn that only calls
-/// tools has `content: none`, as OpenAI clients send it and transformers
-/// passes it on (DeepSeek's template tests `message['content'] is none`;
-/// Qwen3's renders none and "" alike).
-fn template_messages(messages: &[Message]) -> Vec<serde_json::Value> {
+/// `messages` as a template sees them: with `null_content`, an assistant
+/// turn that only calls tools has `content: none`, as OpenAI clients send it
+/// and transformers passes it on.
+fn template_messages(messages: &[Message], null_content: bool) -> Vec<serde_json::Value> {
     messages
         .iter()
         .map(|m| {
             let mut v = serde_json::to_value(m).unwrap_or_default();
-            if m.tool_calls.is_some() && m.content.is_empty() {
+            if null_content && m.tool_calls.is_some() && m.content.is_empty() {
                 v["content"] = serde_json::Value::Null;
             }
             v
@@ -223,6 +268,20 @@ mod tests {
             Message::assistant_calls("let me look", vec![call]),
         ];
         assert_eq!(t.render(&msgs, false, &[]).unwrap(), "[hi][calls 1][let me look]");
+    }
+
+    #[test]
+    fn a_template_that_tests_the_content_string_gets_an_empty_one() {
+        // Qwen3's assistant branch: `'</think>' in message.content` fails on none.
+        let src =
+            "{% for m in messages %}{% if '</think>' in m.content %}[think]{% endif %}[{{ m.content }}]{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let call = serde_json::json!({"type": "function", "function": {"name": "f", "arguments": "{}"}});
+        let msgs = [Message::new("user", "hi"), Message::assistant_calls("", vec![call])];
+        assert_eq!(t.render(&msgs, false, &[]).unwrap(), "[hi][]");
+        // A template that prints the content as it is would print the none.
+        let t = ChatTemplate::new("{% for m in messages %}[{{ m.content }}]{% endfor %}", "", "").unwrap();
+        assert_eq!(t.render(&msgs, false, &[]).unwrap(), "[hi][]");
     }
 
     #[test]
