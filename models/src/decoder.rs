@@ -243,8 +243,18 @@ impl Model {
             (Mixer::Attention(a), LayerCache::Kv(kv)) => {
                 a.forward_timed(&xs, &st.positions, &self.rope, kv, &mut attn_out, times)
             }
-            (Mixer::Mla(m), LayerCache::Latent(cache)) => {
-                m.forward_timed(&xs, &st.positions, &self.rope, cache, &mut attn_out, times)
+            (Mixer::Mla(m), LayerCache::Latent(_)) => {
+                // A layer that shares an earlier layer's sparse-attention selection reads it from that layer's cache.
+                let source = self.cfg.dsa.as_ref().map_or(layer, |d| d.source(layer));
+                let (before, rest) = cache.layers.split_at_mut(layer);
+                let LayerCache::Latent(own) = &mut rest[0] else {
+                    unreachable!("matched above")
+                };
+                let shared = match before.get(source) {
+                    Some(LayerCache::Latent(c)) if source < layer => Some(c.selection()),
+                    _ => None,
+                };
+                m.forward_timed(&xs, &st.positions, &self.rope, own, shared, &mut attn_out, times)
             }
             (Mixer::GatedDeltaNet(d), LayerCache::Recurrent(state)) => {
                 debug_assert_eq!(state.len(), st.positions[0], "positions must continue the state");

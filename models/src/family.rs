@@ -3,8 +3,8 @@
 use crate::config::{ModelConfig, RawConfig};
 use crate::error::ModelError;
 use crate::{
-    deepseek_v3, glm4_moe, glm4_moe_lite, llama, minimax_m2, mixtral, olmoe, qwen2_moe, qwen3_5_moe, qwen3_moe,
-    qwen3_next,
+    deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, llama, minimax_m2, mixtral, olmoe, qwen2_moe, qwen3_5_moe,
+    qwen3_moe, qwen3_next,
 };
 
 /// A supported architecture.
@@ -28,6 +28,11 @@ pub enum Family {
     Glm4MoeLite,
     /// MiniMax-M2: full-width QK-norm, sigmoid router.
     MiniMaxM2,
+    /// DeepSeek-V3.2: DeepSeek-V3 with sparse attention (an indexer).
+    DeepseekV32,
+    /// GLM-5.x: latent attention with sparse attention whose selection
+    /// some layers share, the DeepSeek MoE.
+    GlmMoeDsa,
 }
 
 /// Tensor naming of a family's MoE block.
@@ -44,7 +49,7 @@ pub struct MoeNames {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 11] = [
+    pub const ALL: [Family; 13] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -56,6 +61,8 @@ impl Family {
         Family::Glm4Moe,
         Family::Glm4MoeLite,
         Family::MiniMaxM2,
+        Family::DeepseekV32,
+        Family::GlmMoeDsa,
     ];
 
     /// The `architectures` entry of this family.
@@ -72,6 +79,8 @@ impl Family {
             Family::Glm4Moe => "Glm4MoeForCausalLM",
             Family::Glm4MoeLite => "Glm4MoeLiteForCausalLM",
             Family::MiniMaxM2 => "MiniMaxM2ForCausalLM",
+            Family::DeepseekV32 => "DeepseekV32ForCausalLM",
+            Family::GlmMoeDsa => "GlmMoeDsaForCausalLM",
         }
     }
 
@@ -116,6 +125,8 @@ impl Family {
             "glm4_moe" => Family::Glm4Moe,
             "glm4_moe_lite" => Family::Glm4MoeLite,
             "minimax_m2" => Family::MiniMaxM2,
+            "deepseek_v32" => Family::DeepseekV32,
+            "glm_moe_dsa" => Family::GlmMoeDsa,
             _ => {
                 return Err(ModelError::UnknownArchitecture {
                     name: format!("(no architectures; model_type {model_type:?})"),
@@ -140,6 +151,8 @@ impl Family {
             Family::Glm4Moe => glm4_moe::parse(raw),
             Family::Glm4MoeLite => glm4_moe_lite::parse(raw),
             Family::MiniMaxM2 => minimax_m2::parse(raw),
+            Family::DeepseekV32 => deepseek_v32::parse(raw, Family::DeepseekV32),
+            Family::GlmMoeDsa => deepseek_v32::parse(raw, Family::GlmMoeDsa),
         }
     }
 
@@ -155,7 +168,9 @@ impl Family {
             | Family::Qwen35Moe
             | Family::DeepseekV3
             | Family::Glm4Moe
-            | Family::Glm4MoeLite => MoeNames {
+            | Family::Glm4MoeLite
+            | Family::DeepseekV32
+            | Family::GlmMoeDsa => MoeNames {
                 block: "mlp",
                 proj: ["gate_proj", "up_proj", "down_proj"],
                 router_bias: "gate.e_score_correction_bias",

@@ -244,6 +244,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         mixers,
         delta_net,
         mla: None,
+        dsa: None,
         rotary_dim,
         attn_output_gate: hybrid,
         // The converter folded the `1 +` of zero-centred norms into the weights.

@@ -17,6 +17,13 @@ pub fn parse(raw: &RawConfig) -> Result<ModelConfig, ModelError> {
     let mut c = crate::deepseek_v3::mla_base(raw, Family::Glm4MoeLite)?;
     c.rope_interleave = raw.bool_opt(&["rope_interleave"])?.unwrap_or(true);
     crate::deepseek_v3::deepseek_moe(raw, &mut c, 1)?;
+    mlp_layer_types(raw, &mut c)?;
+    Ok(c)
+}
+
+/// Dense or sparse MLP per layer from `mlp_layer_types`, when given (else
+/// what `first_k_dense_replace` set).
+pub(crate) fn mlp_layer_types(raw: &RawConfig, c: &mut ModelConfig) -> Result<(), ModelError> {
     if let Some(types) = raw.lookup(&["mlp_layer_types"]).and_then(serde_json::Value::as_array) {
         if types.len() != c.num_layers {
             return Err(raw.err(format!(
@@ -34,5 +41,5 @@ pub fn parse(raw: &RawConfig) -> Result<ModelConfig, ModelError> {
             })
             .collect::<Result<_, _>>()?;
     }
-    Ok(c)
+    Ok(())
 }

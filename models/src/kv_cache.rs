@@ -225,13 +225,21 @@ impl LayerKv {
 /// The cache of a latent attention layer ([`crate::mla`]): per position,
 /// one row of the normed latent and the roped key shared by every head
 /// (`kv_lora_rank + qk_rope_head_dim` values), in the cache's dtype. The
-/// latent part serves as keys and as values.
+/// latent part serves as keys and as values. A layer with a sparse-attention
+/// indexer ([`crate::dsa_indexer`]) also keeps its keys here, and the
+/// selection of the last step (which later layers may share).
 #[derive(Clone, Debug)]
 pub struct LatentKv {
     rows: Rows,
     width: usize,
     len: usize,
     dtype: KvDtype,
+    /// The indexer's keys, `index_head_dim` values per position (empty
+    /// without an indexer).
+    index: Rows,
+    index_width: usize,
+    /// The keys each row of the last step attended to.
+    selection: crate::dsa_indexer::Selection,
 }
 
 impl LatentKv {
@@ -241,6 +249,9 @@ impl LatentKv {
             width,
             len: 0,
             dtype,
+            index: Rows::new(dtype),
+            index_width: 0,
+            selection: Vec::new(),
         }
     }
 
@@ -266,13 +277,38 @@ impl LatentKv {
         self.rows.view(from * self.width, to * self.width)
     }
 
+    /// Appends one position's indexer key (every position's has the same
+    /// width), rounded to the cache's dtype.
+    pub fn push_index(&mut self, key: &[f32]) {
+        debug_assert!(self.index_width == 0 || self.index_width == key.len());
+        self.index_width = key.len();
+        self.index.extend(key);
+    }
+
+    /// The indexer keys of positions `from..to`.
+    pub fn index_rows(&self, from: usize, to: usize) -> CachedRows<'_> {
+        self.index.view(from * self.index_width, to * self.index_width)
+    }
+
+    /// The keys each row of the last step attended to.
+    pub fn selection(&self) -> &crate::dsa_indexer::Selection {
+        &self.selection
+    }
+
+    /// Records the last step's selection.
+    pub fn set_selection(&mut self, selection: crate::dsa_indexer::Selection) {
+        self.selection = selection;
+    }
+
     fn truncate(&mut self, len: usize) {
         self.rows.truncate(len * self.width);
+        self.index.truncate(len * self.index_width);
         self.len = self.len.min(len);
+        self.selection.clear();
     }
 
     fn bytes(&self) -> usize {
-        self.rows.elements() * self.dtype.size()
+        (self.rows.elements() + self.index.elements()) * self.dtype.size()
     }
 }
 

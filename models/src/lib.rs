@@ -8,7 +8,8 @@
 //!   file per family ([`olmoe`], [`qwen3_moe`], [`mixtral`], [`qwen2_moe`],
 //!   dense [`llama`], the hybrids [`qwen3_next`] and [`qwen3_5_moe`], the
 //!   DeepSeek lineage [`deepseek_v3`], [`glm4_moe`], [`glm4_moe_lite`],
-//!   [`minimax_m2`]) holds only what differs.
+//!   [`minimax_m2`], and with sparse attention [`deepseek_v32`]) holds
+//!   only what differs.
 //! - [`decoder`]: the shared decoder, stepped layer by layer
 //!   ([`Model::pre_experts`] → expert service → [`Model::post_experts`]).
 //! - [`attention`], [`rope`], [`kv_cache`]: attention with GQA, QK-norm,
@@ -16,7 +17,8 @@
 //!   f16 with [`KvDtype::F16`]).
 //! - Mixers besides attention: [`gated_delta_net`] (gated DeltaNet over a
 //!   [`recurrent_state`]) and [`mla`] (multi-head latent attention in the
-//!   absorbed form over a latent cache, [`LayerCache::Latent`]).
+//!   absorbed form over a latent cache, [`LayerCache::Latent`]), with
+//!   DeepSeek Sparse Attention's [`dsa_indexer`] picking the keys it sees.
 //! - [`router`]: top-k routing (softmax, or [`group_router`]'s sigmoid
 //!   scores with a selection bias and group limit) and the batch-union.
 //! - [`ffn`]: the SwiGLU block, the one place for expert / MLP math.
@@ -29,6 +31,8 @@ pub mod attention;
 pub mod config;
 pub mod decoder;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
+pub mod dsa_indexer;
 pub mod error;
 pub mod expert;
 pub mod family;

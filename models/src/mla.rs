@@ -31,6 +31,7 @@ use rayon::prelude::*;
 
 use crate::attention::{deinterleave_heads, AttentionTimes};
 use crate::config::{MlaShape, ModelConfig, Yarn};
+use crate::dsa_indexer::{Indexer, Selection};
 use crate::kv_cache::LatentKv;
 use crate::rope::Rope;
 
@@ -63,6 +64,9 @@ pub struct Mla {
     interleaved: bool,
     /// `qk_head_dim ** -0.5`, times YaRN's `mscale²` when configured.
     scale: f32,
+    /// DeepSeek Sparse Attention: this layer's indexer (`None` on layers
+    /// without one, and on GLM-5's layers that share an earlier selection).
+    indexer: Option<Indexer>,
 }
 
 impl Mla {
@@ -116,6 +120,10 @@ impl Mla {
             heads,
             interleaved: cfg.rope_interleave,
             scale: scale as f32,
+            indexer: match &cfg.dsa {
+                Some(d) if !d.shared[layer] => Some(Indexer::load(files, cfg, d, layer)?),
+                _ => None,
+            },
         })
     }
 
@@ -124,13 +132,17 @@ impl Mla {
     /// to `cache` and writes the `o_proj` output (`n × hidden`) to `out`.
     /// Times its parts as attention does (`qkv_ms`: projections, norm,
     /// RoPE, absorbed queries and the cache append; `heads_ms`: scores,
-    /// softmax, weighted latents and `W_UV`; `o_proj_ms`).
+    /// softmax, weighted latents and `W_UV`; `o_proj_ms`). With sparse
+    /// attention each row attends to the keys its layer's indexer picks, or
+    /// to `shared` (an earlier layer's picks for the same rows).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_timed(
         &self,
         xs: &[f32],
         positions: &[usize],
         rope: &Rope,
         cache: &mut LatentKv,
+        shared: Option<&Selection>,
         out: &mut [f32],
         times: &mut AttentionTimes,
     ) {
@@ -142,11 +154,13 @@ impl Mla {
         let (qk, w) = (s.qk_head_dim(), s.cache_width());
 
         let mut q = vec![0.0f32; n * heads * qk];
+        // The normed query latent (`q_resid`), which the indexer reads.
+        let mut qa = Vec::new();
         match &self.queries {
             Queries::Plain(wq) => wq.matmul(xs, n, &mut q),
             Queries::LowRank(b) => {
                 let (a, norm, wb) = &**b;
-                let mut qa = vec![0.0f32; n * a.rows()];
+                qa = vec![0.0f32; n * a.rows()];
                 a.matmul(xs, n, &mut qa);
                 rms_norm_rows(&mut qa, norm, LATENT_NORM_EPS);
                 wb.matmul(&qa, n, &mut q);
@@ -184,6 +198,14 @@ impl Mla {
         for row in ckv.chunks_exact(w) {
             cache.push(row);
         }
+        let selection: Option<Selection> = match (&self.indexer, shared) {
+            (Some(ix), _) => Some(ix.select(xs, &qa, positions, rope, cache)),
+            (None, Some(s)) => Some(s.clone()),
+            (None, None) => None,
+        };
+        if let Some(s) = &selection {
+            cache.set_selection(s.clone());
+        }
         times.qkv_ms += ms(started);
         let started = Instant::now();
 
@@ -198,6 +220,15 @@ impl Mla {
             cache_ref.rows(0, pos + 1).dots(&qq[i * w..(i + 1) * w], &mut scores);
             for x in &mut scores {
                 *x *= self.scale;
+            }
+            // Keys the indexer did not pick weigh nothing (transformers adds
+            // finfo.min, whose exp is 0 as -inf's is).
+            if let Some(Some(keep)) = selection.as_ref().map(|s| &s[t]) {
+                let mut kept = vec![f32::NEG_INFINITY; pos + 1];
+                for &j in keep {
+                    kept[j as usize] = scores[j as usize];
+                }
+                scores = kept;
             }
             softmax(&mut scores);
             o.fill(0.0);

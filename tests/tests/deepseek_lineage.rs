@@ -13,10 +13,15 @@
 //! - `the_latent_cache_holds_the_latent_and_the_rope_key`: an MLA layer
 //!   caches `(kv_lora_rank + qk_rope_head_dim) × 4` bytes per position
 //!   (× 2 with the f16 cache), whatever the head count.
+//! - `sparse_attention_layers_cache_the_indexer_keys`: DeepSeek-V3.2 and
+//!   GLM-5 layers with an indexer also cache its keys; shared ones do not.
 //! - `bad_configs_and_tensors_are_named`: a missing `kv_b_proj`, an
 //!   unknown rope scaling type, `n_group` that does not divide the experts,
 //!   a wrong-sized `e_score_correction_bias`; for FP8, a scale grid of the
 //!   wrong shape, a missing one, a malformed `weight_block_size`.
+//!
+//! The sparse-attention fixtures (`deepseekv32`, `glmmoedsa`) join the
+//! bit-identity test too.
 //!
 //! The FP8 fixture (`deepseekv3-fp8`, DeepSeek-V3 as released: F8_E4M3
 //! matrices with `weight_scale_inv` blocks) joins the bit-identity test:
@@ -36,6 +41,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const FIXTURES: [&str; 5] = ["deepseekv3", "deepseekv3-noq", "glm4moe", "glm4moelite", "minimax-m2"];
 /// DeepSeek-V3 as released: block-scaled FP8 matrices (`make_fixtures.py deepseekv3-fp8`).
 const FP8: &str = "deepseekv3-fp8";
+/// DeepSeek Sparse Attention: DeepSeek-V3.2 and GLM-5 (shared selections).
+const DSA: [&str; 2] = ["deepseekv32", "glmmoedsa"];
 
 fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
     (
@@ -46,7 +53,7 @@ fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache() {
-    for name in FIXTURES.into_iter().chain([FP8]) {
+    for name in FIXTURES.into_iter().chain([FP8]).chain(DSA) {
         let dir = fixture(name);
         let r = Reference::load(name);
         let tmp = tempfile::tempdir().unwrap();
@@ -81,6 +88,33 @@ fn deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache() {
         assert!(
             logits_and_ids(&engine(&c, svc), &r) == uncached,
             "{name}: container on 3 workers"
+        );
+    }
+}
+
+/// A sparse-attention layer that runs an indexer caches its keys
+/// (`index_head_dim` per position) beside the latent; a GLM-5 layer that
+/// shares an earlier layer's selection caches the latent only.
+#[test]
+fn sparse_attention_layers_cache_the_indexer_keys() {
+    for name in DSA {
+        let r = Reference::load(name);
+        let e = Engine::local(&fixture(name)).unwrap();
+        let (mla, dsa) = (e.config().mla.unwrap(), e.config().dsa.clone().expect("a DSA model"));
+        let mut cache = e.model.new_cache();
+        e.forward(&r.prompt_ids, &mut cache, false).unwrap();
+        let n = r.prompt_ids.len();
+        for (l, c) in cache.layers.iter().enumerate() {
+            let index = if dsa.shared[l] { 0 } else { dsa.head_dim };
+            assert_eq!(
+                c.bytes(),
+                (mla.kv_lora_rank + mla.qk_rope_head_dim + index) * 4 * n,
+                "{name} layer {l}"
+            );
+        }
+        assert_eq!(
+            dsa.shared.iter().filter(|&&s| s).count(),
+            if name == "glmmoedsa" { 2 } else { 0 }
         );
     }
 }
@@ -227,4 +261,38 @@ fn bad_configs_and_tensors_are_named() {
     });
     let err = load_err(&dir);
     assert!(err.contains("weight_block_size"), "{err}");
+
+    // Sparse attention: a missing indexer tensor, indexer_types that do not
+    // fit the layers, an unknown indexer type, an empty selection.
+    let dir = edited_config("glmmoedsa", &tmp.path().join("h"), |_| {});
+    let name = "model.layers.2.self_attn.indexer.wk.weight";
+    edit_tensor(&dir, name, None);
+    let err = load_err(&dir);
+    assert!(err.contains(name), "{err}");
+    for (sub, edit, want) in [
+        (
+            "i",
+            serde_json::json!({"indexer_types": ["full", "shared"]}),
+            "indexer_types has 2 entries for 4 layers",
+        ),
+        (
+            "j",
+            serde_json::json!({"indexer_types": ["shared", "full", "full", "full"]}),
+            "the first must be \"full\"",
+        ),
+        (
+            "k",
+            serde_json::json!({"indexer_types": ["full", "dense", "full", "full"]}),
+            "indexer type \"dense\"",
+        ),
+        ("l", serde_json::json!({"index_topk": 0}), "index_topk 0"),
+    ] {
+        let dir = edited_config("glmmoedsa", &tmp.path().join(sub), |v| {
+            for (k, x) in edit.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+        });
+        let err = load_err(&dir);
+        assert!(err.contains(want), "{sub}: {err}");
+    }
 }

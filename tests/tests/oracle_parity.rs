@@ -328,3 +328,17 @@ fn glm4moelite() {
 fn minimax_m2() {
     check_family("minimax-m2");
 }
+
+/// DeepSeek-V3.2: DeepSeek Sparse Attention, 44 of 56 rows attending to
+/// the indexer's 12 picks.
+#[test]
+fn deepseekv32() {
+    check_family("deepseekv32");
+}
+
+/// GLM-5: the indexer's RoPE interleaved, layers 1 and 3 reusing the
+/// previous indexer's selection.
+#[test]
+fn glmmoedsa() {
+    check_family("glmmoedsa");
+}
