@@ -17,6 +17,8 @@ layers, and `--no-mtp` is refused for `deepseek2`):
   glm4moelite-{f32,q8_0}.gguf     arch `deepseek2` (GLM-4.7-Flash)
   glm4moe-{f32,q8_0}.gguf         arch `glm4moe`
   minimax-m2-{f32,q8_0}.gguf      arch `minimax-m2`
+  deepseekv32-{f32,q8_0}.gguf     arch `deepseek32` (the sparse-attention indexer)
+  glmmoedsa-{f32,q8_0}.gguf       arch `glm-dsa` (indexer types: two layers share a selection)
 
 The converter splits `kv_b_proj` into `attn_k_b` / `attn_v_b` and writes
 YaRN's `mscale_all_dim` as a log multiplier; charm undoes both at load
@@ -31,27 +33,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures"
 OUT = FIX / "gguf"
-FAMILIES = ("deepseekv3", "deepseekv3-noq", "glm4moelite", "glm4moe", "minimax-m2")
+FAMILIES = ("deepseekv3", "deepseekv3-noq", "glm4moelite", "glm4moe", "minimax-m2", "deepseekv32", "glmmoedsa")
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit(f"usage: {sys.argv[0]} LLAMA_CPP_DIR (holding convert_hf_to_gguf.py)")
+    if len(sys.argv) < 2:
+        sys.exit(f"usage: {sys.argv[0]} LLAMA_CPP_DIR (holding convert_hf_to_gguf.py) [FIXTURE ...]")
     llama = Path(sys.argv[1]).resolve()
     sys.path.insert(0, str(llama))
     import convert_hf_to_gguf as conv  # noqa: E402 (imports llama.cpp's gguf-py)
     from conversion.base import TextModel  # noqa: E402
-    from conversion.deepseek import DeepseekV2Model  # noqa: E402
-    from conversion.glm import Glm4MoeLiteModel, Glm4MoeModel  # noqa: E402
+    from conversion.deepseek import DeepseekV2Model, DeepseekV32Model  # noqa: E402
+    from conversion.glm import Glm4MoeLiteModel, Glm4MoeModel, GlmMoeDsaModel  # noqa: E402
     from conversion.minimax import MiniMaxM2Model  # noqa: E402
 
     def set_vocab(self):
         self.gguf_writer.add_vocab_size(self.hparams["vocab_size"])
 
-    for cls in (TextModel, DeepseekV2Model, Glm4MoeModel, Glm4MoeLiteModel, MiniMaxM2Model):
+    for cls in (TextModel, DeepseekV2Model, Glm4MoeModel, Glm4MoeLiteModel, MiniMaxM2Model, DeepseekV32Model,
+                GlmMoeDsaModel):
         cls.set_vocab = set_vocab
     OUT.mkdir(parents=True, exist_ok=True)
-    for fixture in FAMILIES:
+    only = sys.argv[2:]
+    for fixture in only or FAMILIES:
         for outtype in ("f32", "q8_0"):
             out = OUT / f"{fixture}-{outtype}.gguf"
             sys.argv = ["convert_hf_to_gguf.py", str(FIX / fixture), "--outtype", outtype,

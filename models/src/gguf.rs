@@ -45,6 +45,14 @@
 //! `mscale == mscale_all_dim`, whose attention factor is 1, and a file that
 //! says otherwise through `yarn_attn_factor` is followed. DeepSeek-V2's
 //! softmax routing (no selection bias) is refused.
+//!
+//! Sparse attention: `deepseek32` (DeepSeek-V3.2) and `glm-dsa` (GLM-5.x)
+//! are `deepseek2` plus the indexer (`blk.N.indexer.{attn_q_b, attn_k,
+//! k_norm, proj}`, `attention.indexer.{head_count, key_length, top_k}`) and,
+//! for `glm-dsa`, `attention.indexer.types` (true where a layer runs its
+//! own indexer). A `glm-dsa` file without the types follows llama.cpp: GLM-5
+//! and 5.1 (context below 1M) run an indexer on every layer, GLM-5.2 on the
+//! first two and every fourth from layer 2.
 
 use std::path::Path;
 
@@ -52,7 +60,7 @@ use charm_common::gguf::{GgmlType, GgufError, GgufFile, MetaValue};
 use charm_common::weight::{Buf, WeightData};
 use charm_common::{LoadError, Weight, WeightSource};
 
-use crate::config::{GroupRouting, MixerKind, MlaShape, ModelConfig, QkNorm, Yarn};
+use crate::config::{Dsa, GroupRouting, MixerKind, MlaShape, ModelConfig, QkNorm, Yarn};
 use crate::error::ModelError;
 use crate::family::Family;
 use crate::gated_delta_net::{DeltaNetShape, ProjectionLayout};
@@ -113,7 +121,7 @@ fn bad(file: &GgufFile, reason: String) -> ModelError {
 }
 
 /// Architectures charm reads from GGUF.
-pub const GGUF_ARCHES: [&str; 9] = [
+pub const GGUF_ARCHES: [&str; 11] = [
     "llama",
     "olmoe",
     "qwen3moe",
@@ -123,6 +131,8 @@ pub const GGUF_ARCHES: [&str; 9] = [
     "deepseek2",
     "glm4moe",
     "minimax-m2",
+    "deepseek32",
+    "glm-dsa",
 ];
 
 fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError> {
@@ -137,6 +147,8 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         "deepseek2" => Family::DeepseekV3,
         "glm4moe" => Family::Glm4Moe,
         "minimax-m2" => Family::MiniMaxM2,
+        "deepseek32" => Family::DeepseekV32,
+        "glm-dsa" => Family::GlmMoeDsa,
         other => {
             return Err(ModelError::UnknownArchitecture {
                 name: format!("{other} (GGUF general.architecture)"),
@@ -252,8 +264,14 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         vision_ignored: false,
     };
     let mut cfg = cfg;
-    if matches!(family, Family::DeepseekV3 | Family::Glm4Moe | Family::MiniMaxM2) {
+    if matches!(
+        family,
+        Family::DeepseekV3 | Family::Glm4Moe | Family::MiniMaxM2 | Family::DeepseekV32 | Family::GlmMoeDsa
+    ) {
         lineage(f, arch, &mut cfg)?;
+    }
+    if matches!(family, Family::DeepseekV32 | Family::GlmMoeDsa) {
+        cfg.dsa = Some(sparse_attention(f, arch, &cfg)?);
     }
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)
@@ -309,7 +327,7 @@ fn lineage(f: &GgufFile, arch: &str, c: &mut ModelConfig) -> Result<(), ModelErr
     let rope = opt_u("rope.dimension_count");
     let has = |t: &str| f.tensor(t).is_some();
     match c.family {
-        Family::DeepseekV3 => {
+        Family::DeepseekV3 | Family::DeepseekV32 | Family::GlmMoeDsa => {
             let rope = rope.ok_or_else(|| bad(f, format!("missing metadata {}", key("rope.dimension_count"))))?;
             // MQA-converted files give the per-head sizes as `*_mla`;
             // older ones as the plain lengths.
@@ -387,6 +405,43 @@ fn lineage(f: &GgufFile, arch: &str, c: &mut ModelConfig) -> Result<(), ModelErr
     c.shared_expert_intermediate_size = (shared > 0).then_some(c.moe_intermediate_size * shared);
     c.shared_expert_gated = false;
     Ok(())
+}
+
+/// DeepSeek Sparse Attention's indexer from `attention.indexer.*`.
+fn sparse_attention(f: &GgufFile, arch: &str, c: &ModelConfig) -> Result<Dsa, ModelError> {
+    let key = |k: &str| format!("{arch}.attention.indexer.{k}");
+    let req_u = |k: &str| {
+        f.meta(&key(k))
+            .and_then(MetaValue::as_u64)
+            .map(|v| v as usize)
+            .ok_or_else(|| bad(f, format!("missing or non-integer metadata {}", key(k))))
+    };
+    let glm = c.family == Family::GlmMoeDsa;
+    let n = c.num_layers;
+    let shared = match f.meta(&key("types")).map(MetaValue::as_array) {
+        None if !glm => vec![false; n],
+        // llama.cpp's defaults: GLM-5 / 5.1 full everywhere, GLM-5.2 (1M context) the first two and every fourth from 2.
+        None if c.max_position_embeddings < 1 << 20 => vec![false; n],
+        None => (0..n).map(|l| l >= 2 && (l - 2) % 4 != 0).collect(),
+        Some(Some(types)) if types.len() == n => types
+            .iter()
+            .map(|t| t.as_bool().map(|full| !full))
+            .collect::<Option<Vec<bool>>>()
+            .ok_or_else(|| bad(f, format!("{} holds other values than booleans", key("types"))))?,
+        Some(_) => {
+            return Err(bad(
+                f,
+                format!("{} is not an array of {n} booleans (one per layer)", key("types")),
+            ))
+        }
+    };
+    Ok(Dsa {
+        heads: req_u("head_count")?,
+        head_dim: req_u("key_length")?,
+        topk: req_u("top_k")?,
+        shared,
+        rope_interleave: glm,
+    })
 }
 
 /// A hybrid's mixer per layer (`attention.recurrent_layers`, else every
@@ -549,6 +604,12 @@ fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
         "self_attn.kv_a_proj_with_mqa.weight" => return blk("attn_kv_a_mqa.weight"),
         "self_attn.kv_a_layernorm.weight" => return blk("attn_kv_a_norm.weight"),
         "self_attn.kv_b_proj.weight" => return blk("attn_kv_b.weight"),
+        // DeepSeek Sparse Attention's indexer.
+        "self_attn.indexer.wq_b.weight" => return blk("indexer.attn_q_b.weight"),
+        "self_attn.indexer.wk.weight" => return blk("indexer.attn_k.weight"),
+        "self_attn.indexer.k_norm.weight" => return blk("indexer.k_norm.weight"),
+        "self_attn.indexer.k_norm.bias" => return blk("indexer.k_norm.bias"),
+        "self_attn.indexer.weights_proj.weight" => return blk("indexer.proj.weight"),
         _ => {}
     }
     let experts = rest

@@ -126,7 +126,7 @@ fn sparse_attention_layers_cache_the_indexer_keys() {
 fn lineage_ggufs_keep_their_bits_in_containers_and_on_workers() {
     let tmp = tempfile::tempdir().unwrap();
     let key = keygen(tmp.path(), "cluster.key");
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().chain(DSA) {
         let gguf = fixture("gguf").join(format!("{name}-q8_0.gguf"));
         let r = Reference::load(name);
         let want = logits_and_ids(&Engine::local(&gguf).unwrap(), &r);

@@ -118,6 +118,9 @@ fn deepseek_lineage_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory()
         ("glm4moelite", "deepseek2"),
         ("glm4moe", "glm4moe"),
         ("minimax-m2", "minimax-m2"),
+        // Sparse attention: the indexer, and GLM-5's indexer types.
+        ("deepseekv32", "deepseek32"),
+        ("glmmoedsa", "glm-dsa"),
     ] {
         let file = format!("{name}-f32.gguf");
         let r = Reference::load(name);
@@ -134,6 +137,7 @@ fn deepseek_lineage_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory()
         let (gc, hc) = (g.config(), hf.config());
         assert_eq!(gc.mixers, hc.mixers, "{file}: layer kinds");
         assert_eq!(gc.mla, hc.mla, "{file}: latent attention shape");
+        assert_eq!(gc.dsa, hc.dsa, "{file}: sparse attention");
         assert_eq!(gc.moe_layers, hc.moe_layers, "{file}: dense and MoE layers");
         assert_eq!(gc.group_routing, hc.group_routing, "{file}: router");
         assert_eq!(gc.rope_yarn, hc.rope_yarn, "{file}: YaRN");
@@ -170,6 +174,8 @@ fn q8_0_gguf_is_measured_against_the_reference() {
         (hybrid_gguf("glm4moelite-q8_0.gguf"), "glm4moelite"),
         (hybrid_gguf("glm4moe-q8_0.gguf"), "glm4moe"),
         (hybrid_gguf("minimax-m2-q8_0.gguf"), "minimax-m2"),
+        (hybrid_gguf("deepseekv32-q8_0.gguf"), "deepseekv32"),
+        (hybrid_gguf("glmmoedsa-q8_0.gguf"), "glmmoedsa"),
     ] {
         let file = path.file_name().unwrap().to_string_lossy();
         let r = Reference::load(name);
@@ -422,6 +428,8 @@ fn converted_gguf_missing_a_layer_tensor_names_it() {
         ("deepseekv3-noq-f32.gguf", "blk.3.attn_q.weight"),
         ("glm4moe-f32.gguf", "blk.2.exp_probs_b.bias"),
         ("minimax-m2-f32.gguf", "blk.3.attn_q_norm.weight"),
+        ("deepseekv32-f32.gguf", "blk.1.indexer.attn_q_b.weight"),
+        ("glmmoedsa-f32.gguf", "blk.2.indexer.k_norm.bias"),
     ] {
         let mut bytes = std::fs::read(hybrid_gguf(file)).unwrap();
         // Rename the tensor in the table (same length, so the file stays valid).
@@ -472,6 +480,36 @@ fn deepseek2_gguf_with_unsupported_routing_or_rope_is_a_clear_error() {
     std::fs::write(&p, &rope).unwrap();
     let e = load_err(&p);
     assert!(e.contains("rope scaling type xarn"), "{e}");
+}
+
+/// Sparse-attention files with a missing indexer size or indexer types that
+/// are not booleans are refused by name.
+#[test]
+fn sparse_attention_gguf_with_bad_indexer_metadata_is_a_clear_error() {
+    let tmp = scratch();
+    let src = std::fs::read(hybrid_gguf("glmmoedsa-f32.gguf")).unwrap();
+
+    let mut nameless = src.clone();
+    let key = "glm-dsa.attention.indexer.head_count";
+    let at = meta_value_at(&nameless, key) - 4 - key.len();
+    nameless[at + key.len() - 5..at + key.len()].copy_from_slice(b"_cnt_");
+    let p = tmp.path().join("no-head-count.gguf");
+    std::fs::write(&p, &nameless).unwrap();
+    let e = load_err(&p);
+    assert!(e.contains(key), "{e}");
+
+    // An array value: element type (u32), count (u64), elements; bool (7) made u8 (0), the same size.
+    let mut bytes = src;
+    let at = meta_value_at(&bytes, "glm-dsa.attention.indexer.types");
+    assert_eq!(bytes[at..at + 4], 7u32.to_le_bytes());
+    bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    let p = tmp.path().join("u8-types.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let e = load_err(&p);
+    assert!(
+        e.contains("glm-dsa.attention.indexer.types holds other values than booleans"),
+        "{e}"
+    );
 }
 
 /// The Q8_0 hybrids' moved matrices (rows picked out of `ssm_ba`, tiled
