@@ -9,11 +9,15 @@ batch, then decodes `--max-tokens` tokens greedily (argmax of the logits,
 end-of-sequence ignored, as `coordinator generate --ignore-eos` does), and
 prints one JSON line: prompt and generated token counts, prefill and decode
 tokens per second from llama.cpp's own timers (`llama_perf_context`, which
-leave out Python's overhead), and the generated ids.
+leave out Python's overhead), the generated ids, and the KV cache's bytes
+per token as llama.cpp's own log reports the cache it allocated (K and V
+sizes over its cell count; MiB with two decimals, so within about 0.1 %).
 """
 
 import argparse
+import ctypes
 import json
+import re
 import sys
 
 import numpy as np
@@ -29,6 +33,13 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
 
+    log = []
+
+    @llama_cpp.ggml_log_callback
+    def keep(level, text, user_data):
+        log.append(text.decode(errors="replace"))
+
+    llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
     prompt = [int(t) for t in args.prompt_ids.split(",") if t]
     n_ctx = len(prompt) + args.max_tokens + 8
     llm = Llama(
@@ -55,6 +66,9 @@ def main() -> int:
             break
         llm.eval([tok])
     perf = llama_cpp.llama_perf_context(ctx)
+    # "llama_kv_cache: size =  X MiB (  N cells,  L layers, 1/1 seqs), K (f16): A MiB, V (f16): B MiB"
+    kv = re.search(r"\(\s*(\d+) cells.*K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB", "".join(log))
+    kv_per_token = (float(kv[2]) + float(kv[3])) * 2**20 / int(kv[1]) if kv else None
     out = {
         "engine": "llama.cpp",
         "version": llama_cpp.__version__,
@@ -64,6 +78,7 @@ def main() -> int:
         "decode_tok_s": perf.n_eval / (perf.t_eval_ms / 1e3) if perf.t_eval_ms > 0 else 0.0,
         "decoded_steps": perf.n_eval,
         "ids": ids,
+        "kv_bytes_per_token": kv_per_token,
     }
     print(json.dumps(out))
     return 0

@@ -14,7 +14,10 @@
 #    given the OLMo tokenizer; FAMILY=qwen3next: Qwen3-Next-80B-A3B widths,
 #    three gated DeltaNet layers and one gated attention layer, 512 experts
 #    of 512, top-10, a shared expert, vocabulary 151936, given the Qwen3
-#    tokenizer), converted by llama.cpp's converter to Q8_0, and to the
+#    tokenizer; FAMILY=glm4moelite: GLM-4.7-Flash widths, MLA with 20
+#    heads, one dense and three MoE layers of 64 experts of 1536, top-4, a
+#    shared expert, vocabulary 154880, given the Qwen3 tokenizer's
+#    vocabulary), converted by llama.cpp's converter to Q8_0, and to the
 #    other types by llama.cpp's quantizer (llama_model_quantize) from a
 #    BF16 conversion.
 # 4. For each of $RUNS rounds and each type: charm (`generate --ignore-eos`)
@@ -92,7 +95,12 @@ case "$FAMILY" in
   olmoe) TOKFILES="olmo/tokenizer.json" CONVERT_FLAGS="" ;;
   # No multi-token-prediction block in the bench model.
   qwen3next) TOKFILES="qwen3/tokenizer.json qwen3/tokenizer_config.json" CONVERT_FLAGS="--no-mtp" ;;
-  *) echo "FAMILY must be olmoe or qwen3next" >&2; exit 2 ;;
+  # No GLM tokenizer is reachable offline: the Qwen3 one, written as a plain
+  # byte-level BPE vocabulary (the converter's GLM vocabulary wants GLM's
+  # special tokens).
+  glm4moelite) TOKFILES="qwen3/tokenizer.json qwen3/tokenizer_config.json" CONVERT_FLAGS="" \
+    VOCAB_PATCH="from conversion.glm import Glm4MoeLiteModel as M; M.set_vocab = lambda self: self._set_vocab_gpt2()" ;;
+  *) echo "FAMILY must be olmoe, qwen3next or glm4moelite" >&2; exit 2 ;;
 esac
 NAME="$FAMILY-w"
 MODEL="$BENCH/$NAME"
@@ -107,7 +115,8 @@ if [ ! -f "$TOKDIR/tokenizer.json" ]; then
   for f in $TOKFILES; do cp "$ROOT/tests/material/$f" "$TOKDIR/"; done
 fi
 convert() { # outtype out
-  (cd "$CONVERTER" && PYTHONPATH=gguf-py "$CONVERT_PY" convert_hf_to_gguf.py "$TOKDIR" \
+  (cd "$CONVERTER" && PYTHONPATH=gguf-py:. "$CONVERT_PY" -c \
+    "import convert_hf_to_gguf as c; ${VOCAB_PATCH:-pass}; c.main()" "$TOKDIR" \
     --outtype "$1" $CONVERT_FLAGS --outfile "$2.partial" >"$BENCH/convert-$NAME-$1.log" 2>&1) && mv "$2.partial" "$2"
 }
 for ty in $TYPES; do
@@ -201,10 +210,14 @@ for round in $(seq 1 "$RUNS"); do
 import json, sys
 r, ty, c, l = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 s = c["stats"]
+# The cache holds every prompt and generated token but the last.
+cached = s["prompt_tokens"] + s["generated_tokens"] - 1
 print(json.dumps({"round": r, "type": ty, "engine": "charm", "prefill_tok_s": s["prefill_tok_s"],
-                  "decode_tok_s": s["decode_tok_s"], "profile": s.get("profile"), "ids": c["ids"]}))
+                  "decode_tok_s": s["decode_tok_s"], "profile": s.get("profile"), "ids": c["ids"],
+                  "kv_bytes_per_token": s["kv_cache_bytes"] / cached}))
 print(json.dumps({"round": r, "type": ty, "engine": "llama.cpp", "prefill_tok_s": l["prefill_tok_s"],
-                  "decode_tok_s": l["decode_tok_s"], "ids": l["ids"]}))
+                  "decode_tok_s": l["decode_tok_s"], "ids": l["ids"],
+                  "kv_bytes_per_token": l.get("kv_bytes_per_token")}))
 EOF
     tail -2 "$RAW" | python3 -c '
 import json, sys
@@ -233,14 +246,16 @@ print(f"Memory read bandwidth (2 threads, median): {bw:.1f} GB/s; 2T/1T compute 
       + ", ".join(f"{c['compute_ratio']:.2f}" for c in checks) + "\n")
 def replay_roof(ty):
     return med(r["replay"]["tok_s"] for r in replays if r["type"] == ty) if replays else float("nan")
-print("| type | engine | prefill tok/s | decode tok/s | decode, % of roofline | decode, % of replay roofline |")
-print("|---|---|---|---|---|---|")
+print("| type | engine | prefill tok/s | decode tok/s | decode, % of roofline | decode, % of replay roofline | KV bytes / token |")
+print("|---|---|---|---|---|---|---|")
 for ty in dict.fromkeys(r["type"] for r in runs):
     roof = bw * 1e9 / sizes[ty]["bytes_per_token"]
     for eng in ("charm", "llama.cpp"):
         rs = [r for r in runs if r["type"] == ty and r["engine"] == eng]
         p, d = med(r["prefill_tok_s"] for r in rs), med(r["decode_tok_s"] for r in rs)
-        print(f"| {ty} | {eng} | {p:.1f} | {d:.1f} | {100 * d / roof:.0f} % | {100 * d / replay_roof(ty):.0f} % |")
+        kv = rs[-1].get("kv_bytes_per_token")
+        kv = f"{kv:.0f}" if kv else "?"
+        print(f"| {ty} | {eng} | {p:.1f} | {d:.1f} | {100 * d / roof:.0f} % | {100 * d / replay_roof(ty):.0f} % | {kv} |")
 print()
 print("| type | bytes / decoded token | roofline tok/s | replay GB/s | replay roofline tok/s | charm / llama.cpp prefill | charm / llama.cpp decode | same ids |")
 print("|---|---|---|---|---|---|---|---|")

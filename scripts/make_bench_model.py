@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write a random-weight, real-width MoE checkpoint for benchmarks.
 
-    python3 scripts/make_bench_model.py OUT_DIR [--family olmoe|qwen3next] [--layers 4] [--seed 0]
+    python3 scripts/make_bench_model.py OUT_DIR [--family olmoe|qwen3next|glm4moelite] [--layers 4] [--seed 0]
 
 OUT_DIR becomes a Hugging Face directory with real widths but only
 `--layers` decoder layers, weights in bfloat16 spread over one shard per
@@ -21,6 +21,13 @@ with `generate --prompt-ids`, or copy one in.
   12.0 GiB of experts and 1.6 GiB dense. Zero-centred norms (`(1 + w)`)
   are stored as 0, `A_log` as log(U(1, 16)) as transformers initialises it,
   `dt_bias` as 1.
+- `glm4moelite`: `Glm4MoeLiteForCausalLM` with GLM-4.7-Flash's widths
+  (hidden 2048; MLA with 20 heads, q_lora_rank 768, kv_lora_rank 512,
+  qk_nope 192 + qk_rope 64, v_head_dim 256; layer 0 a dense MLP of 10240,
+  the others 64 experts of 1536, top-4, sigmoid router with a selection
+  bias (stored as 0), routed_scaling_factor 1.8, one shared expert of
+  1536; vocabulary 154880). At 4 layers (one dense, three MoE) about 3.4
+  GiB of experts and 1.6 GiB dense.
 
 Only numpy is needed (no torch, no transformers): the safetensors files are
 written by hand (8-byte little-endian header length, JSON header, raw data)
@@ -78,6 +85,21 @@ QN = {
     "v_dim": 128,
     "conv": 4,
     "interval": 4,
+}
+
+# GLM-4.7-Flash (transformers' Glm4MoeLiteConfig defaults, which are the release's).
+GL = {
+    "vocab": 154880,
+    "heads": 20,
+    "q_lora": 768,
+    "kv_lora": 512,
+    "nope": 192,
+    "rope": 64,
+    "v_dim": 256,
+    "dense_inter": 10240,
+    "experts": 64,
+    "top_k": 4,
+    "moe_inter": 1536,
 }
 
 # Elements drawn at a time: bounds memory (64 MiB of float32).
@@ -263,8 +285,109 @@ def qwen3next_shard_plan(layers):
     return shards
 
 
+def glm4moelite_config(layers):
+    c = GL
+    return {
+        "architectures": ["Glm4MoeLiteForCausalLM"],
+        "model_type": "glm4_moe_lite",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "first_k_dense_replace": 1,
+        "hidden_act": "silu",
+        "hidden_size": HIDDEN,
+        "intermediate_size": c["dense_inter"],
+        "kv_lora_rank": c["kv_lora"],
+        "max_position_embeddings": 202752,
+        "moe_intermediate_size": c["moe_inter"],
+        "n_group": 1,
+        "n_routed_experts": c["experts"],
+        "n_shared_experts": 1,
+        "norm_topk_prob": True,
+        "num_attention_heads": c["heads"],
+        "num_experts_per_tok": c["top_k"],
+        "num_hidden_layers": layers,
+        "num_key_value_heads": c["heads"],
+        "q_lora_rank": c["q_lora"],
+        "qk_nope_head_dim": c["nope"],
+        "qk_rope_head_dim": c["rope"],
+        "rms_norm_eps": 1e-5,
+        "rope_interleave": True,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "routed_scaling_factor": 1.8,
+        "tie_word_embeddings": False,
+        "topk_group": 1,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "v_head_dim": c["v_dim"],
+        "vocab_size": c["vocab"],
+    }
+
+
+def glm4moelite_shard_plan(layers):
+    """As olmoe_shard_plan, for the GLM-4.7-Flash shape (layer 0 dense, the others MoE)."""
+    c = GL
+    total = layers + 1
+    name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+    shards = [
+        (
+            name(0),
+            [
+                ("model.embed_tokens.weight", [c["vocab"], HIDDEN], "normal", 1.0),
+                ("model.norm.weight", [HIDDEN], "ones", 0.0),
+                ("lm_head.weight", [c["vocab"], HIDDEN], "normal", HIDDEN**-0.5),
+            ],
+        )
+    ]
+    qk = c["nope"] + c["rope"]
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        t = [
+            (p + "input_layernorm.weight", [HIDDEN], "ones", 0.0),
+            (p + "post_attention_layernorm.weight", [HIDDEN], "ones", 0.0),
+            (a + "q_a_proj.weight", [c["q_lora"], HIDDEN], "normal", HIDDEN**-0.5),
+            (a + "q_a_layernorm.weight", [c["q_lora"]], "ones", 0.0),
+            (a + "q_b_proj.weight", [c["heads"] * qk, c["q_lora"]], "normal", c["q_lora"] ** -0.5),
+            (a + "kv_a_proj_with_mqa.weight", [c["kv_lora"] + c["rope"], HIDDEN], "normal", HIDDEN**-0.5),
+            (a + "kv_a_layernorm.weight", [c["kv_lora"]], "ones", 0.0),
+            (a + "kv_b_proj.weight", [c["heads"] * (c["nope"] + c["v_dim"]), c["kv_lora"]], "normal",
+             c["kv_lora"] ** -0.5),
+            (a + "o_proj.weight", [HIDDEN, c["heads"] * c["v_dim"]], "normal", (c["heads"] * c["v_dim"]) ** -0.5),
+        ]
+        if layer == 0:
+            t += [
+                (p + "mlp.gate_proj.weight", [c["dense_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                (p + "mlp.up_proj.weight", [c["dense_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                (p + "mlp.down_proj.weight", [HIDDEN, c["dense_inter"]], "normal", c["dense_inter"] ** -0.5),
+            ]
+        else:
+            t += [
+                (p + "mlp.gate.weight", [c["experts"], HIDDEN], "normal", HIDDEN**-0.5),
+                (p + "mlp.gate.e_score_correction_bias", [c["experts"]], "zeros", 0.0),
+            ]
+            for e in range(c["experts"]):
+                q = f"{p}mlp.experts.{e}."
+                t += [
+                    (q + "gate_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                    (q + "up_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                    (q + "down_proj.weight", [HIDDEN, c["moe_inter"]], "normal", c["moe_inter"] ** -0.5),
+                ]
+            q = p + "mlp.shared_experts."
+            t += [
+                (q + "gate_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                (q + "up_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
+                (q + "down_proj.weight", [HIDDEN, c["moe_inter"]], "normal", c["moe_inter"] ** -0.5),
+            ]
+        shards.append((name(layer + 1), t))
+    return shards
+
+
 FAMILIES = {
     "olmoe": ("OlmoeForCausalLM", olmoe_config, olmoe_shard_plan),
+    "glm4moelite": ("Glm4MoeLiteForCausalLM", glm4moelite_config, glm4moelite_shard_plan),
     "qwen3next": ("Qwen3NextForCausalLM", qwen3next_config, qwen3next_shard_plan),
 }
 

@@ -1428,6 +1428,7 @@ def dsa_config(cls, **kw):
         n_shared_experts=1,
         norm_topk_prob=True,
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        first_k_dense_replace=1,  # as mlp_layer_types says (llama.cpp's converter reads this one)
         index_n_heads=16,  # with few heads, ReLU zeroes every head of some keys: exact ties at score 0
         index_head_dim=16,  # > qk_rope_head_dim: a roped and an unroped part
         index_topk=DSA_TOPK,

@@ -20,6 +20,11 @@ layers, and `--no-mtp` is refused for `deepseek2`):
   deepseekv32-{f32,q8_0}.gguf     arch `deepseek32` (the sparse-attention indexer)
   glmmoedsa-{f32,q8_0}.gguf       arch `glm-dsa` (indexer types: two layers share a selection)
 
+Also `deepseekv3-kvb-f32.gguf`: deepseekv3-f32.gguf rewritten into the layout of
+files from before the converter split `kv_b_proj` (one `attn_kv_b` tensor, the
+Hugging Face matrix as it is; `attention.key_length` / `value_length` the per-head
+sizes and no `*_mla` keys), every other tensor and key unchanged.
+
 The converter splits `kv_b_proj` into `attn_k_b` / `attn_v_b` and writes
 YaRN's `mscale_all_dim` as a log multiplier; charm undoes both at load
 (docs/gguf.md). F32 must give the Hugging Face directory's logits bit for
@@ -55,13 +60,54 @@ def main():
         cls.set_vocab = set_vocab
     OUT.mkdir(parents=True, exist_ok=True)
     only = sys.argv[2:]
-    for fixture in only or FAMILIES:
+    for fixture in [f for f in only if f != "deepseekv3-kvb"] if only else FAMILIES:
         for outtype in ("f32", "q8_0"):
             out = OUT / f"{fixture}-{outtype}.gguf"
             sys.argv = ["convert_hf_to_gguf.py", str(FIX / fixture), "--outtype", outtype,
                         "--outfile", str(out)]
             conv.main()
             print(f"{out.relative_to(ROOT)}: {out.stat().st_size} bytes")
+    if not only or "deepseekv3-kvb" in only:
+        old_kv_b_layout()
+
+
+def old_kv_b_layout():
+    """deepseekv3-kvb-f32.gguf from deepseekv3-f32.gguf and the fixture's kv_b_proj."""
+    import json
+
+    import numpy as np
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from safetensors.numpy import load_file
+
+    src = GGUFReader(OUT / "deepseekv3-f32.gguf")
+    hf = load_file(FIX / "deepseekv3" / "model.safetensors")
+    cfg = json.loads((FIX / "deepseekv3" / "config.json").read_text())
+    arch = "deepseek2"
+    sizes = {f"{arch}.attention.key_length": cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"],
+             f"{arch}.attention.value_length": cfg["v_head_dim"]}
+    dst = OUT / "deepseekv3-kvb-f32.gguf"
+    w = GGUFWriter(dst, arch)
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture" or field.name.endswith("_mla"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        value = sizes.get(field.name, field.contents())
+        w.add_key_value(field.name, value, vtype, sub_type=sub)
+    for t in src.tensors:
+        if t.name.endswith(".attn_v_b.weight"):
+            continue
+        if t.name.endswith(".attn_k_b.weight"):
+            layer = int(t.name.split(".")[1])
+            kv_b = np.ascontiguousarray(hf[f"model.layers.{layer}.self_attn.kv_b_proj.weight"], dtype=np.float32)
+            w.add_tensor(f"blk.{layer}.attn_kv_b.weight", kv_b)
+            continue
+        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"{dst.relative_to(ROOT)}: {dst.stat().st_size} bytes")
 
 
 if __name__ == "__main__":

@@ -160,6 +160,23 @@ fn deepseek_lineage_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory()
     }
 }
 
+/// A `deepseek2` file in the layout from before the converter split
+/// `kv_b_proj` (one `attn_kv_b`, per-head key and value lengths, no `*_mla`
+/// keys; `make_gguf_lineage_fixtures.py`) gives the same bits as the split one.
+#[test]
+fn deepseek2_gguf_with_a_whole_kv_b_gives_the_hf_directorys_bits() {
+    let r = Reference::load("deepseekv3");
+    let seq = r.full_sequence();
+    let old = Engine::local(&hybrid_gguf("deepseekv3-kvb-f32.gguf")).unwrap();
+    let hf = Engine::local(&fixture("deepseekv3")).unwrap();
+    assert_eq!(old.config().mla, hf.config().mla);
+    assert_eq!(greedy_ids(&old, &r.prompt_ids), r.greedy_ids);
+    assert_eq!(
+        bits(&old.logits_all(&seq).unwrap()),
+        bits(&hf.logits_all(&seq).unwrap())
+    );
+}
+
 #[test]
 fn q8_0_gguf_is_measured_against_the_reference() {
     println!("| file | top-1 agreement (teacher-forced) |");
