@@ -76,7 +76,7 @@ reference.json with outputs computed by the transformers implementation:
                                         ((q * scale).to(bfloat16), model run in float32), re-checked by
                                         reloading the FP8 directory
   deepseekv32/    DeepseekV32ForCausalLM  DeepSeek-V3.2: deepseekv3's MLA (q_lora_rank 48, YaRN) and MoE with
-                                        DeepSeek Sparse Attention: an indexer of 16 heads of 16 (8 roped as
+                                        DeepSeek Sparse Attention: an indexer of 16 heads of 64 (8 roped as
                                         halves), LayerNorm'd keys, index_topk 12, so 44 of the 56 positions
                                         attend to a selection; seeds rejected unless every selection's k-th
                                         vs (k+1)-th index score gap is at least min_router_gap (1e-3),
@@ -1429,8 +1429,13 @@ def dsa_config(cls, **kw):
         norm_topk_prob=True,
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
         first_k_dense_replace=1,  # as mlp_layer_types says (llama.cpp's converter reads this one)
+        # hub keys the transformers class ignores, which llama.cpp's converter reads
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
         index_n_heads=16,  # with few heads, ReLU zeroes every head of some keys: exact ties at score 0
-        index_head_dim=16,  # > qk_rope_head_dim: a roped and an unroped part
+        # > qk_rope_head_dim: a roped and an unroped part; a multiple of 64, as llama.cpp's
+        # Hadamard rotation of the indexer's q and k needs (at 16 its graph fails an assert)
+        index_head_dim=64,
         index_topk=DSA_TOPK,
         **kw,
         **COMMON,

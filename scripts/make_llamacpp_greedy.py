@@ -3,7 +3,8 @@
 converter: the square-head hybrids (`qwen3next-sq-*.gguf`,
 `qwen35moe-sq-*.gguf`, from scripts/make_gguf_hybrid_fixtures.py; llama.cpp
 0.3.36 refuses DeltaNet heads whose key and value widths differ) and the
-DeepSeek lineage (`deepseekv3-*`, `glm4moe-*`, `minimax-m2-*`, from
+DeepSeek lineage (`deepseekv3-*`, `glm4moe-*`, `minimax-m2-*`, and with
+sparse attention `deepseekv32-*`, `glmmoedsa-*`, from
 scripts/make_gguf_lineage_fixtures.py), F32 and Q8_0: the second reference
 for their GGUF semantics (tests/tests/gguf_parity.rs measures charm against
 it).
@@ -31,7 +32,8 @@ is of the file's semantics, not of a cache type). Recorded per step: the
 chosen id, its logit and the runner-up's logit (the margin tells a test
 which steps a last-bit difference could flip).
 
-Writes tests/fixtures/gguf/llamacpp-greedy.json.
+Writes tests/fixtures/gguf/llamacpp-greedy.json; with file names as arguments,
+records just those into the existing one.
 """
 
 import json
@@ -52,7 +54,8 @@ FILES = [f"{f}-sq-{t}.gguf" for f in ("qwen3next", "qwen35moe") for t in ("f32",
     # which its converter writes only when there is one. Not glm4moelite: its
     # converter writes `leading_dense_block_count` 0 over a dense first layer,
     # and llama.cpp then looks for `blk.0.ffn_gate_inp.weight`.
-    f"{f}-{t}.gguf" for f in ("deepseekv3", "glm4moe", "minimax-m2") for t in ("f32", "q8_0")
+    f"{f}-{t}.gguf" for f in ("deepseekv3", "glm4moe", "minimax-m2", "deepseekv32", "glmmoedsa")
+    for t in ("f32", "q8_0")
 ]
 PROMPTS = 8
 GEN = 24
@@ -123,9 +126,14 @@ def greedy(path, prompt, gen):
 
 
 def main():
+    # Named files are (re)recorded into the existing output; none: every file, afresh.
+    names = sys.argv[1:] or FILES
+    dst = GGUF_DIR / "llamacpp-greedy.json"
     out = {"llama_cpp_python": llama_cpp.__version__, "kv_cache": "f32", "files": {}}
+    if sys.argv[1:]:
+        out = json.loads(dst.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FILES:
+        for name in names:
             copy = Path(tmp) / name
             vocab = with_vocab(str(GGUF_DIR / name), str(copy))
             rng = random.Random(name)
@@ -135,7 +143,6 @@ def main():
                 runs.append({"prompt_ids": prompt, "steps": greedy(copy, prompt, GEN)})
             out["files"][name] = runs
             print(f"{name}: {len(runs)} prompts x {GEN} tokens", file=sys.stderr)
-    dst = GGUF_DIR / "llamacpp-greedy.json"
     dst.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {dst.relative_to(ROOT)}", file=sys.stderr)
 

@@ -200,7 +200,13 @@ fn q8_0_gguf_is_measured_against_the_reference() {
         let e = Engine::local(&path).unwrap();
         let top1 = r.top1_agreement(&e.logits_all(&seq).unwrap());
         println!("| {file} | {top1:.3} |");
-        assert!(top1 >= 0.5, "{file}: top-1 agreement {top1}");
+        // Sparse attention's selection amplifies Q8_0's rounding (docs/gguf.md).
+        let floor = if name.ends_with("dsa") || name.ends_with("v32") {
+            0.35
+        } else {
+            0.5
+        };
+        assert!(top1 >= floor, "{file}: top-1 agreement {top1}");
     }
 }
 
@@ -224,7 +230,7 @@ struct LlamaStep {
 const F32_MARGIN: f32 = 1e-3;
 
 /// llama.cpp's own greedy output on GGUFs its converter made (the square-head
-/// hybrids and the DeepSeek lineage), recorded by `scripts/make_llamacpp_greedy.py` (llama.cpp 0.3.36, f32 KV cache, 8
+/// hybrids, the DeepSeek lineage and its sparse-attention files), recorded by `scripts/make_llamacpp_greedy.py` (llama.cpp 0.3.36, f32 KV cache, 8
 /// prompts × 24 tokens per file). charm runs teacher-forced on llama.cpp's
 /// tokens and greedily from its prompts.
 ///
@@ -247,7 +253,15 @@ fn converted_ggufs_agree_with_llama_cpp_greedy() {
     let all: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     println!("| file | steps | same argmax (teacher-forced) | greedy tokens shared (median of prompts) | |Δ logit| median / max |");
     println!("|---|---|---|---|---|");
-    for family in ["qwen3next-sq", "qwen35moe-sq", "deepseekv3", "glm4moe", "minimax-m2"] {
+    for family in [
+        "qwen3next-sq",
+        "qwen35moe-sq",
+        "deepseekv3",
+        "glm4moe",
+        "minimax-m2",
+        "deepseekv32",
+        "glmmoedsa",
+    ] {
         for ty in ["f32", "q8_0"] {
             let file = format!("{family}-{ty}.gguf");
             let runs: Vec<LlamaRun> = serde_json::from_value(all["files"][&file].clone()).unwrap();
@@ -297,6 +311,11 @@ fn converted_ggufs_agree_with_llama_cpp_greedy() {
                     runs[0].steps.len(),
                     "{file}: greedy ids differ from llama.cpp's"
                 );
+            } else if family.ends_with("dsa") || family.ends_with("v32") {
+                // Sparse attention: a Q8_0 step that moves an index score across the
+                // selection boundary changes which keys a query sees (docs/gguf.md).
+                assert!(agreement >= 0.45, "{file}: teacher-forced agreement {agreement}");
+                assert!(median < 0.5, "{file}: median logit difference {median}");
             } else {
                 assert!(agreement >= 0.75, "{file}: teacher-forced agreement {agreement}");
                 assert!(median < 0.1, "{file}: median logit difference {median}");
