@@ -25,6 +25,15 @@ import llama_cpp
 from llama_cpp import Llama
 
 
+LOG = []
+
+
+@llama_cpp.llama_log_callback
+def KEEP_LOG(level, text, user_data):
+    """llama.cpp's log lines, kept (module level: llama.cpp still logs while freeing the model)."""
+    LOG.append(text.decode(errors="replace"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -33,13 +42,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
 
-    log = []
-
-    @llama_cpp.ggml_log_callback
-    def keep(level, text, user_data):
-        log.append(text.decode(errors="replace"))
-
-    llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
+    llama_cpp.llama_log_set(KEEP_LOG, ctypes.c_void_p(0))
     prompt = [int(t) for t in args.prompt_ids.split(",") if t]
     n_ctx = len(prompt) + args.max_tokens + 8
     llm = Llama(
@@ -67,7 +70,7 @@ def main() -> int:
         llm.eval([tok])
     perf = llama_cpp.llama_perf_context(ctx)
     # "llama_kv_cache: size =  X MiB (  N cells,  L layers, 1/1 seqs), K (f16): A MiB, V (f16): B MiB"
-    kv = re.search(r"\(\s*(\d+) cells.*K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB", "".join(log))
+    kv = re.search(r"\(\s*(\d+) cells.*K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB", "".join(LOG))
     kv_per_token = (float(kv[2]) + float(kv[3])) * 2**20 / int(kv[1]) if kv else None
     out = {
         "engine": "llama.cpp",

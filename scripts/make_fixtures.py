@@ -43,6 +43,10 @@ reference.json with outputs computed by the transformers implementation:
                                         prompt; config.json in the hub spelling (top-level rope_theta and
                                         rope_scaling {"type": "yarn", ...}, torch_dtype, n_routed_experts, no
                                         head_dim / qk_head_dim / rope_interleave, topk_method, scoring_func)
+  kimik25-vl/     KimiK25ForConditionalGeneration  deepseekv3's weights in Kimi K2.5's vision-language
+                                        layout: text_config, language_model.model.* / language_model.lm_head,
+                                        vision_tower.* and mm_projector.* tensors to ignore; reference.json is
+                                        deepseekv3's (no transformers class; re-checked on the weights read back)
   deepseekv3-noq/ DeepseekV3ForCausalLM the same without q_lora_rank (plain q_proj) and with default rope;
                                         hub spelling, but rope_interleave written out (true)
   glm4moe/        Glm4MoeForCausalLM    float32, 4 q / 2 kv heads of 16, q/k/v biases, per-head QK-norm,
@@ -168,6 +172,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -1216,6 +1221,59 @@ def make_deepseekv3():
                  randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
 
 
+def make_kimik25_vl():
+    """The deepseekv3 fixture laid out as Kimi K2.5's vision-language checkpoint
+    (KimiK25ForConditionalGeneration: the DeepSeek-V3 text config under text_config,
+    language_model.model.* and language_model.lm_head.weight, a vision tower and projector a
+    text-only loader must ignore). transformers has no class for the wrapper: the reference is
+    deepseekv3's, re-checked on the weights read back out of this directory."""
+    from safetensors.torch import load_file, save_file
+
+    src = FIXTURES / "deepseekv3"
+    if not (src / "reference.json").exists():
+        sys.exit("kimik25-vl: make deepseekv3 first")
+    ref = json.loads((src / "reference.json").read_text())
+    text_cfg = json.loads((src / "config.json").read_text())
+    weights = load_file(str(src / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    wrapped = {f"language_model.{k}": v for k, v in weights.items()}
+    wrapped["vision_tower.patch_embed.proj.weight"] = torch.randn(16, 3, 2, 2, generator=g) * 0.1
+    wrapped["vision_tower.encoder.blocks.0.wqkv.weight"] = torch.randn(48, 16, generator=g) * 0.1
+    wrapped["mm_projector.proj.0.weight"] = torch.randn(64, 64, generator=g) * 0.1
+    out_dir = FIXTURES / "kimik25-vl"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    save_file(wrapped, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text_cfg,
+        "vision_config": {"patch_size": 2, "hidden_size": 16, "num_hidden_layers": 1,
+                          "num_attention_heads": 1, "mm_hidden_size": 16},
+        "media_placeholder_token_id": 1000,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copy(src / "generation_config.json", out_dir / "generation_config.json")
+    shutil.copy(src / "reference.json", out_dir / "reference.json")
+
+    # The text model read back out of the wrapper gives the reference.
+    back = {k[len("language_model."):]: v for k, v in load_file(str(out_dir / "model.safetensors")).items()
+            if k.startswith("language_model.")}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_file(back, f"{tmp}/model.safetensors", metadata={"format": "pt"})
+        shutil.copy(src / "config.json", f"{tmp}/config.json")
+        model = DeepseekV3ForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager").eval()
+    full = ref["prompt_ids"] + ref["greedy_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([full])).logits[0]
+    assert [int(x) for x in logits.argmax(-1)] == ref["teacher_forced_argmax"]
+    assert float((logits[-1] - torch.tensor(ref["last_logits"])).abs().max()) < 1e-5
+    print(f"kimik25-vl: deepseekv3's weights as Kimi K2.5's wrapper, reference re-checked")
+
+
 def make_deepseekv3_noq():
     cfg = deepseekv3_config(None, {"rope_type": "default", "rope_theta": 10000.0})
     return build("deepseekv3-noq", DeepseekV3ForCausalLM, cfg, "deepseek_v3", "float32", DS_STDS,
@@ -1838,6 +1896,7 @@ MAKERS = {
     "qwen3next": make_qwen3next,
     "qwen35moe": make_qwen35moe,
     "qwen35moe-vl": make_qwen35moe_vl,  # after qwen35moe: re-lays out its weights
+    "kimik25-vl": make_kimik25_vl,  # after deepseekv3: re-lays out its weights
     "deepseekv3": make_deepseekv3,
     "deepseekv3-noq": make_deepseekv3_noq,
     "deepseekv3-fp8": make_deepseekv3_fp8,

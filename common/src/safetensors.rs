@@ -4,10 +4,12 @@
 //! looked up by name without copying.
 //!
 //! A vision-language checkpoint stores its language model under
-//! `model.language_model.` (Qwen3.5's `Qwen3_5MoeForConditionalGeneration`):
-//! those tensors are named `model.` here, as the text model names them, and
-//! the vision tower's `model.visual.` tensors are left out — charm runs the
-//! language model alone.
+//! `model.language_model.` (Qwen3.5's `Qwen3_5MoeForConditionalGeneration`)
+//! or `language_model.model.` with `language_model.lm_head` (Kimi K2.5's
+//! `KimiK25ForConditionalGeneration`): those tensors are named `model.` and
+//! `lm_head` here, as the text model names them, and the vision tower's
+//! tensors (`model.visual.`; `vision_tower.` and `mm_projector.`) are left
+//! out — charm runs the language model alone.
 //!
 //! Experts stored fused, one 3-D tensor per layer (`mlp.experts.gate_up_proj`
 //! `[E, 2·I, H]`, gate rows first, and `mlp.experts.down_proj` `[E, H, I]`,
@@ -81,10 +83,16 @@ pub struct TensorRef<'a> {
     owned: Option<Arc<Vec<u8>>>,
 }
 
-/// Where a vision-language checkpoint keeps its language model.
-const LANGUAGE_MODEL: &str = "model.language_model.";
-/// A vision-language checkpoint's vision tower (not run).
-const VISUAL: &str = "model.visual.";
+/// Where vision-language checkpoints keep their language model, and the
+/// text model's name for it: Qwen3.5's `model.language_model.*`, Kimi
+/// K2.5's `language_model.model.*` and `language_model.lm_head.*`.
+const LANGUAGE_MODEL: [(&str, &str); 3] = [
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+];
+/// Vision-language checkpoints' vision towers and projectors (not run).
+const VISUAL: [&str; 3] = ["model.visual.", "vision_tower.", "mm_projector."];
 
 impl TensorFiles {
     /// Opens `dir/model.safetensors`, or every shard named by
@@ -168,15 +176,16 @@ impl TensorFiles {
     /// Names a vision-language checkpoint's language model as the text
     /// model does and drops its vision tower (see the module docs).
     fn as_language_model(&mut self) {
-        if !self.entries.keys().any(|k| k.starts_with(LANGUAGE_MODEL)) {
+        let wrapped = |k: &str| LANGUAGE_MODEL.iter().find(|(from, _)| k.starts_with(from));
+        if !self.entries.keys().any(|k| wrapped(k).is_some()) {
             return;
         }
         let entries = std::mem::take(&mut self.entries);
         self.entries = entries
             .into_iter()
-            .filter(|(k, _)| !k.starts_with(VISUAL))
-            .map(|(k, e)| match k.strip_prefix(LANGUAGE_MODEL) {
-                Some(rest) => (format!("model.{rest}"), e),
+            .filter(|(k, _)| !VISUAL.iter().any(|v| k.starts_with(v)))
+            .map(|(k, e)| match wrapped(&k) {
+                Some((from, to)) => (format!("{to}{}", &k[from.len()..]), e),
                 None => (k, e),
             })
             .collect();
@@ -485,6 +494,37 @@ mod tests {
             .map(|((n, shape, _), b)| (*n, TensorView::new(StDtype::F32, shape.clone(), b).unwrap()))
             .collect();
         safetensors::tensor::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    }
+
+    #[test]
+    fn kimi_k25s_language_model_reads_as_the_text_models_names() {
+        let dir = tempfile::tempdir().unwrap();
+        write(
+            dir.path(),
+            &[
+                (
+                    "language_model.model.layers.0.input_layernorm.weight",
+                    vec![2],
+                    vec![1.0; 2],
+                ),
+                ("language_model.model.embed_tokens.weight", vec![1, 2], vec![2.0; 2]),
+                ("language_model.lm_head.weight", vec![1, 2], vec![3.0; 2]),
+                ("vision_tower.encoder.blocks.0.wqkv.weight", vec![2], vec![4.0; 2]),
+                ("mm_projector.proj.0.weight", vec![2], vec![5.0; 2]),
+            ],
+        );
+        let f = TensorFiles::open(dir.path()).unwrap();
+        let mut names: Vec<String> = f.names().iter().map(|n| n.to_string()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "lm_head.weight",
+                "model.embed_tokens.weight",
+                "model.layers.0.input_layernorm.weight"
+            ]
+        );
+        assert_eq!(f.array("lm_head.weight", &[1, 2]).unwrap(), vec![3.0; 2]);
     }
 
     #[test]

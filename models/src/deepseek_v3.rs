@@ -1,5 +1,8 @@
 //! DeepSeek-V3 (`DeepseekV3ForCausalLM`: DeepSeek V3, R1, V3.1, and Kimi K2,
-//! whose configs name the same architecture).
+//! whose configs name the same architecture; and the text model of Kimi
+//! K2.5's vision-language wrapper `KimiK25ForConditionalGeneration`, whose
+//! `config.json` holds it under `text_config` and whose checkpoint names it
+//! `language_model.*` — image input is not supported).
 //!
 //! Differs from its siblings (transformers `models/deepseek_v3/modeling_deepseek_v3.py`):
 //! - Every layer's mixer is multi-head latent attention ([`crate::mla`]),
@@ -20,11 +23,14 @@ use crate::config::{GroupRouting, MixerKind, MlaShape, ModelConfig, RawConfig};
 use crate::error::ModelError;
 use crate::family::Family;
 
-/// Parses a DeepSeek-V3 `config.json`.
+/// Parses a DeepSeek-V3 `config.json` (text model or Kimi K2.5's wrapper).
 pub fn parse(raw: &RawConfig) -> Result<ModelConfig, ModelError> {
+    let text = raw.text_config();
+    let raw = text.as_ref().unwrap_or(raw);
     let mut c = mla_base(raw, Family::DeepseekV3)?;
     c.rope_interleave = raw.bool_opt(&["rope_interleave"])?.unwrap_or(true);
     deepseek_moe(raw, &mut c, 3)?;
+    c.vision_ignored = text.is_some();
     Ok(c)
 }
 

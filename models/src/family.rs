@@ -89,6 +89,8 @@ impl Family {
     fn aliases(self) -> &'static [&'static str] {
         match self {
             Family::Qwen35Moe => &["Qwen3_5MoeForConditionalGeneration"],
+            // Kimi K2.5's vision-language wrapper around a DeepSeek-V3 text model.
+            Family::DeepseekV3 => &["KimiK25ForConditionalGeneration"],
             _ => &[],
         }
     }
@@ -121,7 +123,7 @@ impl Family {
             "llama" => Family::Llama,
             "qwen3_next" => Family::Qwen3Next,
             "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
-            "deepseek_v3" | "kimi_k2" => Family::DeepseekV3,
+            "deepseek_v3" | "kimi_k2" | "kimi_k25" => Family::DeepseekV3,
             "glm4_moe" => Family::Glm4Moe,
             "glm4_moe_lite" => Family::Glm4MoeLite,
             "minimax_m2" => Family::MiniMaxM2,

@@ -20,8 +20,9 @@
 //!   a wrong-sized `e_score_correction_bias`; for FP8, a scale grid of the
 //!   wrong shape, a missing one, a malformed `weight_block_size`.
 //!
-//! The sparse-attention fixtures (`deepseekv32`, `glmmoedsa`) join the
-//! bit-identity test too.
+//! The sparse-attention fixtures (`deepseekv32`, `glmmoedsa`) and Kimi
+//! K2.5's vision-language wrapper (`kimik25-vl`) join the bit-identity test
+//! too.
 //!
 //! The FP8 fixture (`deepseekv3-fp8`, DeepSeek-V3 as released: F8_E4M3
 //! matrices with `weight_scale_inv` blocks) joins the bit-identity test:
@@ -43,6 +44,8 @@ const FIXTURES: [&str; 5] = ["deepseekv3", "deepseekv3-noq", "glm4moe", "glm4moe
 const FP8: &str = "deepseekv3-fp8";
 /// DeepSeek Sparse Attention: DeepSeek-V3.2 and GLM-5 (shared selections).
 const DSA: [&str; 2] = ["deepseekv32", "glmmoedsa"];
+/// Kimi K2.5's vision-language wrapper around the deepseekv3 weights.
+const KIMI_VL: &str = "kimik25-vl";
 
 fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
     (
@@ -53,7 +56,7 @@ fn logits_and_ids(e: &Engine, r: &Reference) -> (Vec<u32>, Vec<u32>) {
 
 #[test]
 fn deepseek_lineage_is_bit_identical_on_any_worker_count_and_cache() {
-    for name in FIXTURES.into_iter().chain([FP8]).chain(DSA) {
+    for name in FIXTURES.into_iter().chain([FP8, KIMI_VL]).chain(DSA) {
         let dir = fixture(name);
         let r = Reference::load(name);
         let tmp = tempfile::tempdir().unwrap();
@@ -261,6 +264,17 @@ fn bad_configs_and_tensors_are_named() {
     });
     let err = load_err(&dir);
     assert!(err.contains("weight_block_size"), "{err}");
+
+    // Kimi K2.5 as released stores its experts as compressed-tensors int4.
+    let dir = edited_config(KIMI_VL, &tmp.path().join("m"), |v| {
+        v["quantization_config"] =
+            serde_json::json!({"quant_method": "compressed-tensors", "format": "pack-quantized"});
+    });
+    let err = load_err(&dir);
+    assert!(
+        err.contains("quantization_config.quant_method \"compressed-tensors\" is not supported"),
+        "{err}"
+    );
 
     // Sparse attention: a missing indexer tensor, indexer_types that do not
     // fit the layers, an unknown indexer type, an empty selection.

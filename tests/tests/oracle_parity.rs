@@ -329,6 +329,13 @@ fn minimax_m2() {
     check_family("minimax-m2");
 }
 
+/// Kimi K2.5's vision-language wrapper around the deepseekv3 weights: its
+/// text model runs (`language_model.*`; vision tensors ignored).
+#[test]
+fn kimik25_vl() {
+    check_family("kimik25-vl");
+}
+
 /// DeepSeek-V3.2: DeepSeek Sparse Attention, 44 of 56 rows attending to
 /// the indexer's 12 picks.
 #[test]
