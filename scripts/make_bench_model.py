@@ -179,6 +179,24 @@ def olmoe_shard_plan(layers):
     return shards
 
 
+def head_shard(vocab, norm_kind):
+    """The embedding, final norm (`norm_kind`: 'ones', or 'zeros' for zero-centred norms) and LM head."""
+    return [
+        ("model.embed_tokens.weight", [vocab, HIDDEN], "normal", 1.0),
+        ("model.norm.weight", [HIDDEN], norm_kind, 0.0),
+        ("lm_head.weight", [vocab, HIDDEN], "normal", HIDDEN**-0.5),
+    ]
+
+
+def swiglu(prefix, inter):
+    """`{prefix}{gate,up,down}_proj.weight` of one SwiGLU FFN of intermediate width `inter`."""
+    return [
+        (prefix + "gate_proj.weight", [inter, HIDDEN], "normal", HIDDEN**-0.5),
+        (prefix + "up_proj.weight", [inter, HIDDEN], "normal", HIDDEN**-0.5),
+        (prefix + "down_proj.weight", [HIDDEN, inter], "normal", inter**-0.5),
+    ]
+
+
 def qwen3next_config(layers):
     c = QN
     return {
@@ -228,16 +246,7 @@ def qwen3next_shard_plan(layers):
     c = QN
     total = layers + 1
     name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
-    shards = [
-        (
-            name(0),
-            [
-                ("model.embed_tokens.weight", [c["vocab"], HIDDEN], "normal", 1.0),
-                ("model.norm.weight", [HIDDEN], "zeros", 0.0),
-                ("lm_head.weight", [c["vocab"], HIDDEN], "normal", HIDDEN**-0.5),
-            ],
-        )
-    ]
+    shards = [(name(0), head_shard(c["vocab"], "zeros"))]
     kd, vd = c["k_heads"] * c["k_dim"], c["v_heads"] * c["v_dim"]
     for layer in range(layers):
         p = f"model.layers.{layer}."
@@ -268,19 +277,9 @@ def qwen3next_shard_plan(layers):
             ]
         t.append((p + "mlp.gate.weight", [c["experts"], HIDDEN], "normal", HIDDEN**-0.5))
         for e in range(c["experts"]):
-            q = f"{p}mlp.experts.{e}."
-            t += [
-                (q + "gate_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                (q + "up_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                (q + "down_proj.weight", [HIDDEN, c["moe_inter"]], "normal", c["moe_inter"] ** -0.5),
-            ]
-        q = p + "mlp.shared_expert."
-        t += [
-            (q + "gate_proj.weight", [c["shared_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-            (q + "up_proj.weight", [c["shared_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-            (q + "down_proj.weight", [HIDDEN, c["shared_inter"]], "normal", c["shared_inter"] ** -0.5),
-            (p + "mlp.shared_expert_gate.weight", [1, HIDDEN], "normal", HIDDEN**-0.5),
-        ]
+            t += swiglu(f"{p}mlp.experts.{e}.", c["moe_inter"])
+        t += swiglu(p + "mlp.shared_expert.", c["shared_inter"])
+        t.append((p + "mlp.shared_expert_gate.weight", [1, HIDDEN], "normal", HIDDEN**-0.5))
         shards.append((name(layer + 1), t))
     return shards
 
@@ -331,16 +330,7 @@ def glm4moelite_shard_plan(layers):
     c = GL
     total = layers + 1
     name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
-    shards = [
-        (
-            name(0),
-            [
-                ("model.embed_tokens.weight", [c["vocab"], HIDDEN], "normal", 1.0),
-                ("model.norm.weight", [HIDDEN], "ones", 0.0),
-                ("lm_head.weight", [c["vocab"], HIDDEN], "normal", HIDDEN**-0.5),
-            ],
-        )
-    ]
+    shards = [(name(0), head_shard(c["vocab"], "ones"))]
     qk = c["nope"] + c["rope"]
     for layer in range(layers):
         p = f"model.layers.{layer}."
@@ -358,29 +348,15 @@ def glm4moelite_shard_plan(layers):
             (a + "o_proj.weight", [HIDDEN, c["heads"] * c["v_dim"]], "normal", (c["heads"] * c["v_dim"]) ** -0.5),
         ]
         if layer == 0:
-            t += [
-                (p + "mlp.gate_proj.weight", [c["dense_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                (p + "mlp.up_proj.weight", [c["dense_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                (p + "mlp.down_proj.weight", [HIDDEN, c["dense_inter"]], "normal", c["dense_inter"] ** -0.5),
-            ]
+            t += swiglu(p + "mlp.", c["dense_inter"])
         else:
             t += [
                 (p + "mlp.gate.weight", [c["experts"], HIDDEN], "normal", HIDDEN**-0.5),
                 (p + "mlp.gate.e_score_correction_bias", [c["experts"]], "zeros", 0.0),
             ]
             for e in range(c["experts"]):
-                q = f"{p}mlp.experts.{e}."
-                t += [
-                    (q + "gate_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                    (q + "up_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                    (q + "down_proj.weight", [HIDDEN, c["moe_inter"]], "normal", c["moe_inter"] ** -0.5),
-                ]
-            q = p + "mlp.shared_experts."
-            t += [
-                (q + "gate_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                (q + "up_proj.weight", [c["moe_inter"], HIDDEN], "normal", HIDDEN**-0.5),
-                (q + "down_proj.weight", [HIDDEN, c["moe_inter"]], "normal", c["moe_inter"] ** -0.5),
-            ]
+                t += swiglu(f"{p}mlp.experts.{e}.", c["moe_inter"])
+            t += swiglu(p + "mlp.shared_experts.", c["moe_inter"])
         shards.append((name(layer + 1), t))
     return shards
 
