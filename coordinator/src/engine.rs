@@ -9,7 +9,9 @@ use charm_common::container::{is_container, Manifest, Quant};
 use charm_common::TensorFiles;
 use charm_models::attention::AttentionTimes;
 use charm_models::gguf::GgufModel;
-use charm_models::{ExpertError, ExpertService, ExpertStats, KvCache, KvDtype, Model, ModelConfig, ModelError};
+use charm_models::{
+    ExpertError, ExpertService, ExpertStats, KvCache, KvDtype, Model, ModelConfig, ModelError, StepState,
+};
 use charm_worker::io::{Backend, ReaderOptions};
 use charm_worker::sysmem;
 use charm_worker::{DiskStore, InProcessWorker, ResidentStore, StoreOptions};
@@ -284,23 +286,91 @@ impl Engine {
         all_logits: bool,
         prof: &mut PhaseTimes,
     ) -> Result<Vec<f32>, ModelError> {
-        let start = cache.len();
-        if start + tokens.len() > self.model.cfg.max_position_embeddings {
-            return Err(ModelError::BadInput(format!(
-                "{} tokens exceed the model's context of {}",
-                start + tokens.len(),
-                self.model.cfg.max_position_embeddings
-            )));
+        let mut st = self.begin_step(&[(tokens, &*cache)])?;
+        self.run_layers(&mut st, &mut [cache], prof)?;
+        let t = Instant::now();
+        let from = if all_logits { 0 } else { st.len() - 1 };
+        let logits = self.model.logits(&st, from);
+        prof.head_ms += t.elapsed().as_secs_f64() * 1e3;
+        Ok(logits)
+    }
+
+    /// One step over several sequences: each `(tokens, cache)` continues
+    /// its own cache (a prefill chunk, or one decode token), and every
+    /// layer's routed experts run once for the union of all the rows
+    /// (in-process or on the workers). Returns each sequence's logits for
+    /// its last row, in order. A sequence's bits are the ones it gets alone
+    /// ([`Engine::forward`]), whichever others share the step. Adds each
+    /// phase's time to `prof`.
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [(&[u32], &mut KvCache)],
+        prof: &mut PhaseTimes,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        if self.experts.computes_in_process() {
+            charm_common::warm::run_warm(|| self.forward_batch_in_pool(seqs, prof))
+        } else {
+            rayon::scope(|_| self.forward_batch_in_pool(seqs, prof))
         }
+    }
+
+    fn forward_batch_in_pool(
+        &self,
+        seqs: &mut [(&[u32], &mut KvCache)],
+        prof: &mut PhaseTimes,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let parts: Vec<(&[u32], &KvCache)> = seqs.iter().map(|(t, c)| (*t, &**c)).collect();
+        let mut st = self.begin_step(&parts)?;
+        let mut caches: Vec<&mut KvCache> = seqs.iter_mut().map(|(_, c)| &mut **c).collect();
+        self.run_layers(&mut st, &mut caches, prof)?;
+        let t = Instant::now();
+        let last: Vec<usize> = st.seqs().iter().map(|r| r.end - 1).collect();
+        let v = self.model.cfg.vocab_size;
+        let logits = self
+            .model
+            .logits_of(&st, &last)
+            .chunks_exact(v)
+            .map(<[f32]>::to_vec)
+            .collect();
+        prof.head_ms += t.elapsed().as_secs_f64() * 1e3;
+        Ok(logits)
+    }
+
+    /// Embeds each `(tokens, cache)`'s rows after what its cache holds,
+    /// refusing a sequence that would pass the model's context.
+    fn begin_step(&self, parts: &[(&[u32], &KvCache)]) -> Result<StepState, ModelError> {
+        let ctx = self.model.cfg.max_position_embeddings;
+        let mut starts = Vec::with_capacity(parts.len());
+        for (tokens, cache) in parts {
+            let start = cache.len();
+            if start + tokens.len() > ctx {
+                return Err(ModelError::BadInput(format!(
+                    "{} tokens exceed the model's context of {ctx}",
+                    start + tokens.len()
+                )));
+            }
+            starts.push((*tokens, start));
+        }
+        self.model.begin_many(&starts)
+    }
+
+    /// Every layer of a step: each sequence's attention through its cache,
+    /// then the router, the batch-union's experts and their combination
+    /// over all rows.
+    fn run_layers(
+        &self,
+        st: &mut StepState,
+        caches: &mut [&mut KvCache],
+        prof: &mut PhaseTimes,
+    ) -> Result<(), ModelError> {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
-        let mut st = self.model.begin(tokens, start)?;
         for layer in 0..self.model.cfg.num_layers {
             let t = Instant::now();
             self.model
-                .attend_timed(layer, &mut st, cache, &mut prof.attention_parts);
+                .attend_many_timed(layer, st, caches, &mut prof.attention_parts);
             prof.attention_ms += ms(t);
             let t = Instant::now();
-            let batch = self.model.route(layer, &mut st);
+            let batch = self.model.route(layer, st);
             prof.routing_ms += ms(t);
             if let Some(mut batch) = batch {
                 let t = Instant::now();
@@ -317,15 +387,11 @@ impl Engine {
                 let out = self.experts.run(&batch)?;
                 prof.experts_ms += ms(t);
                 let t = Instant::now();
-                self.model.post_experts(layer, &mut st, &batch, &out)?;
+                self.model.post_experts(layer, st, &batch, &out)?;
                 prof.combine_ms += ms(t);
             }
         }
-        let t = Instant::now();
-        let from = if all_logits { 0 } else { st.len() - 1 };
-        let logits = self.model.logits(&st, from);
-        prof.head_ms += ms(t);
-        Ok(logits)
+        Ok(())
     }
 
     /// Logits at every position of `tokens` from an empty cache, prefilled in

@@ -1,6 +1,8 @@
 //! The decoder every supported family shares, stepped layer by layer.
 //!
-//! A step is a list of rows (tokens) with their positions. For each layer
+//! A step is a list of rows (tokens) with their positions, from one
+//! sequence or several ([`Model::begin_many`]: each sequence's rows are
+//! consecutive and attend through its own cache). For each layer
 //! the engine calls [`Model::pre_experts`] (attention, norm, router; dense
 //! MLP layers finish here) and, when it returns a batch, hands that batch
 //! to an [`crate::ExpertService`] and gives the outputs back to
@@ -68,6 +70,9 @@ enum Mlp {
 /// The rows of one step as they move through the layers.
 pub struct StepState {
     positions: Vec<usize>,
+    /// Each sequence's rows (consecutive, in the order of the caches the
+    /// step attends through).
+    seqs: Vec<std::ops::Range<usize>>,
     /// Residual stream, `n × hidden`.
     hidden: Vec<f32>,
     /// Gated shared-expert output of the current MoE layer, `n × hidden`.
@@ -83,6 +88,11 @@ impl StepState {
     /// Whether the step has no rows.
     pub fn is_empty(&self) -> bool {
         self.positions.is_empty()
+    }
+
+    /// Each sequence's rows in the step.
+    pub fn seqs(&self) -> &[std::ops::Range<usize>] {
+        &self.seqs
     }
 }
 
@@ -200,19 +210,46 @@ impl Model {
 
     /// Embeds `tokens` at positions `start..start + tokens.len()`.
     pub fn begin(&self, tokens: &[u32], start: usize) -> Result<StepState, ModelError> {
+        self.begin_many(&[(tokens, start)])
+    }
+
+    /// Embeds several sequences' rows into one step: each `(tokens, start)`
+    /// at positions `start..start + tokens.len()` of its own sequence. The
+    /// layers then attend each sequence through its own cache (the caches
+    /// handed to [`Model::attend_many_timed`], in this order) and run
+    /// everything else, the routed experts' batch-union included, over all
+    /// rows at once. Every kernel is row-independent and every row combines
+    /// its experts in one order, so a sequence's bits do not depend on which
+    /// others share its steps.
+    pub fn begin_many(&self, parts: &[(&[u32], usize)]) -> Result<StepState, ModelError> {
         let h = self.cfg.hidden_size;
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(ModelError::BadInput(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.cfg.vocab_size
-            )));
-        }
-        let mut hidden = vec![0.0; tokens.len() * h];
-        for (row, &t) in hidden.chunks_exact_mut(h).zip(tokens) {
-            self.embed.row_into(t as usize, row);
+        let rows: usize = parts.iter().map(|(t, _)| t.len()).sum();
+        let (mut positions, mut seqs) = (Vec::with_capacity(rows), Vec::with_capacity(parts.len()));
+        let mut hidden = vec![0.0; rows * h];
+        let mut row = 0;
+        for &(tokens, start) in parts {
+            if tokens.is_empty() {
+                return Err(ModelError::BadInput("a sequence in the step has no tokens".into()));
+            }
+            if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+                return Err(ModelError::BadInput(format!(
+                    "token id {bad} is outside the vocabulary (size {})",
+                    self.cfg.vocab_size
+                )));
+            }
+            for (r, &t) in hidden[row * h..(row + tokens.len()) * h]
+                .chunks_exact_mut(h)
+                .zip(tokens)
+            {
+                self.embed.row_into(t as usize, r);
+            }
+            positions.extend(start..start + tokens.len());
+            seqs.push(row..row + tokens.len());
+            row += tokens.len();
         }
         Ok(StepState {
-            positions: (start..start + tokens.len()).collect(),
+            positions,
+            seqs,
             hidden,
             shared_out: None,
         })
@@ -233,15 +270,55 @@ impl Model {
 
     /// [`Model::attend`], adding the time of attention's parts to `times`.
     pub fn attend_timed(&self, layer: usize, st: &mut StepState, cache: &mut KvCache, times: &mut AttentionTimes) {
-        let (h, n) = (self.cfg.hidden_size, st.len());
+        self.attend_many_timed(layer, st, &mut [cache], times)
+    }
+
+    /// The attention sublayer of `layer` for a step of several sequences
+    /// ([`Model::begin_many`]): each sequence's rows through its cache in
+    /// `caches`, one after the other.
+    ///
+    /// # Panics
+    /// If `caches` does not hold one cache per sequence of the step.
+    pub fn attend_many_timed(
+        &self,
+        layer: usize,
+        st: &mut StepState,
+        caches: &mut [&mut KvCache],
+        times: &mut AttentionTimes,
+    ) {
+        assert_eq!(caches.len(), st.seqs.len(), "one cache per sequence of the step");
+        let h = self.cfg.hidden_size;
         let l = &self.layers[layer];
         // hidden_states = residual + self_attn(input_layernorm(hidden_states))
         let mut xs = st.hidden.clone();
         rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
-        let mut attn_out = vec![0.0; n * h];
+        let mut attn_out = vec![0.0; st.len() * h];
+        for (rows, cache) in st.seqs.iter().zip(caches.iter_mut()) {
+            let (xs, out) = (
+                &xs[rows.start * h..rows.end * h],
+                &mut attn_out[rows.start * h..rows.end * h],
+            );
+            self.mix(layer, xs, &st.positions[rows.clone()], cache, out, times);
+        }
+        add_into(&mut st.hidden, &attn_out);
+    }
+
+    /// `layer`'s mixer over one sequence's normed rows `xs` at `positions`,
+    /// through its `cache`, into `attn_out`.
+    fn mix(
+        &self,
+        layer: usize,
+        xs: &[f32],
+        positions: &[usize],
+        cache: &mut KvCache,
+        attn_out: &mut [f32],
+        times: &mut AttentionTimes,
+    ) {
+        let n = positions.len();
+        let l = &self.layers[layer];
         match (&l.mixer, &mut cache.layers[layer]) {
             (Mixer::Attention(a), LayerCache::Kv(kv)) => {
-                a.forward_timed(&xs, &st.positions, &self.rope, kv, &mut attn_out, times)
+                a.forward_timed(xs, positions, &self.rope, kv, attn_out, times)
             }
             (Mixer::Mla(m), LayerCache::Latent(_)) => {
                 // A layer that shares an earlier layer's sparse-attention selection reads it from that layer's cache.
@@ -254,15 +331,14 @@ impl Model {
                     Some(LayerCache::Latent(c)) if source < layer => Some(c.selection()),
                     _ => None,
                 };
-                m.forward_timed(&xs, &st.positions, &self.rope, own, shared, &mut attn_out, times)
+                m.forward_timed(xs, positions, &self.rope, own, shared, attn_out, times)
             }
             (Mixer::GatedDeltaNet(d), LayerCache::Recurrent(state)) => {
-                debug_assert_eq!(state.len(), st.positions[0], "positions must continue the state");
-                d.forward_timed(&xs, n, state, &mut attn_out, times);
+                debug_assert_eq!(state.len(), positions[0], "positions must continue the state");
+                d.forward_timed(xs, n, state, attn_out, times);
             }
             _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
         }
-        add_into(&mut st.hidden, &attn_out);
     }
 
     /// The MLP half of `layer` up to the experts (second half of
@@ -354,9 +430,19 @@ impl Model {
     /// only during generation; every row for teacher forcing).
     /// Returns `(rows - from) × vocab` logits.
     pub fn logits(&self, st: &StepState, from: usize) -> Vec<f32> {
+        let rows: Vec<usize> = (from..st.len()).collect();
+        self.logits_of(st, &rows)
+    }
+
+    /// Final norm and LM head for the step's `rows` (say, each sequence's
+    /// last). Returns `rows.len() × vocab` logits, in that order.
+    pub fn logits_of(&self, st: &StepState, rows: &[usize]) -> Vec<f32> {
         let h = self.cfg.hidden_size;
-        let n = st.len() - from;
-        let mut xs = st.hidden[from * h..].to_vec();
+        let n = rows.len();
+        let mut xs: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| st.hidden[r * h..(r + 1) * h].iter().copied())
+            .collect();
         rms_norm_rows(&mut xs, &self.norm, self.cfg.rms_norm_eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
         let mut out = vec![0.0; n * self.cfg.vocab_size];
