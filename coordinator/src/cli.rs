@@ -169,13 +169,21 @@ pub struct SamplingArgs {
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     /// Prompt text.
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(long, conflicts_with = "prompt_ids", required_unless_present_any = ["prompt_ids", "batch_file"])]
     pub prompt: Option<String>,
     /// Prompt as comma-separated token ids.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with = "batch_file")]
     pub prompt_ids: Option<Vec<u32>>,
-    /// Wrap --prompt as one user message through the model's chat template.
-    #[arg(long, requires = "prompt")]
+    /// Generate for every line of FILE at once (one prompt per non-empty
+    /// line; comma-separated token ids with --batch-ids), stepped together
+    /// so each layer's routed experts run once for all of them.
+    #[arg(long, conflicts_with = "prompt")]
+    pub batch_file: Option<PathBuf>,
+    /// The lines of --batch-file are comma-separated token ids.
+    #[arg(long, requires = "batch_file")]
+    pub batch_ids: bool,
+    /// Wrap each prompt as one user message through the model's chat template.
+    #[arg(long)]
     pub chat: bool,
     /// System message for --chat.
     #[arg(long, requires = "chat")]
@@ -379,25 +387,44 @@ fn params(s: &SamplingArgs) -> Result<GenerateParams> {
     })
 }
 
+/// `text` as prompt ids: through the chat template as one user message
+/// (after `system`) when `chat`.
+fn encode_prompt(codec: &TextCodec, text: &str, chat: bool, system: Option<&str>) -> Result<Vec<u32>> {
+    if !chat {
+        return Ok(codec.encode(text)?);
+    }
+    let mut msgs = Vec::new();
+    if let Some(sys) = system {
+        msgs.push(Message::new("system", sys));
+    }
+    msgs.push(Message::new("user", text));
+    Ok(codec.encode_chat(&msgs, true, &[])?)
+}
+
 fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Result<()> {
     let params = params(&args.sampling)?;
+    let needs_text = args.prompt.is_some() || (args.batch_file.is_some() && !args.batch_ids);
+    if args.chat && !needs_text {
+        bail!("--chat needs text prompts (--prompt, or --batch-file without --batch-ids)");
+    }
     // The tokenizer is optional when ids go in: a model without one prints ids.
-    let codec = match (&args.prompt, TextCodec::for_model(dir)) {
-        (Some(_), Err(e)) => return Err(e.into()),
-        (_, Ok(c)) => Some(c),
-        (None, Err(crate::text::TextError::NoTokenizer { .. })) => None,
-        (None, Err(e)) => return Err(e.into()),
-    };
-    let prompt_ids: Vec<u32> = match (&args.prompt, &args.prompt_ids, &codec) {
-        (Some(text), _, Some(codec)) if args.chat => {
-            let mut msgs = Vec::new();
-            if let Some(sys) = &args.system {
-                msgs.push(Message::new("system", sys));
-            }
-            msgs.push(Message::new("user", text));
-            codec.encode_chat(&msgs, true, &[])?
+    let codec = match (needs_text, TextCodec::for_model(dir)) {
+        (true, Err(crate::text::TextError::NoTokenizer { .. })) if args.batch_file.is_some() => {
+            bail!(
+                "{} has no tokenizer: give the prompts as token ids (--batch-ids)",
+                dir.display()
+            )
         }
-        (Some(text), _, Some(codec)) => codec.encode(text)?,
+        (true, Err(e)) => return Err(e.into()),
+        (_, Ok(c)) => Some(c),
+        (false, Err(crate::text::TextError::NoTokenizer { .. })) => None,
+        (false, Err(e)) => return Err(e.into()),
+    };
+    if let Some(file) = &args.batch_file {
+        return generate_batch(engine, codec.as_ref(), file, &args, &params);
+    }
+    let prompt_ids: Vec<u32> = match (&args.prompt, &args.prompt_ids, &codec) {
+        (Some(text), _, Some(codec)) => encode_prompt(codec, text, args.chat, args.system.as_deref())?,
         (None, Some(ids), _) => ids.clone(),
         _ => bail!("give --prompt TEXT or --prompt-ids 1,2,3"),
     };
@@ -449,6 +476,111 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
     } else {
         writeln!(stdout)?;
         eprintln!("{}", summary(&gen.stats));
+    }
+    Ok(())
+}
+
+/// The `--json` output of `generate --batch-file`.
+#[derive(Serialize)]
+struct BatchJson {
+    sequences: Vec<BatchSeqJson>,
+    seed: u64,
+    stats: BatchStatsJson,
+}
+
+#[derive(Serialize)]
+struct BatchSeqJson {
+    prompt_ids: Vec<u32>,
+    ids: Vec<u32>,
+    text: String,
+    finish_reason: FinishReason,
+}
+
+#[derive(Serialize)]
+struct BatchStatsJson {
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    steps: usize,
+    wall_ms: f64,
+    tok_s: f64,
+    #[serde(flatten)]
+    experts: charm_models::ExpertStats,
+    profile: crate::engine::PhaseTimes,
+}
+
+/// `generate --batch-file`: every prompt of the file at once.
+fn generate_batch(
+    engine: &Engine,
+    codec: Option<&TextCodec>,
+    file: &std::path::Path,
+    args: &GenerateArgs,
+    params: &GenerateParams,
+) -> Result<()> {
+    let body = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let mut prompts = Vec::new();
+    for (n, line) in body.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let ids = match codec {
+            Some(c) if !args.batch_ids => encode_prompt(c, line, args.chat, args.system.as_deref())?,
+            _ => line
+                .split(',')
+                .map(|t| t.trim().parse::<u32>())
+                .collect::<Result<Vec<u32>, _>>()
+                .with_context(|| format!("{} line {}: not comma-separated token ids", file.display(), n + 1))?,
+        };
+        if ids.is_empty() {
+            bail!("{} line {}: the prompt has no tokens", file.display(), n + 1);
+        }
+        prompts.push(ids);
+    }
+    if prompts.is_empty() {
+        bail!("{} holds no prompt", file.display());
+    }
+    let batch = engine.generate_batch(&prompts, params)?;
+    let text = |ids: &[u32]| -> Result<String> {
+        Ok(match codec {
+            Some(c) => c.decode(ids, true)?,
+            None => ids.iter().map(|i| format!("{i} ")).collect(),
+        })
+    };
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        let mut sequences = Vec::with_capacity(prompts.len());
+        for (prompt, (ids, finish)) in prompts.iter().zip(&batch.sequences) {
+            sequences.push(BatchSeqJson {
+                prompt_ids: prompt.clone(),
+                text: if codec.is_some() { text(ids)? } else { String::new() },
+                ids: ids.clone(),
+                finish_reason: *finish,
+            });
+        }
+        let out = BatchJson {
+            sequences,
+            seed: params.sampling.seed,
+            stats: BatchStatsJson {
+                prompt_tokens: batch.prompt_tokens,
+                generated_tokens: batch.generated_tokens,
+                steps: batch.steps,
+                wall_ms: batch.wall_ms,
+                tok_s: batch.tok_s,
+                experts: batch.experts.clone(),
+                profile: batch.profile.clone(),
+            },
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    } else {
+        for (i, (ids, finish)) in batch.sequences.iter().enumerate() {
+            writeln!(stdout, "--- {} ({finish:?})\n{}", i + 1, text(ids)?)?;
+        }
+        eprintln!(
+            "[{} prompts: {} prompt tokens, {} generated in {} steps, {:.0} ms; {:.1} tok/s together; {:.1} MiB of experts read]",
+            prompts.len(),
+            batch.prompt_tokens,
+            batch.generated_tokens,
+            batch.steps,
+            batch.wall_ms,
+            batch.tok_s,
+            batch.experts.expert_bytes_read as f64 / (1 << 20) as f64
+        );
     }
     Ok(())
 }

@@ -504,6 +504,122 @@ impl Engine {
     }
 }
 
+/// What [`Engine::generate_batch`] produced: each sequence's ids and why it
+/// ended, and the counts and timings of the whole batch.
+#[derive(Clone, Debug)]
+pub struct BatchGeneration {
+    /// Per sequence, in the order of the prompts.
+    pub sequences: Vec<(Vec<u32>, FinishReason)>,
+    /// Prompt tokens of every sequence; generated ones in `generated_tokens`.
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Steps the batch took (each one pass through the layers).
+    pub steps: usize,
+    /// Wall time of the whole batch.
+    pub wall_ms: f64,
+    /// Generated tokens of every sequence per second of wall time.
+    pub tok_s: f64,
+    /// Expert store counters of the batch (bytes read from disk, hits…).
+    pub experts: ExpertStats,
+    pub profile: PhaseTimes,
+}
+
+impl Engine {
+    /// Generates after each of `prompts` at once: every step holds one
+    /// piece of each unfinished sequence (its next prefill chunk of
+    /// [`Engine::prefill_chunk`] tokens, or its last sampled token), so one
+    /// sequence's prefill runs beside others' decoding, and each layer's
+    /// routed experts are read and run once for the union of all the rows.
+    /// Each sequence samples with its own [`Sampler`] from `params`, and its
+    /// ids are the ones [`Engine::generate`] gives it alone.
+    pub fn generate_batch(&self, prompts: &[Vec<u32>], params: &GenerateParams) -> Result<BatchGeneration, ModelError> {
+        if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+            return Err(ModelError::BadInput("every prompt of the batch needs a token".into()));
+        }
+        params.sampling.validate().map_err(ModelError::BadInput)?;
+        let cfg = &self.model.cfg;
+        let t0 = Instant::now();
+        let before = self.experts.stats();
+        let chunk = self.prefill_chunk.max(1);
+        struct Seq {
+            cache: KvCache,
+            sampler: Sampler,
+            /// Prompt tokens not yet run.
+            fed: usize,
+            ids: Vec<u32>,
+            done: Option<FinishReason>,
+        }
+        let mut seqs: Vec<Seq> = prompts
+            .iter()
+            .map(|_| Seq {
+                cache: self.model.new_cache(),
+                sampler: Sampler::new(params.sampling.clone()),
+                fed: 0,
+                ids: Vec::new(),
+                done: (params.max_tokens == 0).then_some(FinishReason::Length),
+            })
+            .collect();
+        let (mut prof, mut steps) = (PhaseTimes::default(), 0);
+        while seqs.iter().any(|s| s.done.is_none()) {
+            // Each unfinished sequence's piece of this step.
+            let pieces: Vec<(usize, Vec<u32>)> = seqs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.done.is_none())
+                .map(|(i, s)| match prompts[i].len() - s.fed {
+                    0 => (i, vec![*s.ids.last().expect("a sequence past its prompt has sampled")]),
+                    left => (i, prompts[i][s.fed..s.fed + left.min(chunk)].to_vec()),
+                })
+                .collect();
+            let mut batch: Vec<(&[u32], &mut KvCache)> = Vec::with_capacity(pieces.len());
+            let mut rest = seqs.iter_mut().enumerate();
+            for (i, piece) in &pieces {
+                let s = rest
+                    .find(|(j, _)| j == i)
+                    .map(|(_, s)| s)
+                    .expect("pieces follow the sequences");
+                batch.push((piece.as_slice(), &mut s.cache));
+            }
+            let logits = self.forward_batch(&mut batch, &mut prof)?;
+            steps += 1;
+            for ((i, piece), logits) in pieces.iter().zip(logits) {
+                let s = &mut seqs[*i];
+                if s.fed < prompts[*i].len() {
+                    s.fed += piece.len();
+                    if s.fed < prompts[*i].len() {
+                        continue;
+                    }
+                }
+                let t = Instant::now();
+                let next = s.sampler.sample(&logits);
+                prof.sample_ms += t.elapsed().as_secs_f64() * 1e3;
+                s.ids.push(next);
+                if !params.ignore_eos && cfg.eos_token_ids.contains(&next) {
+                    s.done = Some(FinishReason::Stop);
+                } else if s.ids.len() >= params.max_tokens || s.cache.len() >= cfg.max_position_embeddings {
+                    s.done = Some(FinishReason::Length);
+                }
+            }
+        }
+        self.experts.end_request();
+        let wall_s = t0.elapsed().as_secs_f64();
+        let generated = seqs.iter().map(|s| s.ids.len()).sum();
+        Ok(BatchGeneration {
+            prompt_tokens: prompts.iter().map(Vec::len).sum(),
+            generated_tokens: generated,
+            steps,
+            wall_ms: wall_s * 1e3,
+            tok_s: rate(generated, wall_s),
+            experts: self.experts.stats().since(&before),
+            profile: prof,
+            sequences: seqs
+                .into_iter()
+                .map(|s| (s.ids, s.done.unwrap_or(FinishReason::Length)))
+                .collect(),
+        })
+    }
+}
+
 /// Whether `path` is a GGUF file (by its magic bytes).
 pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;

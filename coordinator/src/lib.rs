@@ -36,8 +36,8 @@ pub mod text;
 pub mod upcycle;
 
 pub use engine::{
-    Engine, EngineOptions, FinishReason, GenStats, GenerateParams, Generation, LoadInfo, PhaseTimes, Session,
-    StepObserver,
+    BatchGeneration, Engine, EngineOptions, FinishReason, GenStats, GenerateParams, Generation, LoadInfo, PhaseTimes,
+    Session, StepObserver,
 };
 pub use sampler::{Sampler, SamplingParams};
 pub use text::TextCodec;

@@ -576,3 +576,57 @@ fn convert_refuses_bad_requests_clearly() {
     let o = coordinator(&out, &["--expert-cache-gb=-1", "generate", "--prompt-ids", "1"]);
     assert_clean_failure(&o, &["--expert-cache-gb"]);
 }
+
+/// `generate --batch-file`: every line's prompt at once, each getting the
+/// reference ids it gets alone; a bad line is one clear error naming it.
+#[test]
+fn batch_file_generates_every_prompt_with_its_own_ids() {
+    let r = reference("olmoe");
+    let prompt = ids(&r["prompt_ids"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("prompts.txt");
+    // The reference prompt, a shorter one, and a blank line (skipped).
+    std::fs::write(&file, format!("{}\n\n{}\n", csv(&prompt), csv(&prompt[2..6]))).unwrap();
+    let f = file.to_str().unwrap();
+    let args = [
+        "generate",
+        "--batch-file",
+        f,
+        "--batch-ids",
+        "--max-tokens",
+        "16",
+        "--ignore-eos",
+        "--json",
+    ];
+    let v = json_run(&fixture("olmoe"), &args);
+    let seqs = v["sequences"].as_array().unwrap();
+    assert_eq!(seqs.len(), 2);
+    assert_eq!(ids(&seqs[0]["prompt_ids"]), prompt);
+    assert_eq!(ids(&seqs[0]["ids"]), ids(&r["greedy_ids"]));
+    assert_eq!(seqs[0]["finish_reason"], "length");
+    let alone = json_run(
+        &fixture("olmoe"),
+        &[
+            "generate",
+            "--prompt-ids",
+            &csv(&prompt[2..6]),
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ],
+    );
+    assert_eq!(seqs[1]["ids"], alone["ids"]);
+    let s = &v["stats"];
+    assert_eq!(s["generated_tokens"], 32);
+    assert_eq!(s["prompt_tokens"], prompt.len() + 4);
+    assert!(s["tok_s"].as_f64().unwrap() > 0.0);
+    assert!(s["expert_hits"].as_u64().unwrap() > 0);
+
+    std::fs::write(&file, "1,2\n3,x\n").unwrap();
+    let out = coordinator(&fixture("olmoe"), &args);
+    assert_clean_failure(&out, &["line 2", "token ids"]);
+    // Text lines need the model's tokenizer (the fixture has none).
+    let out = coordinator(&fixture("olmoe"), &["generate", "--batch-file", f]);
+    assert_clean_failure(&out, &["no tokenizer", "--batch-ids"]);
+}

@@ -4,12 +4,13 @@
 //! token), for every cache kind (attention KV, gated DeltaNet state, MLA
 //! latents with sparse attention and GLM-5's shared selections), on
 //! `--local` and on two workers. Real `worker` processes on 127.0.0.1.
+//! [`Engine::generate_batch`] gives every prompt the ids it gets alone.
 
 mod cluster_support;
 
 use std::time::Duration;
 
-use charm_coordinator::{Engine, PhaseTimes};
+use charm_coordinator::{Engine, FinishReason, GenerateParams, PhaseTimes, SamplingParams};
 use charm_models::KvCache;
 use charm_tests::{fixture, Reference};
 use cluster_support::*;
@@ -141,4 +142,58 @@ fn a_step_refuses_an_empty_sequence() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("no tokens"), "{err}");
+}
+
+/// `generate_batch` over prompts of different lengths, prefilled in chunks
+/// of 5 beside the others' decoding, gives each prompt the ids `generate`
+/// gives it alone, greedy and sampled.
+#[test]
+fn generate_batch_gives_each_prompt_its_solo_ids() {
+    for name in ["olmoe", "qwen3next", "deepseekv32"] {
+        let r = Reference::load(name);
+        let mut e = Engine::local(&fixture(name)).unwrap();
+        e.prefill_chunk = 5;
+        let p = &r.prompt_ids;
+        let prompts = vec![p.clone(), p[3..].to_vec(), p[..4].to_vec(), p[1..p.len() / 2].to_vec()];
+        for sampling in [
+            SamplingParams::default(),
+            SamplingParams {
+                temperature: 0.8,
+                seed: 7,
+                ..SamplingParams::default()
+            },
+        ] {
+            let params = GenerateParams {
+                max_tokens: 9,
+                sampling,
+                ignore_eos: true,
+            };
+            let batch = e.generate_batch(&prompts, &params).unwrap();
+            assert_eq!(batch.sequences.len(), prompts.len());
+            assert_eq!(batch.generated_tokens, 9 * prompts.len());
+            assert_eq!(batch.prompt_tokens, prompts.iter().map(Vec::len).sum::<usize>());
+            for (prompt, (ids, finish)) in prompts.iter().zip(&batch.sequences) {
+                let solo = e.generate(&mut e.session(), prompt, &params, |_| true).unwrap();
+                assert_eq!(ids, &solo.ids, "{name}: batched ids of a {}-token prompt", prompt.len());
+                assert_eq!(*finish, FinishReason::Length);
+            }
+            // The longest prompt's prefill steps and the decode steps: the
+            // shorter prompts decoded while it was still prefilling.
+            assert_eq!(batch.steps, p.len().div_ceil(5) + 8, "{name}: steps");
+        }
+    }
+}
+
+#[test]
+fn generate_batch_refuses_an_empty_prompt() {
+    let e = Engine::local(&fixture("olmoe")).unwrap();
+    let params = GenerateParams {
+        max_tokens: 2,
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+    };
+    for prompts in [vec![], vec![vec![1, 2], vec![]]] {
+        let err = e.generate_batch(&prompts, &params).unwrap_err();
+        assert!(err.to_string().contains("needs a token"), "{err}");
+    }
 }

@@ -199,12 +199,15 @@ fn strangers_get_nothing_before_the_key_proof() {
         match c {
             Some(quinn::ConnectionError::ApplicationClosed(a)) => {
                 let code = a.error_code.into_inner() as u32;
-                let want = if *pushed {
-                    ErrorKind::Malformed
+                // A stranger that pushed bytes is closed for them (not a
+                // proof), or, when the worker's machine is loaded enough that
+                // its 2 s proof window ends first, for the missing proof.
+                let want: &[ErrorKind] = if *pushed {
+                    &[ErrorKind::Malformed, ErrorKind::Timeout]
                 } else {
-                    ErrorKind::Timeout
+                    &[ErrorKind::Timeout]
                 };
-                assert_eq!(code, want.code(), "{a:?}");
+                assert!(want.iter().any(|k| k.code() == code), "{a:?}");
             }
             other => panic!("a stranger was not closed for its missing proof: {other:?}"),
         }
