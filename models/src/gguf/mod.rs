@@ -2,8 +2,10 @@
 //! [`WeightSource`] that maps Hugging Face names onto llama.cpp's.
 //!
 //! Architectures as llama.cpp names them: `llama` (dense, or Mixtral when
-//! it has experts), `olmoe`, `qwen3moe`, `qwen2moe`, and the gated-DeltaNet
-//! hybrids `qwen3next` (Qwen3-Next) and `qwen35moe` (Qwen3.5 MoE). Stacked
+//! it has experts), `olmoe`, `qwen3moe`, `qwen2moe`, the gated-DeltaNet
+//! hybrids `qwen3next` (Qwen3-Next) and `qwen35moe` (Qwen3.5 MoE), and the
+//! DeepSeek lineage `deepseek2`, `glm4moe`, `minimax-m2`, `deepseek32`,
+//! `glm-dsa`. Stacked
 //! expert tensors (`blk.N.ffn_{gate,up,down}_exps`) are read one expert
 //! slice at a time, and quantized blocks are used as stored.
 //!
@@ -12,58 +14,26 @@
 //! Rather than copying weights, [`ModelConfig::qk_rows_interleaved`] tells
 //! attention to undo that order on the projected q and k, which is exact.
 //!
-//! For the hybrids the converter changes more (`convert_hf_to_gguf.py`,
-//! `Qwen3NextModel` and `_LinearAttentionVReorderBase`), and each change is
-//! undone here so that the model computes what its Hugging Face directory
-//! computes:
-//! - every RMSNorm weight but the DeltaNet's gated one has its `+ 1`
-//!   folded in, so the config leaves [`ModelConfig::zero_centred_norms`]
-//!   off;
-//! - `A_log` is stored as `ssm_a = -exp(A_log)`: read back as the `A_log`
-//!   whose `-exp` is `ssm_a` ([`a_log_from_ssm_a`]);
-//! - Qwen3-Next's grouped `in_proj_qkvz` is stored split as `attn_qkv`
-//!   (`[q | k | v]`) and `attn_gate` (`z`), so the model runs the
-//!   `Separate` projection layout; its `in_proj_ba` stays grouped
-//!   (`ssm_ba`) and `in_proj_b` / `in_proj_a` are its rows picked out;
-//! - Qwen3.5 stores V heads "tiled" (`[G0_v0, G1_v0, …, G0_v1, …]`)
-//!   instead of grouped by key head when there are more value than key
-//!   heads, in the v rows of `attn_qkv`, the rows of `attn_gate`,
-//!   `ssm_beta`, `ssm_alpha`, the entries of `ssm_a`, `ssm_dt.bias`, the v
-//!   channels of `ssm_conv1d` and the columns of `ssm_out`: all put back in
-//!   grouped order at load (rows and whole blocks are moved, never
-//!   re-quantized; `ssm_out` columns of a block type whose block spans more
-//!   than one value head are dequantized to f32 to be moved).
-//!
-//! The DeepSeek lineage: `deepseek2` (DeepSeek-V3 / R1 / Kimi K2, and
-//! GLM-4.7-Flash, which the converter writes as `deepseek2` too), `glm4moe`
-//! (GLM-4.5 / 4.6 / 4.7) and `minimax-m2`. The converter splits MLA's
-//! `kv_b_proj` into `attn_k_b` (each head's key part, transposed) and
-//! `attn_v_b`; [`GgufModel`] joins them back into `kv_b_proj` as f32 (the
-//! latent attention keeps its per-head up-projections in f32 anyway). It
-//! writes YaRN's `mscale_all_dim` as `rope.scaling.yarn_log_multiplier =
-//! 0.1 · mscale_all_dim` and no `mscale`: every released config has
-//! `mscale == mscale_all_dim`, whose attention factor is 1, and a file that
-//! says otherwise through `yarn_attn_factor` is followed. DeepSeek-V2's
-//! softmax routing (no selection bias) is refused.
-//!
-//! Sparse attention: `deepseek32` (DeepSeek-V3.2) and `glm-dsa` (GLM-5.x)
-//! are `deepseek2` plus the indexer (`blk.N.indexer.{attn_q_b, attn_k,
-//! k_norm, proj}`, `attention.indexer.{head_count, key_length, top_k}`) and,
-//! for `glm-dsa`, `attention.indexer.types` (true where a layer runs its
-//! own indexer). A `glm-dsa` file without the types follows llama.cpp: GLM-5
-//! and 5.1 (context below 1M) run an indexer on every layer, GLM-5.2 on the
-//! first two and every fourth from layer 2.
+//! What the converter changes for the gated-DeltaNet hybrids, and how it
+//! is undone, is in [`hybrid`]; the DeepSeek lineage's layout (MLA's split
+//! `kv_b_proj`, YaRN's log multiplier, the sparse-attention indexer) in
+//! [`lineage`].
 
 use std::path::Path;
 
-use charm_common::gguf::{GgmlType, GgufError, GgufFile, MetaValue};
-use charm_common::weight::{Buf, WeightData};
+use charm_common::gguf::{GgufError, GgufFile, MetaValue};
 use charm_common::{LoadError, Weight, WeightSource};
 
-use crate::config::{Dsa, GroupRouting, MixerKind, MlaShape, ModelConfig, QkNorm, Yarn};
+use crate::config::{MixerKind, ModelConfig, QkNorm, Yarn};
 use crate::error::ModelError;
 use crate::family::Family;
-use crate::gated_delta_net::{DeltaNetShape, ProjectionLayout};
+use crate::gated_delta_net::DeltaNetShape;
+
+mod hybrid;
+mod lineage;
+
+use hybrid::{a_log_from_ssm_a, hybrid_layers, input_order, rearranged, untile};
+use lineage::{lineage, sparse_attention};
 
 /// A GGUF file as a model: its config and its tensors by HF name.
 pub struct GgufModel {
@@ -316,216 +286,6 @@ fn yarn_from_gguf(f: &GgufFile, arch: &str) -> Result<Yarn, ModelError> {
     })
 }
 
-/// The DeepSeek lineage's parts of the config: MLA's shape (`deepseek2`),
-/// partial rotary and QK-norm (`glm4moe`, `minimax-m2`), and the sigmoid
-/// router with its selection bias (`exp_probs_b`), group limit and scale,
-/// with ungated shared experts.
-fn lineage(f: &GgufFile, arch: &str, c: &mut ModelConfig) -> Result<(), ModelError> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let opt_u = |k: &str| f.meta(&key(k)).and_then(MetaValue::as_u64).map(|v| v as usize);
-    let req_u = |k: &str| opt_u(k).ok_or_else(|| bad(f, format!("missing or non-integer metadata {}", key(k))));
-    let rope = opt_u("rope.dimension_count");
-    let has = |t: &str| f.tensor(t).is_some();
-    match c.family {
-        Family::DeepseekV3 | Family::DeepseekV32 | Family::GlmMoeDsa => {
-            let rope = rope.ok_or_else(|| bad(f, format!("missing metadata {}", key("rope.dimension_count"))))?;
-            // MQA-converted files give the per-head sizes as `*_mla`;
-            // older ones as the plain lengths.
-            let qk = opt_u("attention.key_length_mla").map_or_else(|| req_u("attention.key_length"), Ok)?;
-            let v = opt_u("attention.value_length_mla").map_or_else(|| req_u("attention.value_length"), Ok)?;
-            if qk <= rope {
-                return Err(bad(
-                    f,
-                    format!("key length {qk} leaves nothing beside the {rope} rotary dims"),
-                ));
-            }
-            c.mla = Some(MlaShape {
-                q_lora_rank: opt_u("attention.q_lora_rank").filter(|&r| r > 0),
-                kv_lora_rank: req_u("attention.kv_lora_rank")?,
-                qk_nope_head_dim: qk - rope,
-                qk_rope_head_dim: rope,
-                v_head_dim: v,
-            });
-            c.head_dim = rope;
-            c.rotary_dim = rope;
-            c.num_kv_heads = c.num_heads;
-            c.mixers = vec![MixerKind::Mla; c.num_layers];
-            // llama.cpp's `deepseek2` rotates adjacent pairs.
-            c.rope_interleave = true;
-            c.qk_norm = QkNorm::None;
-        }
-        Family::Glm4Moe => {
-            c.rotary_dim = rope.unwrap_or(c.head_dim / 2);
-            if has("blk.0.attn_q_norm.weight") {
-                c.qk_norm = QkNorm::PerHead;
-            }
-        }
-        _ => {
-            c.rotary_dim = rope.unwrap_or(c.head_dim);
-            c.qk_norm = QkNorm::Full;
-        }
-    }
-    // expert_gating_func: 1 softmax, 2 sigmoid.
-    let gating = opt_u("expert_gating_func");
-    let biased = (0..c.num_layers).any(|l| has(&format!("blk.{l}.exp_probs_b.bias")));
-    if gating.is_some_and(|g| g != 2) || (gating.is_none() && !biased && c.num_experts > 0) {
-        return Err(bad(
-            f,
-            format!("{arch} routing other than sigmoid with a selection bias (DeepSeek-V2's softmax) is not supported"),
-        ));
-    }
-    let minimax = c.family == Family::MiniMaxM2;
-    c.group_routing = Some(GroupRouting {
-        groups: if minimax {
-            1
-        } else {
-            opt_u("expert_group_count").unwrap_or(1).max(1)
-        },
-        topk_groups: if minimax {
-            1
-        } else {
-            opt_u("expert_group_used_count").unwrap_or(1).max(1)
-        },
-        scale: if minimax {
-            1.0
-        } else {
-            f.meta(&key("expert_weights_scale"))
-                .and_then(MetaValue::as_f64)
-                .unwrap_or(1.0) as f32
-        },
-        bias: biased,
-    });
-    // MiniMax-M2 always renormalizes; the others as written (the converter
-    // writes `expert_weights_norm` only when true for `deepseek2`).
-    c.norm_topk_prob = minimax
-        || f.meta(&key("expert_weights_norm"))
-            .and_then(MetaValue::as_bool)
-            .unwrap_or(false);
-    let shared = opt_u("expert_shared_count").unwrap_or(0);
-    c.shared_expert_intermediate_size = (shared > 0).then_some(c.moe_intermediate_size * shared);
-    c.shared_expert_gated = false;
-    Ok(())
-}
-
-/// DeepSeek Sparse Attention's indexer from `attention.indexer.*`.
-fn sparse_attention(f: &GgufFile, arch: &str, c: &ModelConfig) -> Result<Dsa, ModelError> {
-    let key = |k: &str| format!("{arch}.attention.indexer.{k}");
-    let req_u = |k: &str| {
-        f.meta(&key(k))
-            .and_then(MetaValue::as_u64)
-            .map(|v| v as usize)
-            .ok_or_else(|| bad(f, format!("missing or non-integer metadata {}", key(k))))
-    };
-    let glm = c.family == Family::GlmMoeDsa;
-    let n = c.num_layers;
-    let shared = match f.meta(&key("types")).map(MetaValue::as_array) {
-        None if !glm => vec![false; n],
-        // llama.cpp's defaults: GLM-5 / 5.1 full everywhere, GLM-5.2 (1M context) the first two and every fourth from 2.
-        None if c.max_position_embeddings < 1 << 20 => vec![false; n],
-        None => (0..n).map(|l| l >= 2 && (l - 2) % 4 != 0).collect(),
-        Some(Some(types)) if types.len() == n => types
-            .iter()
-            .map(|t| t.as_bool().map(|full| !full))
-            .collect::<Option<Vec<bool>>>()
-            .ok_or_else(|| bad(f, format!("{} holds other values than booleans", key("types"))))?,
-        Some(_) => {
-            return Err(bad(
-                f,
-                format!("{} is not an array of {n} booleans (one per layer)", key("types")),
-            ))
-        }
-    };
-    Ok(Dsa {
-        heads: req_u("head_count")?,
-        head_dim: req_u("key_length")?,
-        topk: req_u("top_k")?,
-        shared,
-        rope_interleave: glm,
-    })
-}
-
-/// A hybrid's mixer per layer (`attention.recurrent_layers`, else every
-/// `full_attention_interval`-th layer is attention) and its DeltaNet shape
-/// from the `ssm.*` keys the converter writes: `group_count` = key heads,
-/// `time_step_rank` = value heads, `state_size` = key head dim,
-/// `inner_size` = value heads × value head dim, `conv_kernel`.
-fn hybrid_layers(f: &GgufFile, arch: &str, layers: usize) -> Result<(Vec<MixerKind>, DeltaNetShape), ModelError> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let req = |k: &str| -> Result<usize, ModelError> {
-        f.meta(&key(k))
-            .and_then(MetaValue::as_u64)
-            .map(|v| v as usize)
-            .ok_or_else(|| bad(f, format!("missing or non-integer metadata {}", key(k))))
-    };
-    let v_heads = req("ssm.time_step_rank")?;
-    let inner = req("ssm.inner_size")?;
-    if v_heads == 0 || !inner.is_multiple_of(v_heads) {
-        return Err(bad(
-            f,
-            format!(
-                "{} ({inner}) must be a multiple of {} ({v_heads})",
-                key("ssm.inner_size"),
-                key("ssm.time_step_rank")
-            ),
-        ));
-    }
-    let shape = DeltaNetShape {
-        k_heads: req("ssm.group_count")?,
-        v_heads,
-        k_head_dim: req("ssm.state_size")?,
-        v_head_dim: inner / v_heads,
-        conv_kernel: req("ssm.conv_kernel")?,
-        // The converter splits Qwen3-Next's grouped in_proj_qkvz into
-        // attn_qkv and attn_gate: both families read as separate projections.
-        layout: ProjectionLayout::Separate,
-    };
-    shape.validate().map_err(|reason| bad(f, reason))?;
-    let mixers = match f.meta(&key("attention.recurrent_layers")).and_then(MetaValue::as_array) {
-        Some(list) => {
-            if list.len() < layers {
-                return Err(bad(
-                    f,
-                    format!(
-                        "{} has {} entries for {layers} layers",
-                        key("attention.recurrent_layers"),
-                        list.len()
-                    ),
-                ));
-            }
-            list[..layers]
-                .iter()
-                .map(|v| match v.as_bool() {
-                    Some(true) => Ok(MixerKind::GatedDeltaNet),
-                    Some(false) => Ok(MixerKind::Attention),
-                    None => Err(bad(
-                        f,
-                        format!("{} holds a non-bool", key("attention.recurrent_layers")),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
-        None => {
-            let interval = f
-                .meta(&key("full_attention_interval"))
-                .and_then(MetaValue::as_u64)
-                .unwrap_or(4) as usize;
-            if interval == 0 {
-                return Err(bad(f, format!("{} must be at least 1", key("full_attention_interval"))));
-            }
-            (0..layers)
-                .map(|i| {
-                    if (i + 1) % interval != 0 {
-                        MixerKind::GatedDeltaNet
-                    } else {
-                        MixerKind::Attention
-                    }
-                })
-                .collect()
-        }
-    };
-    Ok((mixers, shape))
-}
-
 /// Where a Hugging Face tensor name lives in a GGUF file.
 #[derive(Debug, PartialEq, Eq)]
 enum Mapped {
@@ -624,49 +384,6 @@ fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
         _ => return None,
     };
     Some(Mapped::Slice(format!("blk.{l}.ffn_{kind}_exps.weight"), e))
-}
-
-/// Where Qwen3.5's converter put grouped value head `h` (of `k_heads` key
-/// heads, `r` value heads each): grouped `h = g * r + j` is tiled `j * k_heads + g`.
-fn tiled(h: usize, k_heads: usize, r: usize) -> usize {
-    (h % r) * k_heads + h / r
-}
-
-/// For each of `units` grouped units of `width` elements, the tiled unit's
-/// elements: the stored index of every element in Hugging Face order.
-fn untile(units: usize, width: usize, k_heads: usize, r: usize) -> Vec<usize> {
-    (0..units * width)
-        .map(|i| tiled(i / width, k_heads, r) * width + i % width)
-        .collect()
-}
-
-/// The `A_log` whose `-exp` (as the DeltaNet computes it,
-/// `-A_log.exp()`) is `ssm_a`: `ln(-ssm_a)`, moved by a few ulps where
-/// that finds an exact inverse (the converter's `-torch.exp(A_log)` may
-/// round differently from `f32::exp`). `None` unless `ssm_a <= 0`.
-fn a_log_from_ssm_a(a: f32) -> Option<f32> {
-    if a.is_nan() || a > 0.0 {
-        return None;
-    }
-    let y = (-a).ln();
-    if !y.is_finite() || -y.exp() == a {
-        return Some(y);
-    }
-    let mut best = y;
-    let (mut up, mut down) = (y, y);
-    for _ in 0..8 {
-        up = up.next_up();
-        down = down.next_down();
-        for c in [up, down] {
-            if -c.exp() == a {
-                return Some(c);
-            }
-            if (-c.exp() - a).abs() < (-best.exp() - a).abs() {
-                best = c;
-            }
-        }
-    }
-    Some(best)
 }
 
 impl GgufModel {
@@ -799,114 +516,6 @@ fn bad_tensor(file: &GgufFile, tensor: &str, reason: String) -> LoadError {
         tensor: tensor.to_string(),
         reason,
     })
-}
-
-/// The stored matrix `g` (`src_rows` × `cols`) with rows `pick` (stored
-/// row of each output row) and value-head column units `units` (stored
-/// unit of each output unit, `cols / units.len()` wide) moved. Rows and
-/// whole blocks move as stored; columns of a block type whose block
-/// spans more than one unit are moved dequantized to f32.
-fn rearranged(
-    file: &GgufFile,
-    g: &str,
-    src_rows: usize,
-    cols: usize,
-    pick: Option<&[usize]>,
-    units: Option<&[usize]>,
-) -> Result<Weight, LoadError> {
-    // Checks the name, dims and type as a plain read would.
-    let stored = file.weight(g, src_rows, cols)?;
-    let t = file.tensor(g).ok_or_else(|| missing(file, g.to_string()))?;
-    let ty = t.ty;
-    let row_bytes = ty
-        .row_bytes(cols)
-        .ok_or_else(|| bad_tensor(file, g, format!("{cols} columns are not whole {ty:?} blocks")))?;
-    let bytes = file.tensor_bytes(t);
-    let identity: Vec<usize>;
-    let pick = match pick {
-        Some(p) => p,
-        None => {
-            identity = (0..src_rows).collect();
-            &identity
-        }
-    };
-    if let Some(&bad) = pick.iter().find(|&&r| r >= src_rows) {
-        return Err(bad_tensor(file, g, format!("row {bad} of {src_rows}")));
-    }
-    let rows = pick.len();
-    let unit_cols = match units {
-        Some(u) if !u.is_empty() && cols.is_multiple_of(u.len()) => Some(cols / u.len()),
-        Some(_) => {
-            return Err(bad_tensor(
-                file,
-                g,
-                format!("{cols} columns do not split into value heads"),
-            ))
-        }
-        None => None,
-    };
-    let block_aligned = unit_cols.is_none_or(|w| w.is_multiple_of(ty.block_elems()));
-    if !block_aligned {
-        // Dequantized, then moved as f32 (exact values, f32 products).
-        let all = stored.data().to_f32_vec();
-        let (w, units) = (unit_cols.unwrap_or(cols), units.unwrap_or(&[]));
-        let mut out = Vec::with_capacity(rows * cols);
-        for &r in pick {
-            let row = &all[r * cols..(r + 1) * cols];
-            for &u in units {
-                out.extend_from_slice(&row[u * w..(u + 1) * w]);
-            }
-        }
-        return Ok(Weight::from_f32(rows, cols, out));
-    }
-    // Byte runs: whole rows, or whole blocks of each unit.
-    let (unit_bytes, units) = match (unit_cols, units) {
-        (Some(w), Some(u)) => (w / ty.block_elems() * ty.block_bytes(), u),
-        _ => (row_bytes, &[0usize][..]),
-    };
-    let mut out = Vec::with_capacity(rows * row_bytes);
-    for &r in pick {
-        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
-        for &u in units {
-            out.extend_from_slice(&row[u * unit_bytes..(u + 1) * unit_bytes]);
-        }
-    }
-    let le16 = |b: &[u8]| {
-        b.chunks_exact(2)
-            .map(|c| u16::from_le_bytes([c[0], c[1]]))
-            .collect::<Vec<_>>()
-    };
-    let data = match ty {
-        GgmlType::F32 => {
-            let v = out
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            WeightData::F32(Buf::owned(v))
-        }
-        GgmlType::F16 => WeightData::F16(Buf::owned(le16(&out))),
-        GgmlType::BF16 => WeightData::BF16(Buf::owned(le16(&out))),
-        ty => WeightData::Gguf {
-            ty,
-            data: Buf::owned(out),
-        },
-    };
-    Weight::try_new(rows, cols, data).map_err(|e| bad_tensor(file, g, e.to_string()))
-}
-
-/// For columns stored as value-head units `units` (the stored unit of each
-/// model unit) in blocks of `block` elements that span a unit: the stored
-/// column of each model column, so inputs move instead of blocks. `None`
-/// when whole blocks can move (or the columns do not split into units).
-fn input_order(units: &[usize], cols: usize, block: usize) -> Option<Vec<usize>> {
-    if units.is_empty() || !cols.is_multiple_of(units.len()) {
-        return None;
-    }
-    let width = cols / units.len();
-    if width.is_multiple_of(block) {
-        return None;
-    }
-    Some(units.iter().flat_map(|&u| u * width..(u + 1) * width).collect())
 }
 
 impl WeightSource for GgufModel {
@@ -1137,125 +746,5 @@ mod tests {
             "blk.0.ffn_norm.weight"
         );
         assert_eq!(map_name("model.layers.0.linear_attn.A_log", Hybrid::No), None);
-    }
-
-    #[test]
-    fn tiled_value_heads_go_back_to_grouped_order() {
-        // 2 key heads, 3 value heads each: grouped [G0v0 G0v1 G0v2 G1v0 G1v1 G1v2]
-        // was stored tiled [G0v0 G1v0 G0v1 G1v1 G0v2 G1v2].
-        let stored = ["G0v0", "G1v0", "G0v1", "G1v1", "G0v2", "G1v2"];
-        let grouped: Vec<&str> = untile(6, 1, 2, 3).into_iter().map(|i| stored[i]).collect();
-        assert_eq!(grouped, ["G0v0", "G0v1", "G0v2", "G1v0", "G1v1", "G1v2"]);
-        // Units of width 2 move whole.
-        assert_eq!(untile(2, 2, 1, 2), vec![0, 1, 2, 3]);
-        assert_eq!(untile(4, 2, 2, 2), vec![0, 1, 4, 5, 2, 3, 6, 7]);
-    }
-
-    #[test]
-    fn a_log_is_recovered_from_ssm_a() {
-        for a_log in [-3.0f32, -0.5, 0.0, 0.1, 0.75, 1.0, 2.5, 2.772_588_7] {
-            let a = -a_log.exp();
-            let back = a_log_from_ssm_a(a).unwrap();
-            assert_eq!((-back.exp()).to_bits(), a.to_bits(), "A_log {a_log}");
-        }
-        assert_eq!(a_log_from_ssm_a(-0.0), Some(f32::NEG_INFINITY));
-        assert_eq!(a_log_from_ssm_a(0.5), None);
-        assert_eq!(a_log_from_ssm_a(f32::NAN), None);
-    }
-
-    /// A GGUF v3 file of one `[rows, cols]` tensor `w` of type `ty` (id).
-    fn one_tensor(ty: u32, rows: u64, cols: u64, data: &[u8]) -> GgufFile {
-        let mut b = Vec::new();
-        b.extend_from_slice(b"GGUF");
-        b.extend_from_slice(&3u32.to_le_bytes());
-        b.extend_from_slice(&1u64.to_le_bytes());
-        b.extend_from_slice(&0u64.to_le_bytes());
-        b.extend_from_slice(&1u64.to_le_bytes());
-        b.push(b'w');
-        b.extend_from_slice(&2u32.to_le_bytes());
-        b.extend_from_slice(&cols.to_le_bytes());
-        b.extend_from_slice(&rows.to_le_bytes());
-        b.extend_from_slice(&ty.to_le_bytes());
-        b.extend_from_slice(&0u64.to_le_bytes());
-        b.resize(b.len().div_ceil(32) * 32, 0);
-        b.extend_from_slice(data);
-        GgufFile::from_bytes("w.gguf", b).unwrap()
-    }
-
-    /// Rows and value-head column units move as whole blocks where a unit
-    /// is whole blocks (Q8_0, F16), and dequantized where a block spans
-    /// several units (Q4_K): either way the values of the stored matrix,
-    /// rearranged.
-    #[test]
-    fn rearranged_moves_rows_and_column_units() {
-        let (rows, cols) = (3usize, 512usize);
-        let pick = [2usize, 0];
-        let units = [3usize, 1, 0, 2];
-        let seeded = |n: usize| (0..n).map(|i| (i * 7919 % 251) as u8).collect::<Vec<u8>>();
-        let mut q4k = seeded(rows * 2 * 144);
-        for blk in q4k.chunks_exact_mut(144) {
-            blk[..4].copy_from_slice(&[0x00, 0x2c, 0x00, 0x28]); // d, dmin: finite f16
-        }
-        let mut q8 = seeded(rows * 16 * 34);
-        for blk in q8.chunks_exact_mut(34) {
-            blk[..2].copy_from_slice(&[0x00, 0x2c]);
-        }
-        let f16: Vec<u8> = (0..rows * cols)
-            .flat_map(|i| ((i % 1000) as u16 + 0x3000).to_le_bytes())
-            .collect();
-        for (ty, data, blocks_move) in [(12u32, q4k, false), (8, q8, true), (1, f16, true)] {
-            let f = one_tensor(ty, rows as u64, cols as u64, &data);
-            let all = f.weight("w", rows, cols).unwrap().data().to_f32_vec();
-            let w = rearranged(&f, "w", rows, cols, Some(&pick), Some(&units)).unwrap();
-            assert_eq!((w.rows(), w.cols()), (2, cols));
-            let unit = cols / units.len();
-            let want: Vec<f32> = pick
-                .iter()
-                .flat_map(|&r| {
-                    units
-                        .iter()
-                        .flat_map(move |&u| (0..unit).map(move |c| r * cols + u * unit + c))
-                })
-                .map(|i| all[i])
-                .collect();
-            let got = w.data().to_f32_vec();
-            assert_eq!(
-                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                "type {ty}"
-            );
-            assert_eq!(matches!(w.data(), WeightData::F32(_)), !blocks_move, "type {ty}");
-        }
-        // A K-quant whose blocks span units keeps its blocks; its inputs
-        // move instead, and the products are the moved matrix's.
-        let mut q4k = seeded(rows * 2 * 144);
-        for blk in q4k.chunks_exact_mut(144) {
-            blk[..4].copy_from_slice(&[0x00, 0x2c, 0x00, 0x28]);
-        }
-        let f = one_tensor(12, rows as u64, cols as u64, &q4k);
-        let stored = f.weight("w", rows, cols).unwrap().data().to_f32_vec();
-        let moved = rearranged(&f, "w", rows, cols, None, Some(&units))
-            .unwrap()
-            .data()
-            .to_f32_vec();
-        let order = input_order(&units, cols, 256).expect("blocks span units");
-        assert_eq!(input_order(&units, cols, 32), None, "Q8_0 blocks move whole");
-        let x: Vec<f64> = (0..cols).map(|i| ((i * 37 % 101) as f64 - 50.0) / 17.0).collect();
-        let mut x_stored = vec![0.0f64; cols];
-        for (c, &o) in order.iter().enumerate() {
-            x_stored[o] = x[c];
-        }
-        for r in 0..rows {
-            let a: f64 = (0..cols).map(|c| moved[r * cols + c] as f64 * x[c]).sum();
-            let b: f64 = (0..cols).map(|c| stored[r * cols + c] as f64 * x_stored[c]).sum();
-            assert!((a - b).abs() <= 1e-9 * a.abs().max(1.0), "row {r}: {a} vs {b}");
-        }
-
-        let f = one_tensor(8, 1, 32, &[0u8; 34]);
-        let e = match rearranged(&f, "w", 1, 32, Some(&[1]), None) {
-            Ok(_) => panic!("row 1 of a 1-row tensor was read"),
-            Err(e) => e.to_string(),
-        };
-        assert!(e.contains("tensor w") && e.contains("row 1 of 1"), "{e}");
     }
 }
