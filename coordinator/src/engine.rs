@@ -571,15 +571,12 @@ impl Engine {
                     left => (i, prompts[i][s.fed..s.fed + left.min(chunk)].to_vec()),
                 })
                 .collect();
-            let mut batch: Vec<(&[u32], &mut KvCache)> = Vec::with_capacity(pieces.len());
-            let mut rest = seqs.iter_mut().enumerate();
-            for (i, piece) in &pieces {
-                let s = rest
-                    .find(|(j, _)| j == i)
-                    .map(|(_, s)| s)
-                    .expect("pieces follow the sequences");
-                batch.push((piece.as_slice(), &mut s.cache));
-            }
+            let mut batch: Vec<(&[u32], &mut KvCache)> = seqs
+                .iter_mut()
+                .filter(|s| s.done.is_none())
+                .zip(&pieces)
+                .map(|(s, (_, piece))| (piece.as_slice(), &mut s.cache))
+                .collect();
             let logits = self.forward_batch(&mut batch, &mut prof)?;
             steps += 1;
             for ((i, piece), logits) in pieces.iter().zip(logits) {

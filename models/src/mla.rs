@@ -198,13 +198,11 @@ impl Mla {
         for row in ckv.chunks_exact(w) {
             cache.push(row);
         }
-        let selection: Option<Selection> = match (&self.indexer, shared) {
-            (Some(ix), _) => Some(ix.select(xs, &qa, positions, rope, cache)),
-            (None, Some(s)) => Some(s.clone()),
-            (None, None) => None,
-        };
-        if let Some(s) = &selection {
-            cache.set_selection(s.clone());
+        // This layer's picks are kept in its cache (a later layer may share
+        // them); a sharing layer reads the earlier layer's where they are.
+        if let Some(ix) = &self.indexer {
+            let picks = ix.select(xs, &qa, positions, rope, cache);
+            cache.set_selection(picks);
         }
         times.qkv_ms += ms(started);
         let started = Instant::now();
@@ -213,6 +211,10 @@ impl Mla {
         // the weighted latents, one (row, head) per task.
         let mut ctx = vec![0.0f32; n * heads * w];
         let cache_ref: &LatentKv = cache;
+        let selection: Option<&Selection> = match &self.indexer {
+            Some(_) => Some(cache_ref.selection()),
+            None => shared,
+        };
         ctx.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
             let t = i / heads;
             let pos = first + t;
@@ -223,7 +225,7 @@ impl Mla {
             }
             // Keys the indexer did not pick weigh nothing (transformers adds
             // finfo.min, whose exp is 0 as -inf's is).
-            if let Some(Some(keep)) = selection.as_ref().map(|s| &s[t]) {
+            if let Some(Some(keep)) = selection.map(|s| &s[t]) {
                 let mut kept = vec![f32::NEG_INFINITY; pos + 1];
                 for &j in keep {
                     kept[j as usize] = scores[j as usize];

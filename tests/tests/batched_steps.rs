@@ -55,16 +55,12 @@ fn together(e: &Engine, works: &[Vec<Vec<u32>>], joins: &[usize]) -> Vec<Vec<Vec
             .collect();
         let widths: Vec<usize> = active.iter().map(|&i| works[i][step - joins[i]].len()).collect();
         mixed |= active.len() == works.len() && widths.contains(&1) && widths.iter().any(|&w| w > 1);
-        let mut seqs: Vec<(&[u32], &mut KvCache)> = Vec::new();
-        let mut rest: &mut [KvCache] = &mut caches;
-        let mut taken = 0;
-        for &i in &active {
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - taken);
-            let (c, tail) = tail.split_first_mut().unwrap();
-            seqs.push((works[i][step - joins[i]].as_slice(), c));
-            rest = tail;
-            taken = i + 1;
-        }
+        let mut seqs: Vec<(&[u32], &mut KvCache)> = caches
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| active.contains(i))
+            .map(|(i, c)| (works[i][step - joins[i]].as_slice(), c))
+            .collect();
         let logits = e.forward_batch(&mut seqs, &mut PhaseTimes::default()).unwrap();
         assert_eq!(logits.len(), active.len());
         for (&i, l) in active.iter().zip(logits) {
