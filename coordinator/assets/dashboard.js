@@ -158,10 +158,13 @@ function drawWorkers(workers, queue) {
   $("queue").textContent = `queue ${queue.queued}/${queue.capacity} · running ${queue.running}`;
 }
 
-function drawActive(a) {
-  $("active").textContent = a
-    ? `generating ${a.id} (${a.api}): ${a.prompt_tokens} prompt tokens, ${a.tokens} generated, ${ms(a.elapsed_ms)}`
-    : "idle";
+function drawActive(running) {
+  const line = (a) =>
+    `${a.id} (${a.api}): ${a.prompt_tokens} prompt tokens` +
+    (a.cached_tokens ? ` (${a.cached_tokens} cached)` : "") +
+    `, ${a.tokens} generated, ${ms(a.elapsed_ms)}`;
+  $("active").textContent =
+    running && running.length ? `generating ${running.length}: ` + running.map(line).join(" · ") : "idle";
 }
 
 // ---- expert grid -----------------------------------------------------------

@@ -13,7 +13,10 @@
 //! - [`convert`]: Hugging Face directory → charm container (bf16/int8/int4
 //!   experts, one aligned record each), written atomically.
 //! - [`server`]: `serve` / `web`: the OpenAI and Anthropic HTTP APIs,
-//!   Prometheus metrics and the live dashboard, in front of one engine thread.
+//!   Prometheus metrics and the live dashboard, in front of one engine
+//!   thread that steps every running request together (continuous batching).
+//! - [`prefix_cache`]: earlier requests' sequence caches under a RAM budget
+//!   (and optionally on disk), so a prompt computes only its new tokens.
 //! - [`upcycle`]: a dense GGUF model rebuilt as an MoE (the demo model).
 //! - [`convert_gguf`]: a `.gguf` file → a container, expert blocks copied
 //!   verbatim into one record per expert.
@@ -30,6 +33,7 @@ pub mod convert;
 pub mod convert_gguf;
 pub mod engine;
 pub mod gguf_text;
+pub mod prefix_cache;
 pub mod sampler;
 pub mod server;
 pub mod text;

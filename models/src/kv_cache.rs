@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 use charm_common::kernels::{add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use serde::{Deserialize, Serialize};
 
 use crate::recurrent_state::RecurrentState;
 
@@ -17,7 +18,7 @@ use crate::recurrent_state::RecurrentState;
 /// choice: it is part of what the model computes (f16 rounds every cached
 /// key and value), chosen once per engine and the same on every worker
 /// count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvDtype {
     /// Exact: the projections' f32 outputs (the oracle's arithmetic).
     #[default]
@@ -59,7 +60,7 @@ impl FromStr for KvDtype {
 }
 
 /// One KV head's cached rows, `len × head_dim`, in the cache's dtype.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 enum Rows {
     F32(Vec<f32>),
     F16(Vec<u16>),
@@ -140,7 +141,7 @@ impl CachedRows<'_> {
 /// `len × head_dim` keys (and values) in one contiguous run, so a head's
 /// attention reads its cache front to back instead of striding across
 /// every head's row (a page per position at long contexts).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LayerKv {
     k: Vec<Rows>,
     v: Vec<Rows>,
@@ -228,7 +229,7 @@ impl LayerKv {
 /// latent part serves as keys and as values. A layer with a sparse-attention
 /// indexer ([`crate::dsa_indexer`]) also keeps its keys here, and the
 /// selection of the last step (which later layers may share).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LatentKv {
     rows: Rows,
     width: usize,
@@ -313,7 +314,7 @@ impl LatentKv {
 }
 
 /// One layer's cache, of its mixer's kind.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum LayerCache {
     /// Attention: keys and values of every position.
     Kv(LayerKv),
@@ -359,7 +360,7 @@ impl LayerCache {
 }
 
 /// The whole cache of one sequence.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct KvCache {
     pub layers: Vec<LayerCache>,
 }
@@ -415,6 +416,63 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum()
     }
+
+    /// Bytes each further position adds (a recurrent layer adds none; an
+    /// indexer's keys count once the layer has seen a position).
+    pub fn bytes_per_position(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Kv(kv) => 2 * kv.kv_dim() * kv.dtype.size(),
+                LayerCache::Latent(l) => (l.width + l.index_width) * l.dtype.size(),
+                LayerCache::Recurrent(_) => 0,
+            })
+            .sum()
+    }
+
+    /// Whether [`KvCache::truncate`] can keep any shorter prefix (no
+    /// recurrent layer, whose state cannot go back).
+    pub fn rewinds(&self) -> bool {
+        !self.layers.iter().any(|l| matches!(l, LayerCache::Recurrent(_)))
+    }
+
+    /// Whether this cache (read back from a file, say) has the layout of
+    /// `fresh` (an empty cache of the model: the same layer kinds, widths
+    /// and dtype) and holds `len()` whole positions in every layer, so
+    /// attention can read it without going out of bounds.
+    pub fn fits(&self, fresh: &KvCache) -> bool {
+        let len = self.len();
+        self.layers.len() == fresh.layers.len()
+            && self.layers.iter().zip(&fresh.layers).all(|(a, b)| match (a, b) {
+                (LayerCache::Kv(a), LayerCache::Kv(b)) => {
+                    a.dtype == b.dtype
+                        && a.head_dim == b.head_dim
+                        && a.k.len() == b.k.len()
+                        && a.v.len() == b.v.len()
+                        && a.len == len
+                        && a.k.iter().chain(&a.v).all(|r| rows_of(r, a.dtype, len * a.head_dim))
+                }
+                (LayerCache::Latent(a), LayerCache::Latent(b)) => {
+                    a.dtype == b.dtype
+                        && a.width == b.width
+                        && a.len == len
+                        && rows_of(&a.rows, a.dtype, len * a.width)
+                        && (b.index_width == 0 || a.index_width == 0 || a.index_width == b.index_width)
+                        && (a.index_width == 0 || len == 0 || rows_of(&a.index, a.dtype, len * a.index_width))
+                        && (a.index_width != 0 || a.index.elements() == 0)
+                }
+                (LayerCache::Recurrent(a), LayerCache::Recurrent(b)) => a.same_shape(b) && a.len() == len,
+                _ => false,
+            })
+    }
+}
+
+/// Whether `rows` holds `elements` values of `dtype`.
+fn rows_of(rows: &Rows, dtype: KvDtype, elements: usize) -> bool {
+    matches!(
+        (rows, dtype),
+        (Rows::F32(_), KvDtype::F32) | (Rows::F16(_), KvDtype::F16)
+    ) && rows.elements() == elements
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! position it has seen ([`RecurrentState::len`]).
 
 /// Conv inputs and recurrent state after `len` positions.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RecurrentState {
     /// The last `kernel - 1` conv inputs, oldest first, `conv_dim` each
     /// (zeros before the sequence starts, as the causal padding).
@@ -54,6 +54,11 @@ impl RecurrentState {
     /// Counts one more position seen.
     pub fn advance(&mut self) {
         self.len += 1;
+    }
+
+    /// Whether `other` has this state's sizes (conv history and state).
+    pub fn same_shape(&self, other: &RecurrentState) -> bool {
+        self.conv_dim == other.conv_dim && self.conv.len() == other.conv.len() && self.state.len() == other.state.len()
     }
 
     /// Bytes held.

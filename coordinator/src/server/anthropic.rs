@@ -378,6 +378,20 @@ fn failed(message: String, bad_input: bool) -> ApiError {
     ApiError::new(kind, message).flavor(Flavor::Anthropic)
 }
 
+/// A message's `usage`: prompt tokens served from the prefix cache are
+/// `cache_read_input_tokens`, the rest `input_tokens` (nothing is written
+/// to a cache the client pays for, so `cache_creation_input_tokens` is 0).
+/// Before the end (`summary` None) every prompt token is an input token.
+fn usage(prompt_tokens: usize, summary: Option<&Summary>) -> Value {
+    let cached = summary.map_or(0, |s| s.cached_tokens);
+    json!({
+        "input_tokens": prompt_tokens - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": summary.map_or(0, |s| s.completion_tokens),
+    })
+}
+
 impl Reply {
     /// A `message` object; `tool_use`: the model called tools (that is the
     /// stop reason then).
@@ -395,10 +409,7 @@ impl Reply {
             "content": content,
             "stop_reason": reason,
             "stop_sequence": sequence,
-            "usage": {
-                "input_tokens": input_tokens,
-                "output_tokens": summary.map_or(0, |s| s.completion_tokens),
-            },
+            "usage": usage(input_tokens, summary),
         })
     }
 
@@ -580,7 +591,7 @@ impl Reply {
                             json!({
                                 "type": "message_delta",
                                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                "usage": {"output_tokens": s.completion_tokens},
+                                "usage": usage(s.prompt_tokens, Some(&*s)),
                             }),
                         ));
                         frames.push(("message_stop", json!({"type": "message_stop"})));

@@ -5,12 +5,12 @@
 //! the rows routed to each expert to a layers × experts heat grid (atomic
 //! counters, cheap on the engine thread). The feed sends, every
 //! [`TICK`], the cells that changed since the client's last tick, the
-//! request being generated, the queue, the workers' counters (one row per
+//! requests being generated (every sequence of the running batch), the queue, the workers' counters (one row per
 //! cluster worker) and the requests that finished, so the grid flashes
 //! while a request runs.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,12 +55,14 @@ pub struct RequestRecord {
     pub stats: Option<GenStats>,
 }
 
-/// The request being generated.
+/// A request being generated.
 #[derive(Clone, Debug, Serialize)]
 struct Active {
     id: String,
     api: &'static str,
     prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    cached_tokens: usize,
     tokens: usize,
     #[serde(skip)]
     started: Option<Instant>,
@@ -76,8 +78,8 @@ pub struct Board {
     heat: Vec<AtomicU64>,
     /// MoE layer steps observed.
     steps: AtomicU64,
-    active: Mutex<Option<Active>>,
-    tokens: AtomicUsize,
+    /// The running batch's requests, in the order they were admitted.
+    active: Mutex<Vec<Active>>,
     /// Finished requests, oldest first, with a running sequence number.
     history: Mutex<VecDeque<(u64, RequestRecord)>>,
     finished: AtomicU64,
@@ -91,38 +93,35 @@ impl Board {
             experts,
             heat: (0..layers * experts).map(|_| AtomicU64::new(0)).collect(),
             steps: AtomicU64::new(0),
-            active: Mutex::new(None),
-            tokens: AtomicUsize::new(0),
+            active: Mutex::new(Vec::new()),
             history: Mutex::new(VecDeque::new()),
             finished: AtomicU64::new(0),
         }
     }
 
-    /// A request started generating.
-    pub fn begin(&self, id: &str, api: &'static str, prompt_tokens: usize) {
-        self.tokens.store(0, Ordering::Relaxed);
-        *lock(&self.active) = Some(Active {
+    /// A request joined the running batch.
+    pub fn begin(&self, id: &str, api: &'static str, prompt_tokens: usize, cached_tokens: usize) {
+        lock(&self.active).push(Active {
             id: id.to_string(),
             api,
             prompt_tokens,
+            cached_tokens,
             tokens: 0,
             started: Some(Instant::now()),
             elapsed_ms: 0.0,
         });
     }
 
-    /// The active request produced a token.
-    pub fn token(&self) {
-        self.tokens.fetch_add(1, Ordering::Relaxed);
+    /// Request `id` produced a token.
+    pub fn token(&self, id: &str) {
+        if let Some(a) = lock(&self.active).iter_mut().find(|a| a.id == id) {
+            a.tokens += 1;
+        }
     }
 
     /// A request ended (or was dropped from the queue).
     pub fn end(&self, record: RequestRecord) {
-        let mut active = lock(&self.active);
-        if active.as_ref().is_some_and(|a| a.id == record.id) {
-            *active = None;
-        }
-        drop(active);
+        lock(&self.active).retain(|a| a.id != record.id);
         let seq = self.finished.fetch_add(1, Ordering::Relaxed) + 1;
         let mut h = lock(&self.history);
         h.push_back((seq, record));
@@ -146,12 +145,12 @@ impl Board {
         self.heat.iter().map(|c| c.load(Ordering::Relaxed)).collect()
     }
 
-    fn active(&self) -> Option<Active> {
-        lock(&self.active).clone().map(|mut a| {
-            a.tokens = self.tokens.load(Ordering::Relaxed);
+    fn active(&self) -> Vec<Active> {
+        let mut running = lock(&self.active).clone();
+        for a in &mut running {
             a.elapsed_ms = a.started.map_or(0.0, |s| s.elapsed().as_secs_f64() * 1e3);
-            a
-        })
+        }
+        running
     }
 
     /// Finished requests with a sequence number above `after`.
@@ -301,7 +300,7 @@ pub async fn state(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /api/events`: one `tick` event every [`TICK`] with the heat cells
-/// that changed (`[index, rows added]`), the active request, the counters
+/// that changed (`[index, rows added]`), the running requests, the counters
 /// and newly finished requests.
 pub async fn events(State(st): State<Arc<AppState>>) -> Response {
     let (writer, resp) = SseWriter::channel();

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use charm_models::{ExpertStats, WorkerReport};
 
 use crate::engine::PhaseTimes;
+use crate::prefix_cache::PrefixStats;
 
 /// Bucket upper bounds of the time-to-first-token histogram, in seconds.
 const TTFT_BUCKETS: &[f64] = &[
@@ -114,8 +115,12 @@ pub struct Metrics {
 pub struct Live<'a> {
     /// Requests waiting in the queue.
     pub queued: usize,
-    /// Requests being generated (0 or 1: one engine thread).
+    /// Requests being generated (at most `max_batch`).
     pub running: usize,
+    /// Most requests generated at once.
+    pub max_batch: usize,
+    /// The prefix cache's counters.
+    pub prefix: &'a PrefixStats,
     /// The expert service's counters since start.
     pub experts: &'a ExpertStats,
     /// Who runs the experts.
@@ -257,6 +262,74 @@ impl Metrics {
         let _ = writeln!(out, "charm_queue_depth {}", live.queued);
         head(&mut out, "charm_requests_running", "gauge", "Requests being generated.");
         let _ = writeln!(out, "charm_requests_running {}", live.running);
+        head(&mut out, "charm_max_batch", "gauge", "Most requests generated at once.");
+        let _ = writeln!(out, "charm_max_batch {}", live.max_batch);
+        let x = live.prefix;
+        for (name, kind, help, v) in [
+            (
+                "charm_prefix_cache_entries",
+                "gauge",
+                "Sequence caches kept for prompt reuse, in RAM.",
+                x.entries as u64,
+            ),
+            (
+                "charm_prefix_cache_bytes",
+                "gauge",
+                "Bytes of the prefix cache's entries in RAM.",
+                x.bytes,
+            ),
+            (
+                "charm_prefix_cache_budget_bytes",
+                "gauge",
+                "The prefix cache's RAM budget.",
+                x.budget_bytes,
+            ),
+            (
+                "charm_prefix_cache_disk_entries",
+                "gauge",
+                "Prefix cache entries in its directory.",
+                x.disk_entries as u64,
+            ),
+            (
+                "charm_prefix_cache_disk_bytes",
+                "gauge",
+                "Bytes of the prefix cache's directory.",
+                x.disk_bytes,
+            ),
+            (
+                "charm_prefix_cache_lookups_total",
+                "counter",
+                "Prompts looked up in the prefix cache.",
+                x.lookups,
+            ),
+            (
+                "charm_prefix_cache_hits_total",
+                "counter",
+                "Prompts that reused a cached prefix.",
+                x.hits,
+            ),
+            (
+                "charm_prefix_cache_reused_tokens_total",
+                "counter",
+                "Prompt tokens served from the prefix cache.",
+                x.reused_tokens,
+            ),
+            (
+                "charm_prefix_cache_evictions_total",
+                "counter",
+                "Entries dropped to stay within the budget.",
+                x.evictions,
+            ),
+            (
+                "charm_prefix_cache_bad_files_total",
+                "counter",
+                "Persisted entries refused (checksum, layout) and removed.",
+                x.bad_files,
+            ),
+        ] {
+            head(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {v}");
+        }
         c.ttft.render(
             &mut out,
             "charm_time_to_first_token_seconds",
@@ -583,6 +656,8 @@ mod tests {
         let text = Metrics::default().render(&Live {
             queued: 0,
             running: 0,
+            max_batch: 4,
+            prefix: &PrefixStats::default(),
             experts: &ExpertStats::default(),
             workers: Workers::Remote(&reports),
         });
@@ -633,6 +708,12 @@ mod tests {
         let text = m.render(&Live {
             queued: 2,
             running: 1,
+            max_batch: 4,
+            prefix: &PrefixStats {
+                entries: 3,
+                hits: 7,
+                ..PrefixStats::default()
+            },
             experts: &ExpertStats::default(),
             workers: Workers::InProcess {
                 experts: 8,
@@ -644,5 +725,8 @@ mod tests {
         assert!(text.contains("charm_generations_total{finish=\"length\"} 1\n"));
         assert!(text.contains("charm_completion_tokens_total 3\n"));
         assert!(text.contains("charm_queue_depth 2\n"));
+        assert!(text.contains("charm_max_batch 4\n"));
+        assert!(text.contains("charm_prefix_cache_entries 3\n"));
+        assert!(text.contains("charm_prefix_cache_hits_total 7\n"));
     }
 }

@@ -8,14 +8,16 @@
 //!   both APIs share (tokenizing in the background, queueing a job).
 //! - [`conn`]: the accept loop, the connection cap and the per-connection
 //!   timeouts (slow heads and bodies, idle keep-alive, stalled reads).
-//! - [`queue`]: the engine thread and its bounded FIFO (429 when full);
-//!   detokenization and stop strings run there, per token.
+//! - [`queue`]: the bounded FIFO in front of the engine thread (429 when full).
+//! - [`scheduler`]: the engine thread: continuous batching of up to
+//!   `--max-batch` requests, the prefix cache, detokenization and stop
+//!   strings per token.
 //! - [`openai`]: the OpenAI API (`/v1/chat/completions`, `/v1/completions`).
 //! - [`anthropic`]: the Anthropic API (`/v1/messages`).
 //! - [`stop`]: cutting text exactly before a stop string.
 //! - [`tools`]: tool definitions and choices, and parsing the model's tool
 //!   calls back out of its text (whole or streamed).
-//! - [`logprobs`]: the decode loop for requests that ask for log-probabilities.
+//! - [`logprobs`]: log-probabilities of sampled tokens.
 //! - [`metrics`]: counters and histograms in the Prometheus text format.
 //! - [`dashboard`]: the page (from `coordinator/assets/`, inside the
 //!   binary), its snapshot and its live SSE feed.
@@ -34,13 +36,15 @@ pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod queue;
+pub mod scheduler;
 pub mod sse;
 pub mod stop;
 pub mod tools;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -61,10 +65,13 @@ use self::dashboard::Board;
 use self::error::{ApiError, ErrorKind, Flavor};
 use self::metrics::{Live, Metrics, Workers};
 use self::queue::{Event, Job, Queue, Slot};
+use self::scheduler::Shared;
 use crate::chat_template::Message;
 use crate::engine::{Engine, GenerateParams, LoadInfo};
+use crate::prefix_cache::{model_fingerprint, PrefixCache, PrefixError, PrefixOptions, PrefixStats};
 use crate::sampler::SamplingParams;
 use crate::text::{TextCodec, TextError};
+use charm_models::KvCache;
 
 /// Requests that may wait for the engine by default.
 pub const DEFAULT_QUEUE_SIZE: usize = 16;
@@ -79,6 +86,14 @@ pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
 /// Time a kept-alive connection may sit idle (or a response stay unread)
 /// by default, in milliseconds.
 pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Most requests in one running batch when `--max-batch` is not given
+/// (fewer when the KV caches of that many would not fit in memory).
+pub const MAX_AUTO_BATCH: usize = 8;
+/// The RAM budget of the prefix cache when none is given: an eighth of
+/// the memory available at start, at most this much.
+pub const MAX_AUTO_PREFIX_BYTES: u64 = 8 << 30;
+/// The disk budget of a prefix cache directory by default (4 GiB).
+pub const DEFAULT_PREFIX_DISK_MB: u64 = 4096;
 /// Most stop strings per request (OpenAI allows 4; Anthropic documents no
 /// limit).
 pub const MAX_STOP_SEQUENCES: usize = 16;
@@ -124,6 +139,23 @@ pub struct ServeArgs {
     /// whose client reads nothing of its response for as long.
     #[arg(long, default_value_t = DEFAULT_IDLE_TIMEOUT_MS)]
     pub idle_timeout_ms: u64,
+    /// Requests generated at once (each step runs them together and reads
+    /// each layer's experts once for all). Default: as many KV caches of
+    /// 4096 positions as fit in a quarter of the available memory, at most 8.
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// RAM for the prefix cache in MiB: finished requests' caches, so a
+    /// prompt that starts like an earlier one computes only what is new
+    /// (0: off). Default: an eighth of the available memory, at most 8 GiB.
+    #[arg(long)]
+    pub prefix_cache_mb: Option<u64>,
+    /// Also keep prefix cache entries in this directory, so a restarted
+    /// server finds them.
+    #[arg(long)]
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// Disk budget of --prefix-cache-dir in MiB.
+    #[arg(long, default_value_t = DEFAULT_PREFIX_DISK_MB)]
+    pub prefix_cache_disk_mb: u64,
 }
 
 /// Why the server cannot start.
@@ -157,6 +189,12 @@ pub enum ServeError {
     /// A connection timeout is 0.
     #[error("{flag} must be at least 1 ms")]
     Timeout { flag: &'static str },
+    /// `--max-batch` is 0.
+    #[error("--max-batch must be at least 1")]
+    MaxBatch,
+    /// The prefix cache's directory cannot be used.
+    #[error(transparent)]
+    Prefix(#[from] PrefixError),
     /// Binding, or starting a thread or the runtime, failed.
     #[error("{what}: {source}")]
     Io {
@@ -188,6 +226,15 @@ pub struct ServerConfig {
     pub model_dir: PathBuf,
     /// Who runs the experts: `in-process` (`--local`) or `cluster`.
     pub worker: String,
+    /// Requests generated at once (None: from the memory available).
+    pub max_batch: Option<usize>,
+    /// RAM budget of the prefix cache in bytes (None: from the memory
+    /// available; 0: off).
+    pub prefix_cache_bytes: Option<u64>,
+    /// Where prefix cache entries persist, if anywhere.
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// Byte budget of `prefix_cache_dir`.
+    pub prefix_cache_disk_bytes: u64,
 }
 
 impl ServerConfig {
@@ -205,6 +252,10 @@ impl ServerConfig {
             idle_timeout: Duration::from_millis(DEFAULT_IDLE_TIMEOUT_MS),
             model_dir: model_dir.to_path_buf(),
             worker: IN_PROCESS.into(),
+            max_batch: None,
+            prefix_cache_bytes: None,
+            prefix_cache_dir: None,
+            prefix_cache_disk_bytes: DEFAULT_PREFIX_DISK_MB << 20,
         }
     }
 
@@ -234,6 +285,10 @@ impl ServerConfig {
             idle_timeout: ms("--idle-timeout-ms", args.idle_timeout_ms)?,
             model_dir: model_dir.to_path_buf(),
             worker: if local { IN_PROCESS } else { CLUSTER }.into(),
+            max_batch: args.max_batch,
+            prefix_cache_bytes: args.prefix_cache_mb.map(|mb| mb.saturating_mul(1 << 20)),
+            prefix_cache_dir: args.prefix_cache_dir.clone(),
+            prefix_cache_disk_bytes: args.prefix_cache_disk_mb.saturating_mul(1 << 20),
         })
     }
 
@@ -245,6 +300,20 @@ impl ServerConfig {
             idle_timeout: self.idle_timeout,
         }
     }
+}
+
+/// Memory the OS can give now (8 GiB when it cannot say).
+fn available_memory() -> u64 {
+    charm_worker::sysmem::available_memory().unwrap_or(8 << 30)
+}
+
+/// Requests generated at once by default: as many sequence caches of
+/// 4096 positions (or the model's context, when shorter) as fit in a
+/// quarter of `available` bytes, between 1 and [`MAX_AUTO_BATCH`].
+fn auto_max_batch(fresh: &KvCache, engine: &Engine, available: u64) -> usize {
+    let positions = engine.config().max_position_embeddings.min(4096) as u64;
+    let per_seq = (fresh.bytes_per_position() as u64 * positions + fresh.bytes() as u64).max(1);
+    ((available / 4) / per_seq).clamp(1, MAX_AUTO_BATCH as u64) as usize
 }
 
 /// The key in `path`, trimmed. Refuses a file that group or others may
@@ -362,6 +431,10 @@ pub struct AppState {
     pub model: ModelInfo,
     pub codec: Arc<TextCodec>,
     pub queue: Queue,
+    /// Requests generated at once.
+    pub max_batch: usize,
+    /// The prefix cache's counters, as the engine thread last left them.
+    pub prefix: Arc<Mutex<PrefixStats>>,
     pub metrics: Arc<Metrics>,
     pub board: Arc<Board>,
     pub experts: Arc<dyn ExpertService>,
@@ -381,6 +454,9 @@ impl Server {
     pub fn start(mut engine: Engine, info: &LoadInfo, config: ServerConfig) -> Result<Server, ServeError> {
         if config.queue_size == 0 {
             return Err(ServeError::QueueSize);
+        }
+        if config.max_batch == Some(0) {
+            return Err(ServeError::MaxBatch);
         }
         let max = tokio::sync::Semaphore::MAX_PERMITS;
         if config.max_connections == 0 || config.max_connections > max {
@@ -422,13 +498,39 @@ impl Server {
         engine.set_observer(board.clone());
         let experts = engine.expert_service().clone();
         let metrics = Arc::new(Metrics::default());
-        let queue = Queue::start(engine, codec.clone(), config.queue_size, metrics.clone(), board.clone())
+        let fresh = engine.model.new_cache();
+        let available = available_memory();
+        let max_batch = config
+            .max_batch
+            .unwrap_or_else(|| auto_max_batch(&fresh, &engine, available));
+        let prefix = PrefixCache::new(
+            &PrefixOptions {
+                ram_bytes: config
+                    .prefix_cache_bytes
+                    .unwrap_or_else(|| (available / 8).min(MAX_AUTO_PREFIX_BYTES)),
+                dir: config.prefix_cache_dir.clone(),
+                disk_bytes: config.prefix_cache_disk_bytes,
+            },
+            fresh.clone(),
+            &model_fingerprint(&config.model_dir, &fresh),
+        )?;
+        let prefix_stats = Arc::new(Mutex::new(PrefixStats::default()));
+        let shared = Shared {
+            codec: codec.clone(),
+            metrics: metrics.clone(),
+            board: board.clone(),
+            running: Arc::new(AtomicUsize::new(0)),
+            prefix: prefix_stats.clone(),
+        };
+        let queue = Queue::start(engine, shared, config.queue_size, max_batch, prefix)
             .map_err(|e| io("starting the engine thread", e))?;
         let state = Arc::new(AppState {
             config,
             model,
             codec,
             queue,
+            max_batch,
+            prefix: prefix_stats,
             metrics,
             board,
             experts,
@@ -679,6 +781,7 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
             "model": st.model.id,
             "queued": st.queue.queued(),
             "running": st.queue.running(),
+            "max_batch": st.max_batch,
         }),
     )
 }
@@ -693,9 +796,12 @@ async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
     } else {
         Workers::Remote(&experts.workers)
     };
+    let prefix = st.prefix.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let text = st.metrics.render(&Live {
         queued: st.queue.queued(),
         running: st.queue.running(),
+        max_batch: st.max_batch,
+        prefix: &prefix,
         experts: &experts,
         workers,
     });
@@ -990,6 +1096,7 @@ pub(crate) mod testing {
             finish,
             stop_sequence: None,
             prompt_tokens: 5,
+            cached_tokens: 0,
             completion_tokens: pieces.len(),
             stats: Default::default(),
         })))
