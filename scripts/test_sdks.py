@@ -147,7 +147,8 @@ def run_anthropic_tools(base, key, model, max_tokens):
     with client.messages.stream(**kw) as stream:
         final = stream.get_final_message()
     check(summary(final) == got, f"anthropic tools: streamed {summary(final)} != {got}")
-    got.update(input_tokens=whole.usage.input_tokens, output_tokens=whole.usage.output_tokens)
+    got.update(input_tokens=whole.usage.input_tokens, output_tokens=whole.usage.output_tokens,
+               cache_read_input_tokens=whole.usage.cache_read_input_tokens or 0)
     return got
 
 
@@ -170,7 +171,10 @@ def run_anthropic(base, key, model, max_tokens):
     check(streamed == text, f"anthropic: streamed {streamed!r} != whole {text!r}")
     check(final.stop_reason == whole.stop_reason, f"anthropic stream stop_reason {final.stop_reason}")
     check(final.usage.output_tokens == whole.usage.output_tokens, f"anthropic stream usage {final.usage}")
-    check(final.usage.input_tokens == whole.usage.input_tokens, f"anthropic stream input usage {final.usage}")
+    # The stream's prompt is the whole answer's, served by the prefix cache.
+    prompt = whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0)
+    check(final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == prompt,
+          f"anthropic stream input usage {final.usage}")
 
     try:
         client.messages.create(model="no-such-model", max_tokens=2, messages=messages)
@@ -181,6 +185,7 @@ def run_anthropic(base, key, model, max_tokens):
         "text": text,
         "stop_reason": whole.stop_reason,
         "input_tokens": whole.usage.input_tokens,
+        "cache_read_input_tokens": whole.usage.cache_read_input_tokens or 0,
         "output_tokens": whole.usage.output_tokens,
     }
 

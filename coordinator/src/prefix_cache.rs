@@ -67,6 +67,9 @@ pub struct PrefixOptions {
     pub dir: Option<PathBuf>,
     /// Byte budget of the directory.
     pub disk_bytes: u64,
+    /// Logits per checkpoint: the model's vocabulary (a file with others
+    /// is refused).
+    pub vocab: usize,
 }
 
 /// What a lookup found.
@@ -158,6 +161,8 @@ pub struct PrefixCache {
     clock: u64,
     /// An empty cache of the model: the layout persisted files must have.
     fresh: KvCache,
+    /// Logits per checkpoint.
+    vocab: usize,
     disk: Option<Disk>,
     stats: PrefixStats,
 }
@@ -218,6 +223,7 @@ impl PrefixCache {
             entries: Vec::new(),
             clock: now_ms(),
             fresh,
+            vocab: opts.vocab,
             disk,
             stats: PrefixStats::default(),
         };
@@ -425,7 +431,7 @@ impl PrefixCache {
     fn load_file(&mut self, i: usize) -> Option<usize> {
         let disk = self.disk.as_mut()?;
         let path = disk.files[i].path.clone();
-        match read_file(&path, &self.fresh) {
+        match read_file(&path, &self.fresh, self.vocab) {
             Ok(snap) => {
                 disk.files[i].used_at = self.clock;
                 let bytes = snap.bytes();
@@ -650,7 +656,7 @@ fn index(dir: &Path) -> std::io::Result<Vec<OnDisk>> {
 }
 
 /// Reads a whole file and checks it fits the model's cache layout.
-fn read_file(path: &Path, fresh: &KvCache) -> Result<Snapshot, String> {
+fn read_file(path: &Path, fresh: &KvCache, vocab: usize) -> Result<Snapshot, String> {
     let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let (header, blen, bcrc) = read_header(&mut f, len)?;
@@ -666,7 +672,9 @@ fn read_file(path: &Path, fresh: &KvCache) -> Result<Snapshot, String> {
     if !cache.fits(fresh) || cache.len() != tokens.len() || cache.rewinds() != header.rewinds {
         return Err("the cache does not fit this model".into());
     }
-    let vocab_ok = checkpoints.iter().all(|(at, l)| *at <= tokens.len() && !l.is_empty());
+    let vocab_ok = checkpoints
+        .iter()
+        .all(|(at, l)| *at <= tokens.len() && l.len() == vocab);
     if !vocab_ok {
         return Err("bad checkpoints".into());
     }
@@ -703,6 +711,7 @@ mod tests {
             ram_bytes: ram,
             dir,
             disk_bytes: 1 << 30,
+            vocab: 2,
         }
     }
 

@@ -280,8 +280,8 @@ fn anthropic_tool_conversations_reach_the_engine_as_transformers_renders_them() 
         assert_eq!(r.status, 200, "case {name}: {}", r.text());
         let v = r.json();
         assert_eq!(
-            v["usage"]["input_tokens"],
-            c["prefilled_ids"].as_array().unwrap().len(),
+            anthropic_prompt_tokens(&v["usage"]),
+            c["prefilled_ids"].as_array().unwrap().len() as u64,
             "case {name}"
         );
         let (want, finish) = expected(&c);
@@ -382,7 +382,13 @@ fn tool_choice_none_shows_no_tools_to_the_model() {
     let mut body = anthropic_body(&c);
     body["tool_choice"] = json!({"type": "none"});
     let v = post(srv.addr(), MESSAGES, &body).json();
-    assert_eq!(v["usage"]["input_tokens"], plain.len(), "{v}");
+    assert_eq!(anthropic_prompt_tokens(&v["usage"]), plain.len() as u64, "{v}");
+}
+
+/// An Anthropic `usage`'s prompt tokens: computed plus read from the
+/// prefix cache.
+fn anthropic_prompt_tokens(usage: &Value) -> u64 {
+    usage["input_tokens"].as_u64().unwrap() + usage["cache_read_input_tokens"].as_u64().unwrap()
 }
 
 /// Posts `body` and expects a 400 in the route's error shape whose message

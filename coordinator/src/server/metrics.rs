@@ -103,6 +103,10 @@ struct Counters {
     queue_wait: Histogram,
     duration: Histogram,
     phases: PhaseTimes,
+    steps: u64,
+    step_requests: u64,
+    step_rows: u64,
+    largest_step: u64,
 }
 
 /// Everything `/metrics` exports that the server itself counts.
@@ -151,6 +155,10 @@ impl Default for Metrics {
                 queue_wait: Histogram::new(WAIT_BUCKETS),
                 duration: Histogram::new(WAIT_BUCKETS),
                 phases: PhaseTimes::default(),
+                steps: 0,
+                step_requests: 0,
+                step_rows: 0,
+                largest_step: 0,
             }),
         }
     }
@@ -209,6 +217,15 @@ impl Metrics {
     }
 
     /// Seconds the engine has waited on the expert service, in total.
+    /// One engine step ran over `requests` requests and `rows` token rows.
+    pub fn step(&self, requests: usize, rows: usize) {
+        let mut c = self.lock();
+        c.steps += 1;
+        c.step_requests += requests as u64;
+        c.step_rows += rows as u64;
+        c.largest_step = c.largest_step.max(requests as u64);
+    }
+
     pub fn experts_wait_s(&self) -> f64 {
         self.lock().phases.experts_ms / 1e3
     }
@@ -262,6 +279,35 @@ impl Metrics {
         let _ = writeln!(out, "charm_queue_depth {}", live.queued);
         head(&mut out, "charm_requests_running", "gauge", "Requests being generated.");
         let _ = writeln!(out, "charm_requests_running {}", live.running);
+        for (name, kind, help, v) in [
+            (
+                "charm_engine_steps_total",
+                "counter",
+                "Passes through the layers.",
+                c.steps,
+            ),
+            (
+                "charm_engine_step_requests_total",
+                "counter",
+                "Requests summed over every step (over steps: the mean batch).",
+                c.step_requests,
+            ),
+            (
+                "charm_engine_step_rows_total",
+                "counter",
+                "Token rows summed over every step.",
+                c.step_rows,
+            ),
+            (
+                "charm_engine_largest_step_requests",
+                "gauge",
+                "Most requests one step has run together.",
+                c.largest_step,
+            ),
+        ] {
+            head(&mut out, name, kind, help);
+            let _ = writeln!(out, "{name} {v}");
+        }
         head(&mut out, "charm_max_batch", "gauge", "Most requests generated at once.");
         let _ = writeln!(out, "charm_max_batch {}", live.max_batch);
         let x = live.prefix;

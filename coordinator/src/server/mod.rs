@@ -446,6 +446,9 @@ pub struct Server {
     addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Ends once the HTTP side is gone and the running requests have left
+    /// (their clients are gone too), after the prefix cache's last write.
+    engine: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
@@ -510,6 +513,7 @@ impl Server {
                     .unwrap_or_else(|| (available / 8).min(MAX_AUTO_PREFIX_BYTES)),
                 dir: config.prefix_cache_dir.clone(),
                 disk_bytes: config.prefix_cache_disk_bytes,
+                vocab: engine.config().vocab_size,
             },
             fresh.clone(),
             &model_fingerprint(&config.model_dir, &fresh),
@@ -522,7 +526,7 @@ impl Server {
             running: Arc::new(AtomicUsize::new(0)),
             prefix: prefix_stats.clone(),
         };
-        let queue = Queue::start(engine, shared, config.queue_size, max_batch, prefix)
+        let (queue, engine_thread) = Queue::start(engine, shared, config.queue_size, max_batch, prefix)
             .map_err(|e| io("starting the engine thread", e))?;
         let state = Arc::new(AppState {
             config,
@@ -569,6 +573,7 @@ impl Server {
             addr,
             shutdown: Some(tx),
             thread: Some(thread),
+            engine: Some(engine_thread),
         })
     }
 
@@ -587,6 +592,9 @@ impl Server {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some(t) = self.engine.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -596,6 +604,9 @@ impl Drop for Server {
             let _ = tx.send(());
         }
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.engine.take() {
             let _ = t.join();
         }
     }

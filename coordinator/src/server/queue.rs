@@ -112,27 +112,29 @@ impl Drop for Slot {
 
 impl Queue {
     /// Starts the engine thread, running up to `max_batch` jobs at once,
-    /// with room for `capacity` waiting jobs.
+    /// with room for `capacity` waiting jobs. The thread ends once the queue
+    /// is dropped and its last job is done.
     pub fn start(
         engine: Engine,
         shared: Shared,
         capacity: usize,
         max_batch: usize,
         prefix: PrefixCache,
-    ) -> std::io::Result<Queue> {
+    ) -> std::io::Result<(Queue, std::thread::JoinHandle<()>)> {
         let capacity = capacity.max(1);
         let (tx, rx) = mpsc::channel(capacity);
         let running = shared.running.clone();
-        std::thread::Builder::new().name("charm-engine".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("charm-engine".into()).spawn(move || {
             let codec = shared.codec.clone();
             Scheduler::new(engine, &codec, shared, max_batch, prefix).run(rx)
         })?;
-        Ok(Queue {
+        let queue = Queue {
             tx,
             running,
             reserved: Arc::new(AtomicUsize::new(0)),
             capacity,
-        })
+        };
+        Ok((queue, thread))
     }
 
     /// Reserves a place for a job, or refuses when the queue is full (or

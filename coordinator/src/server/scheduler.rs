@@ -223,6 +223,8 @@ impl<'c> Scheduler<'c> {
                 .collect();
             self.engine.forward_batch(&mut batch, &mut prof)
         };
+        let rows = pieces.iter().map(|(_, p)| p.len()).sum();
+        self.shared.metrics.step(pieces.len(), rows);
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
