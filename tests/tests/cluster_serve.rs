@@ -11,6 +11,9 @@
 //!   request its series says `up` 0 with its request re-sent (a hedge or a
 //!   failover counted), and the dashboard row says `down`, while the
 //!   survivor keeps serving.
+//! - `batched_requests_in_a_cluster_get_what_one_box_gives_each_alone`:
+//!   requests batched together (`--max-batch 4`) in front of the two workers
+//!   get the tokens and logprob bits a one-box server gives each alone.
 
 mod cluster_support;
 
@@ -158,4 +161,70 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
     let listed = dashboard_workers(&get_json(addr, "/api/state"));
     assert_eq!(listed[&lost]["status"], "down");
     assert_eq!(listed[&kept]["status"], "up");
+}
+
+/// `POST /v1/chat/completions` of `text`, greedy with log-probabilities:
+/// the text and the per-token log-probabilities.
+fn chat_answer(addr: SocketAddr, text: &str, max_tokens: usize) -> (String, Value) {
+    let body = serde_json::json!({"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+                                  "temperature": 0, "logprobs": true, "top_logprobs": 2});
+    let (status, out) = http(addr, "POST", "/v1/chat/completions", Some(&body));
+    assert_eq!(status, 200, "{text:?}: {out}");
+    let v: Value = serde_json::from_str(&out).expect("JSON");
+    let c = &v["choices"][0];
+    (
+        c["message"]["content"].as_str().unwrap().to_string(),
+        c["logprobs"]["content"].clone(),
+    )
+}
+
+/// Requests batched together in front of two workers get the very tokens
+/// and log-probability bits one box gives each of them alone.
+#[test]
+fn batched_requests_in_a_cluster_get_what_one_box_gives_each_alone() {
+    let dir = chat_fixture();
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let workers: Vec<Worker> = (0..2).map(|_| Worker::start(&dir, &key, &[])).collect();
+    let no_reuse = ["--prefix-cache-mb", "0"];
+    let srv = Serve::cluster_with(&dir, &key, &workers, &["--max-batch", "4", no_reuse[0], no_reuse[1]]);
+    let one_box = Serve::start_with(
+        &["--model", dir.to_str().unwrap(), "--local", "--threads", "1"],
+        &["--max-batch", "1", no_reuse[0], no_reuse[1]],
+    );
+    let asks: Vec<(String, usize)> = (0..4)
+        .map(|i| {
+            (
+                format!("Question {i}:{}", " tell me more".repeat(3 * i)),
+                if i == 0 { 120 } else { 16 },
+            )
+        })
+        .collect();
+    let alone: Vec<_> = asks.iter().map(|(t, n)| chat_answer(one_box.addr, t, *n)).collect();
+    let addr = srv.addr;
+    let together: Vec<_> = std::thread::scope(|s| {
+        let first = s.spawn(|| chat_answer(addr, &asks[0].0, asks[0].1));
+        // The long one is generating; the others join its steps.
+        let t = Instant::now();
+        while get_json(addr, "/health")["running"] != 1 {
+            assert!(t.elapsed() < PATIENCE, "the first request never started");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let rest: Vec<_> = asks[1..]
+            .iter()
+            .map(|(t, n)| s.spawn(move || chat_answer(addr, t, *n)))
+            .collect();
+        std::iter::once(first).chain(rest).map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert!(!a.1.as_array().unwrap().is_empty(), "request {i} has logprobs");
+        assert_eq!(a, b, "request {i}: tokens or logprob bits differ");
+    }
+    let m = metrics(addr);
+    let largest = m
+        .lines()
+        .find_map(|l| l.strip_prefix("charm_engine_largest_step_requests "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("the largest step in /metrics");
+    assert!(largest >= 2, "the requests never shared a step:\n{m}");
 }

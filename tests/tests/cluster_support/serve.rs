@@ -34,9 +34,15 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(args: &[&str]) -> Serve {
+        Serve::start_with(args, &[])
+    }
+
+    /// `coordinator ARGS serve --host 127.0.0.1 --port 0 SERVE_ARGS`.
+    pub fn start_with(args: &[&str], serve_args: &[&str]) -> Serve {
         let mut child = Command::new(bin("coordinator"))
             .args(args)
             .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(serve_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -78,22 +84,30 @@ impl Serve {
     /// `coordinator serve` for `model` in front of `workers` (all of them
     /// required at start), one compute thread, a 3 s request timeout.
     pub fn cluster(model: &Path, key: &Path, workers: &[super::Worker]) -> Serve {
+        Serve::cluster_with(model, key, workers, &[])
+    }
+
+    /// [`Serve::cluster`] with `serve_args` after `serve`.
+    pub fn cluster_with(model: &Path, key: &Path, workers: &[super::Worker], serve_args: &[&str]) -> Serve {
         let specs: Vec<String> = workers.iter().map(super::Worker::spec).collect();
         let n = workers.len().to_string();
-        Serve::start(&[
-            "--model",
-            model.to_str().expect("a UTF-8 path"),
-            "--cluster-key-file",
-            key.to_str().expect("a UTF-8 path"),
-            "--workers",
-            &specs.join(","),
-            "--min-workers",
-            &n,
-            "--worker-timeout-ms",
-            "3000",
-            "--threads",
-            "1",
-        ])
+        Serve::start_with(
+            &[
+                "--model",
+                model.to_str().expect("a UTF-8 path"),
+                "--cluster-key-file",
+                key.to_str().expect("a UTF-8 path"),
+                "--workers",
+                &specs.join(","),
+                "--min-workers",
+                &n,
+                "--worker-timeout-ms",
+                "3000",
+                "--threads",
+                "1",
+            ],
+            serve_args,
+        )
     }
 }
 
