@@ -60,6 +60,12 @@ pub struct Cli {
     /// memory and the bytes read per token, as llama.cpp's default cache).
     #[arg(long, global = true, default_value = "f32")]
     pub kv_cache: String,
+    /// Prompt rows per step: bounds activation memory on long prompts, and
+    /// how long a prompt being read delays the requests decoding beside it
+    /// (`serve`). The tokens do not depend on it.
+    #[arg(long, global = true, default_value_t = crate::engine::DEFAULT_PREFILL_CHUNK as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub prefill_chunk: u64,
     /// Where learned routing history is kept (default: <model>/state).
     #[arg(long, global = true)]
     pub state_dir: Option<PathBuf>,
@@ -261,7 +267,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         return crate::cluster::cli::plan(&dir, &cli.cluster, &opts, args);
     }
-    let (engine, info) = if cli.local {
+    let (mut engine, info) = if cli.local {
         Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?
     } else {
         let (model, service) = crate::cluster::cli::start(&dir, &cli.cluster, &opts)?;
@@ -270,6 +276,7 @@ pub fn run(cli: Cli) -> Result<()> {
         engine.model.kv_dtype = opts.kv_dtype;
         (engine, LoadInfo::default())
     };
+    engine.prefill_chunk = cli.prefill_chunk as usize;
     if info.container {
         eprintln!("{}", start_line(&info));
     }
