@@ -322,6 +322,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             temperature: req.temperature,
             top_p: req.top_p,
             top_k: req.top_k,
+            ignore_eos: false,
             seed: None,
             stop: req.stop_sequences.unwrap_or_default(),
             stop_param: "stop_sequences",

@@ -901,6 +901,9 @@ pub(crate) struct Ask {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
+    /// Generate `max_tokens` whatever end-of-sequence tokens come (an
+    /// extension of the OpenAI routes, for benchmarks).
+    pub ignore_eos: bool,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     /// The stop field's name in this API (`stop`, `stop_sequences`).
@@ -997,7 +1000,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         params: GenerateParams {
             max_tokens,
             sampling,
-            ignore_eos: false,
+            ignore_eos: ask.ignore_eos,
         },
         stop: ask.stop,
         logprobs: ask.logprobs,

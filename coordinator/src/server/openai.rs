@@ -5,7 +5,9 @@
 //! `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string
 //! or a list), `stream`, `stream_options.include_usage`, `logprobs` /
 //! `top_logprobs` (chat) or `logprobs: N` (completions), `n` (1 only).
-//! `top_k` is accepted as an extension. Log-probabilities are those of the
+//! `top_k` and `ignore_eos` (generate `max_tokens` whatever the model's
+//! end-of-sequence tokens, for benchmarks; as llama.cpp and vLLM accept
+//! it) are accepted as extensions. Log-probabilities are those of the
 //! model's distribution (`log_softmax(logits)`, before temperature).
 //!
 //! Tools (chat): `tools` (function tools), `tool_choice` (`auto`, `none`,
@@ -61,6 +63,8 @@ struct ChatRequest {
     top_p: Option<f32>,
     #[serde(default)]
     top_k: Option<usize>,
+    #[serde(default)]
+    ignore_eos: bool,
     #[serde(default)]
     seed: Option<u64>,
     #[serde(default)]
@@ -129,6 +133,8 @@ struct CompletionRequest {
     top_p: Option<f32>,
     #[serde(default)]
     top_k: Option<usize>,
+    #[serde(default)]
+    ignore_eos: bool,
     #[serde(default)]
     seed: Option<u64>,
     #[serde(default)]
@@ -377,6 +383,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             temperature: req.temperature,
             top_p: req.top_p,
             top_k: req.top_k,
+            ignore_eos: req.ignore_eos,
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_param: "stop",
@@ -467,6 +474,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             temperature: req.temperature,
             top_p: req.top_p,
             top_k: req.top_k,
+            ignore_eos: req.ignore_eos,
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_param: "stop",
