@@ -104,7 +104,7 @@ async function readSse(resp, onEvent) {
 
 // One row per worker: the in-process one of --local, or each cluster worker
 // (lost ones stay, "down"). Rows are keyed by address and kept in order.
-function drawWorkers(workers, queue) {
+function drawWorkers(workers, queue, prefix) {
   const now = performance.now();
   const remote = state.model && state.model.placement === "remote";
   const tbody = $("workers").querySelector("tbody");
@@ -155,7 +155,11 @@ function drawWorkers(workers, queue) {
   for (const r of Array.from(tbody.children)) {
     if (!seen.has(r.dataset.address)) r.remove();
   }
-  $("queue").textContent = `queue ${queue.queued}/${queue.capacity} · running ${queue.running}`;
+  const reuse =
+    prefix && prefix.budget_bytes
+      ? ` · prefix cache ${prefix.entries} entries, ${bytes(prefix.bytes)}, ${prefix.hits}/${prefix.lookups} hits, ${prefix.reused_tokens} tokens reused`
+      : "";
+  $("queue").textContent = `queue ${queue.queued}/${queue.capacity} · running ${queue.running}/${queue.max_batch}${reuse}`;
 }
 
 function drawActive(running) {
@@ -362,7 +366,7 @@ function drawTrend() {
 // ---- state and live feed ---------------------------------------------------
 
 function applyLive(f) {
-  drawWorkers(f.workers || [f.worker], f.queue);
+  drawWorkers(f.workers || [f.worker], f.queue, f.prefix_cache);
   drawActive(f.active);
 }
 

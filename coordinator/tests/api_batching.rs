@@ -222,6 +222,10 @@ fn the_prefix_cache_serves_repeated_and_extended_prompts_with_the_same_tokens() 
     assert_eq!(u["input_tokens"], 0, "{u}");
     assert_eq!(u["cache_creation_input_tokens"], 0, "{u}");
     assert!(metric(srv.addr(), "charm_prefix_cache_hits_total") >= 3);
+    // The dashboard's data says the same.
+    let state = get(srv.addr(), "/api/state").json();
+    assert!(state["prefix_cache"]["hits"].as_u64().unwrap() >= 3, "{state}");
+    assert!(state["queue"]["max_batch"].as_u64().unwrap() >= 1, "{state}");
     assert!(metric(srv.addr(), "charm_prefix_cache_reused_tokens_total") >= cached + prompt);
 }
 

@@ -267,7 +267,9 @@ fn live(st: &AppState) -> serde_json::Value {
         e.workers.iter().map(remote_worker).collect()
     };
     json!({
-        "queue": {"queued": st.queue.queued(), "running": st.queue.running(), "capacity": st.queue.capacity()},
+        "queue": {"queued": st.queue.queued(), "running": st.queue.running(), "capacity": st.queue.capacity(),
+                  "max_batch": st.max_batch},
+        "prefix_cache": st.prefix.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         "worker": worker,
         "workers": workers,
         "experts": e,
