@@ -92,7 +92,13 @@ cat "$OUT/machine.txt" >&2
 
 PORT=18431
 PID=""
-stop() { [ -n "$PID" ] && kill "$PID" 2>/dev/null && wait "$PID" 2>/dev/null; PID=""; }
+stop() {
+  if [ -n "$PID" ]; then
+    kill "$PID" 2>/dev/null || true
+    wait "$PID" 2>/dev/null || true
+  fi
+  PID=""
+}
 trap stop EXIT
 wait_up() { # url log
   for _ in $(seq 1 600); do

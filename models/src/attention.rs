@@ -118,9 +118,65 @@ impl Attention {
         out: &mut [f32],
         times: &mut AttentionTimes,
     ) {
+        let n = positions.len();
+        self.forward_many_timed(xs, &[0..n], positions, rope, &mut [kv], out, times)
+    }
+
+    /// Attention over the rows of several sequences at once: `xs` holds
+    /// every sequence's normed rows, `seqs[i]` the rows of sequence `i`
+    /// (whose cache is `kvs[i]`), `positions` each row's position. The
+    /// projections run once over all the rows (their weights are read once
+    /// for the step); RoPE, the cache and the heads run per sequence. Each
+    /// row's bits are the ones it gets alone: every product is
+    /// row-independent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_many_timed(
+        &self,
+        xs: &[f32],
+        seqs: &[std::ops::Range<usize>],
+        positions: &[usize],
+        rope: &Rope,
+        kvs: &mut [&mut LayerKv],
+        out: &mut [f32],
+        times: &mut AttentionTimes,
+    ) {
+        debug_assert_eq!(seqs.len(), kvs.len(), "one cache per sequence");
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
         let n = positions.len();
+        let qd = self.heads * self.head_dim;
+        let (mut q, k, v, gate) = self.project(xs, n);
+        for (rows, kv) in seqs.iter().zip(kvs.iter_mut()) {
+            self.rope_and_cache(&mut q, &k, &v, rows.clone(), positions, rope, kv);
+        }
+        times.qkv_ms += ms(started);
+        let started = Instant::now();
+        let mut ctx = vec![0.0; n * qd];
+        for (rows, kv) in seqs.iter().zip(kvs.iter()) {
+            let first = positions[rows.start];
+            self.heads_into(
+                &q[rows.start * qd..rows.end * qd],
+                first,
+                kv,
+                &mut ctx[rows.start * qd..rows.end * qd],
+            );
+        }
+        // attn_output = attn_output * torch.sigmoid(gate)
+        if let Some(gate) = &gate {
+            for (c, g) in ctx.iter_mut().zip(gate) {
+                *c *= sigmoid(*g);
+            }
+        }
+        times.heads_ms += ms(started);
+        let started = Instant::now();
+        self.o_proj.matmul(&ctx, n, out);
+        times.o_proj_ms += ms(started);
+    }
+
+    /// q (RoPE not yet applied), k and v of `n` rows, and the output gate
+    /// when the family has one: the products, biases, QK-norm and clipping,
+    /// all row by row.
+    fn project(&self, xs: &[f32], n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Option<Vec<f32>>) {
         let (qd, kvd, hd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim);
         let mut q = vec![0.0; n * qd * if self.output_gate { 2 } else { 1 }];
         let mut k = vec![0.0; n * kvd];
@@ -161,23 +217,39 @@ impl Attention {
                 *x = x.clamp(-c, c);
             }
         }
-        for (t, &pos) in positions.iter().enumerate() {
-            rope.apply(&mut q[t * qd..(t + 1) * qd], pos);
-            rope.apply(&mut k[t * kvd..(t + 1) * kvd], pos);
-        }
-        let first = kv.len();
-        debug_assert_eq!(first, positions[0], "positions must continue the cache");
-        for (kr, vr) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)) {
-            kv.push(kr, vr);
-        }
-        times.qkv_ms += ms(started);
-        let started = Instant::now();
+        (q, k, v, gate)
+    }
 
-        // softmax(q k^T / sqrt(head_dim)) v, one (token, head) per task.
+    /// RoPE on one sequence's `rows` of `q` and `k`, and their keys and
+    /// values appended to its cache.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_and_cache(
+        &self,
+        q: &mut [f32],
+        k: &[f32],
+        v: &[f32],
+        rows: std::ops::Range<usize>,
+        positions: &[usize],
+        rope: &Rope,
+        kv: &mut LayerKv,
+    ) {
+        let (qd, kvd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        debug_assert_eq!(kv.len(), positions[rows.start], "positions must continue the cache");
+        let mut kr = vec![0.0; kvd];
+        for t in rows {
+            rope.apply(&mut q[t * qd..(t + 1) * qd], positions[t]);
+            kr.copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
+            rope.apply(&mut kr, positions[t]);
+            kv.push(&kr, &v[t * kvd..(t + 1) * kvd]);
+        }
+    }
+
+    /// softmax(q k^T / sqrt(head_dim)) v for one sequence's roped queries
+    /// `q` (rows from position `first`), one (row, head) per task.
+    fn heads_into(&self, q: &[f32], first: usize, kv: &LayerKv, ctx: &mut [f32]) {
+        let (qd, hd) = (self.heads * self.head_dim, self.head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
         let group = self.heads / self.kv_heads;
-        let mut ctx = vec![0.0; n * qd];
-        let kv_ref: &LayerKv = kv;
         ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / self.heads, i % self.heads);
             let pos = first + t;
@@ -187,24 +259,14 @@ impl Attention {
             };
             let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
             let mut scores = vec![0.0f32; pos + 1 - start];
-            kv_ref.keys(h / group, start, pos + 1).dots(qh, &mut scores);
+            kv.keys(h / group, start, pos + 1).dots(qh, &mut scores);
             for s in &mut scores {
                 *s *= scale;
             }
             softmax(&mut scores);
             o.fill(0.0);
-            kv_ref.values(h / group, start, pos + 1).add_weighted(&scores, o);
+            kv.values(h / group, start, pos + 1).add_weighted(&scores, o);
         });
-        // attn_output = attn_output * torch.sigmoid(gate)
-        if let Some(gate) = &gate {
-            for (c, g) in ctx.iter_mut().zip(gate) {
-                *c *= sigmoid(*g);
-            }
-        }
-        times.heads_ms += ms(started);
-        let started = Instant::now();
-        self.o_proj.matmul(&ctx, n, out);
-        times.o_proj_ms += ms(started);
     }
 }
 

@@ -21,7 +21,7 @@ use crate::error::{ExpertError, ModelError};
 use crate::ffn::SwiGlu;
 use crate::gated_delta_net::GatedDeltaNet;
 use crate::group_router::SigmoidGroup;
-use crate::kv_cache::{KvCache, KvDtype, LayerCache};
+use crate::kv_cache::{KvCache, KvDtype, LayerCache, LayerKv};
 use crate::mla::Mla;
 use crate::rope::Rope;
 use crate::router::{batch_union, Router, Scoring};
@@ -293,12 +293,24 @@ impl Model {
         let mut xs = st.hidden.clone();
         rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
         let mut attn_out = vec![0.0; st.len() * h];
-        for (rows, cache) in st.seqs.iter().zip(caches.iter_mut()) {
-            let (xs, out) = (
-                &xs[rows.start * h..rows.end * h],
-                &mut attn_out[rows.start * h..rows.end * h],
-            );
-            self.mix(layer, xs, &st.positions[rows.clone()], cache, out, times);
+        if let Mixer::Attention(a) = &l.mixer {
+            // The projections over every sequence's rows at once.
+            let mut kvs: Vec<&mut LayerKv> = caches
+                .iter_mut()
+                .map(|c| match &mut c.layers[layer] {
+                    LayerCache::Kv(kv) => kv,
+                    _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
+                })
+                .collect();
+            a.forward_many_timed(&xs, &st.seqs, &st.positions, &self.rope, &mut kvs, &mut attn_out, times);
+        } else {
+            for (rows, cache) in st.seqs.iter().zip(caches.iter_mut()) {
+                let (xs, out) = (
+                    &xs[rows.start * h..rows.end * h],
+                    &mut attn_out[rows.start * h..rows.end * h],
+                );
+                self.mix(layer, xs, &st.positions[rows.clone()], cache, out, times);
+            }
         }
         add_into(&mut st.hidden, &attn_out);
     }
