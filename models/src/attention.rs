@@ -118,8 +118,8 @@ impl Attention {
         out: &mut [f32],
         times: &mut AttentionTimes,
     ) {
-        let n = positions.len();
-        self.forward_many_timed(xs, &[0..n], positions, rope, &mut [kv], out, times)
+        let one = std::iter::once(0..positions.len()).collect::<Vec<_>>();
+        self.forward_many_timed(xs, &one, positions, rope, &mut [kv], out, times)
     }
 
     /// Attention over the rows of several sequences at once: `xs` holds
