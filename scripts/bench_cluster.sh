@@ -49,6 +49,12 @@
 #    (each run's speeds, bytes, ids, the engine's phase timers and, per
 #    worker, its requests, average round trip and own handling time).
 #
+# 8. With BATCH=N (N >= 2): also N prompts stepped together
+#    (`generate --batch-file`) over loopback and lan, with and without
+#    --pipeline (two halves of each step at once, so one half's attention
+#    overlaps the other's round trips), each round; prints tok/s of all
+#    sequences per configuration and whether the ids matched.
+#
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (4),
 # RUNS (3), MAX_TOKENS (32), THREADS (2), DELAY_MS (0.1), RATE (1gbit),
 # RATE_BYTES_PER_S (125000000, must match RATE), MIN_RATIO (1.6), NETNS (1),
@@ -230,6 +236,26 @@ print(json.dumps({"config": cfg, "tokens": n, "round": rnd, "decode_tok_s": s["d
 EOF
 }
 
+# run_batch CONFIG PIPELINE ROUND: BATCH prompts at once; one JSON line to $OUT/batch.jsonl
+run_batch() {
+    local cfg="$1" pipe="$2" round="$3" json flags=()
+    [ "$pipe" = 1 ] && flags=(--pipeline)
+    local gen=(generate --batch-file "$OUT/batch.txt" --batch-ids --max-tokens "$MAX_TOKENS" --ignore-eos --json)
+    case "$cfg" in
+        loopback) json=$("$BIN/coordinator" --model "$MODEL" --cluster-key-file "$KEY" --workers "$LOOP_WORKERS" \
+                         --min-workers 2 --threads "$THREADS" "${flags[@]}" "${gen[@]}" 2>>"$OUT/coordinator.log") ;;
+        lan) json=$(ip netns exec cb-c "$BIN/coordinator" --model "$MODEL" --cluster-key-file "$KEY" --workers "$LAN_WORKERS" \
+                    --min-workers 2 --threads "$THREADS" "${flags[@]}" "${gen[@]}" 2>>"$OUT/coordinator.log") ;;
+    esac
+    python3 - "$cfg" "$pipe" "$round" "$json" >>"$OUT/batch.jsonl" <<'EOF'
+import hashlib, json, sys
+cfg, pipe, rnd, out = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), json.loads(sys.argv[4])
+s = out["stats"]
+print(json.dumps({"config": cfg, "pipeline": pipe, "round": rnd, "tok_s": s["tok_s"], "round_trips": s["round_trips"],
+                  "ids": hashlib.sha256(json.dumps(out["sequences"]).encode()).hexdigest()}))
+EOF
+}
+
 CONFIGS=(local loopback)
 [ "$NETNS" = 1 ] && CONFIGS+=(lan)
 echo "== warm-up and 1-token runs" >&2
@@ -298,4 +324,31 @@ if "lan" in per and rtt is not None:
     print(f"bound = local {1e3 / local:.1f} ms + {trips:.2f} round trips × {rtt} ms + {sent + recv:.0f} frame bytes / rate = {bound:.1f} ms/token "
           f"(with wire bytes: {wire_bound:.1f}); measured / bound = {lan / bound:.3f}")
 EOF
+if [ "${BATCH:-0}" -ge 2 ]; then
+    python3 -c "import random; r = random.Random(1); [print(','.join(str(r.randrange(50000)) for _ in range(32))) for _ in range($BATCH)]" >"$OUT/batch.txt"
+    BCONFIGS=(loopback)
+    [ "$NETNS" = 1 ] && BCONFIGS+=(lan)
+    for r in $(seq 0 "$RUNS"); do   # round 0: warm-up
+        for cfg in "${BCONFIGS[@]}"; do
+            for pipe in 0 1; do
+                echo "== batch of $BATCH, round $r: $cfg, pipeline $pipe" >&2
+                run_batch "$cfg" "$pipe" "$r"
+            done
+        done
+    done
+    python3 - "$OUT/batch.jsonl" "$BATCH" <<'EOF' | tee -a "$OUT/table.md"
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+print()
+print(f"{sys.argv[2]} prompts stepped together: tok/s of all sequences (median of rounds 1..), ids identical in every run: {len({r['ids'] for r in runs}) == 1}")
+print()
+print("| configuration | one step | --pipeline | pipeline / one step |")
+print("|---|---|---|---|")
+for cfg in dict.fromkeys(r["config"] for r in runs):
+    med = lambda p: statistics.median(r["tok_s"] for r in runs if r["config"] == cfg and r["pipeline"] == p and r["round"] > 0)
+    ratio = statistics.median(a["tok_s"] / b["tok_s"] for a in runs for b in runs
+                              if a["config"] == b["config"] == cfg and a["round"] == b["round"] > 0 and a["pipeline"] and not b["pipeline"])
+    print(f"| {cfg} | {med(False):.2f} | {med(True):.2f} | {ratio:.2f} × |")
+EOF
+fi
 echo "raw runs: $OUT/runs.jsonl" >&2

@@ -273,6 +273,7 @@ pub fn run(cli: Cli) -> Result<()> {
         let (model, service) = crate::cluster::cli::start(&dir, &cli.cluster, &opts)?;
         let mut engine = Engine::new(model, service);
         engine.prefetch = opts.prefetch;
+        engine.pipeline = cli.cluster.pipeline;
         engine.model.kv_dtype = opts.kv_dtype;
         (engine, LoadInfo::default())
     };

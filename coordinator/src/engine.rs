@@ -30,6 +30,11 @@ pub struct Engine {
     pub prefill_chunk: usize,
     /// Send one-layer-ahead expert predictions with each batch.
     pub prefetch: bool,
+    /// When the experts run elsewhere (cluster mode), split a step of two
+    /// or more sequences into two halves that run at once, so one half's
+    /// attention overlaps the other half's expert round trips (at the cost
+    /// of the batch-union across the halves). The bits do not change.
+    pub pipeline: bool,
     /// Sees every MoE layer step's routing (dashboard, metrics).
     observer: Option<Arc<dyn StepObserver>>,
 }
@@ -59,6 +64,27 @@ pub struct PhaseTimes {
     pub head_ms: f64,
     /// Sampling.
     pub sample_ms: f64,
+}
+
+impl PhaseTimes {
+    /// Adds `other`'s times to these.
+    pub fn add(&mut self, other: &PhaseTimes) {
+        self.add_scaled(other, 1.0);
+    }
+
+    /// Adds `share` of `other`'s times to these (a request's part of a
+    /// step it shared with others).
+    pub fn add_scaled(&mut self, other: &PhaseTimes, share: f64) {
+        self.attention_ms += other.attention_ms * share;
+        self.attention_parts.qkv_ms += other.attention_parts.qkv_ms * share;
+        self.attention_parts.heads_ms += other.attention_parts.heads_ms * share;
+        self.attention_parts.o_proj_ms += other.attention_parts.o_proj_ms * share;
+        self.routing_ms += other.routing_ms * share;
+        self.experts_ms += other.experts_ms * share;
+        self.combine_ms += other.combine_ms * share;
+        self.head_ms += other.head_ms * share;
+        self.sample_ms += other.sample_ms * share;
+    }
 }
 
 /// Why generation ended.
@@ -216,6 +242,7 @@ impl Engine {
             experts,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             prefetch: false,
+            pipeline: false,
             observer: None,
         }
     }
@@ -309,9 +336,36 @@ impl Engine {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         if self.experts.computes_in_process() {
             charm_common::warm::run_warm(|| self.forward_batch_in_pool(seqs, prof))
+        } else if self.pipeline && seqs.len() >= 2 {
+            self.forward_batch_pipelined(seqs, prof)
         } else {
             rayon::scope(|_| self.forward_batch_in_pool(seqs, prof))
         }
+    }
+
+    /// [`Engine::forward_batch`] as two halves on two threads: while one
+    /// half waits for its workers, the other computes. Each half's phase
+    /// times are added to `prof` (they overlap in wall time).
+    fn forward_batch_pipelined(
+        &self,
+        seqs: &mut [(&[u32], &mut KvCache)],
+        prof: &mut PhaseTimes,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (a, b) = seqs.split_at_mut(seqs.len().div_ceil(2));
+        let (mut pa, mut pb) = (PhaseTimes::default(), PhaseTimes::default());
+        let (ra, rb) = std::thread::scope(|s| {
+            let other = s.spawn(|| rayon::scope(|_| self.forward_batch_in_pool(b, &mut pb)));
+            let mine = rayon::scope(|_| self.forward_batch_in_pool(a, &mut pa));
+            (mine, other.join())
+        });
+        prof.add(&pa);
+        prof.add(&pb);
+        let mut logits = ra?;
+        match rb {
+            Ok(r) => logits.extend(r?),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+        Ok(logits)
     }
 
     fn forward_batch_in_pool(

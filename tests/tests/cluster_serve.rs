@@ -13,7 +13,8 @@
 //!   survivor keeps serving.
 //! - `batched_requests_in_a_cluster_get_what_one_box_gives_each_alone`:
 //!   requests batched together (`--max-batch 4`) in front of the two workers
-//!   get the tokens and logprob bits a one-box server gives each alone.
+//!   get the tokens and logprob bits a one-box server gives each alone, in
+//!   one step or as two halves at once (`--pipeline`).
 
 mod cluster_support;
 
@@ -201,10 +202,33 @@ fn batched_requests_in_a_cluster_get_what_one_box_gives_each_alone() {
         })
         .collect();
     let alone: Vec<_> = asks.iter().map(|(t, n)| chat_answer(one_box.addr, t, *n)).collect();
-    let addr = srv.addr;
-    let together: Vec<_> = std::thread::scope(|s| {
+    let pipelined = Serve::cluster_with(
+        &dir,
+        &key,
+        &workers,
+        &["--max-batch", "4", no_reuse[0], no_reuse[1], "--pipeline"],
+    );
+    for (srv, what) in [(&srv, "one step"), (&pipelined, "two halves at once (--pipeline)")] {
+        let together = batched(srv.addr, &asks);
+        for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+            assert!(!a.1.as_array().unwrap().is_empty(), "request {i} has logprobs");
+            assert_eq!(a, b, "request {i}, {what}: tokens or logprob bits differ");
+        }
+        let m = metrics(srv.addr);
+        let largest = m
+            .lines()
+            .find_map(|l| l.strip_prefix("charm_engine_largest_step_requests "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("the largest step in /metrics");
+        assert!(largest >= 2, "{what}: the requests never shared a step:\n{m}");
+    }
+}
+
+/// `asks` sent together: the first (long) one, then the rest once it is
+/// generating, so they join its steps.
+fn batched(addr: SocketAddr, asks: &[(String, usize)]) -> Vec<(String, Value)> {
+    std::thread::scope(|s| {
         let first = s.spawn(|| chat_answer(addr, &asks[0].0, asks[0].1));
-        // The long one is generating; the others join its steps.
         let t = Instant::now();
         while get_json(addr, "/health")["running"] != 1 {
             assert!(t.elapsed() < PATIENCE, "the first request never started");
@@ -215,16 +239,5 @@ fn batched_requests_in_a_cluster_get_what_one_box_gives_each_alone() {
             .map(|(t, n)| s.spawn(move || chat_answer(addr, t, *n)))
             .collect();
         std::iter::once(first).chain(rest).map(|h| h.join().unwrap()).collect()
-    });
-    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
-        assert!(!a.1.as_array().unwrap().is_empty(), "request {i} has logprobs");
-        assert_eq!(a, b, "request {i}: tokens or logprob bits differ");
-    }
-    let m = metrics(addr);
-    let largest = m
-        .lines()
-        .find_map(|l| l.strip_prefix("charm_engine_largest_step_requests "))
-        .and_then(|v| v.parse::<u64>().ok())
-        .expect("the largest step in /metrics");
-    assert!(largest >= 2, "the requests never shared a step:\n{m}");
+    })
 }

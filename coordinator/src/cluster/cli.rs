@@ -45,6 +45,11 @@ pub struct ClusterArgs {
     /// Never compute experts on the coordinator: fail when no worker holds one.
     #[arg(long, global = true)]
     pub no_local_experts: bool,
+    /// Run a step of several sequences (a batch, or `serve`'s requests) as
+    /// two halves at once, so one half's attention overlaps the other's
+    /// round trips to the workers; the halves do not share expert reads.
+    #[arg(long, global = true)]
+    pub pipeline: bool,
 }
 
 /// `coordinator keygen`.

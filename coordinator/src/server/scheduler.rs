@@ -249,7 +249,7 @@ impl<'c> Scheduler<'c> {
         let share = 1.0 / pieces.len() as f64;
         for ((i, piece), logits) in pieces.iter().zip(logits) {
             let s = &mut self.seqs[*i];
-            add_share(&mut s.prof, &prof, share);
+            s.prof.add_scaled(&prof, share);
             if s.fed < s.job.prompt.len() {
                 s.fed += piece.len();
                 if s.fed < s.job.prompt.len() {
@@ -476,18 +476,6 @@ fn rate(n: usize, s: f64) -> f64 {
     } else {
         0.0
     }
-}
-
-/// Adds `share` of a step's phase times to a request's.
-fn add_share(into: &mut PhaseTimes, step: &PhaseTimes, share: f64) {
-    into.attention_ms += step.attention_ms * share;
-    into.attention_parts.qkv_ms += step.attention_parts.qkv_ms * share;
-    into.attention_parts.heads_ms += step.attention_parts.heads_ms * share;
-    into.attention_parts.o_proj_ms += step.attention_parts.o_proj_ms * share;
-    into.routing_ms += step.routing_ms * share;
-    into.experts_ms += step.experts_ms * share;
-    into.combine_ms += step.combine_ms * share;
-    into.head_ms += step.head_ms * share;
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
