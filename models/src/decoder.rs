@@ -23,6 +23,7 @@ use crate::gated_delta_net::GatedDeltaNet;
 use crate::group_router::SigmoidGroup;
 use crate::kv_cache::{KvCache, KvDtype, LayerCache, LayerKv};
 use crate::mla::Mla;
+use crate::recurrent_state::RecurrentState;
 use crate::rope::Rope;
 use crate::router::{batch_union, Router, Scoring};
 
@@ -293,8 +294,9 @@ impl Model {
         let mut xs = st.hidden.clone();
         rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
         let mut attn_out = vec![0.0; st.len() * h];
+        // Attention and gated DeltaNet run their projections over every
+        // sequence's rows at once; MLA runs sequence by sequence.
         if let Mixer::Attention(a) = &l.mixer {
-            // The projections over every sequence's rows at once.
             let mut kvs: Vec<&mut LayerKv> = caches
                 .iter_mut()
                 .map(|c| match &mut c.layers[layer] {
@@ -303,6 +305,23 @@ impl Model {
                 })
                 .collect();
             a.forward_many_timed(&xs, &st.seqs, &st.positions, &self.rope, &mut kvs, &mut attn_out, times);
+        } else if let Mixer::GatedDeltaNet(d) = &l.mixer {
+            let mut states: Vec<&mut RecurrentState> = caches
+                .iter_mut()
+                .zip(&st.seqs)
+                .map(|(c, rows)| match &mut c.layers[layer] {
+                    LayerCache::Recurrent(state) => {
+                        debug_assert_eq!(
+                            state.len(),
+                            st.positions[rows.start],
+                            "positions must continue the state"
+                        );
+                        state
+                    }
+                    _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
+                })
+                .collect();
+            d.forward_many_timed(&xs, &st.seqs, &mut states, &mut attn_out, times);
         } else {
             for (rows, cache) in st.seqs.iter().zip(caches.iter_mut()) {
                 let (xs, out) = (

@@ -209,21 +209,66 @@ impl GatedDeltaNet {
         out: &mut [f32],
         times: &mut AttentionTimes,
     ) {
-        let s = self.shape;
-        let (kd, vd, dk, dv) = (s.key_dim(), s.value_dim(), s.k_head_dim, s.v_head_dim);
-        let ratio = s.v_heads / s.k_heads;
+        let one = std::iter::once(0..n).collect::<Vec<_>>();
+        self.forward_many_timed(xs, &one, &mut [state], out, times)
+    }
+
+    /// The layer over the rows of several sequences at once: `xs` holds
+    /// every sequence's normed rows, `seqs[i]` the rows of sequence `i`
+    /// (whose state is `states[i]`). The input and output projections run
+    /// once over all the rows (their weights are read once for the step);
+    /// the conv, the delta rule and the gated norm run per sequence. Each
+    /// row's bits are the ones it gets alone.
+    pub fn forward_many_timed(
+        &self,
+        xs: &[f32],
+        seqs: &[std::ops::Range<usize>],
+        states: &mut [&mut RecurrentState],
+        out: &mut [f32],
+        times: &mut AttentionTimes,
+    ) {
+        debug_assert_eq!(seqs.len(), states.len(), "one state per sequence");
+        let vd = self.shape.value_dim();
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
+        let n: usize = seqs.iter().map(|r| r.len()).sum();
         let rows = self.project(xs, n);
         times.qkv_ms += ms(started);
         let started = Instant::now();
+        let mut core = vec![0.0f32; n * vd];
+        for (r, state) in seqs.iter().zip(states.iter_mut()) {
+            self.recurrent_core(&rows[r.clone()], state, &mut core[r.start * vd..r.end * vd]);
+        }
+        times.heads_ms += ms(started);
+        let started = Instant::now();
+        if let Some(order) = &self.out_order {
+            let mut stored = vec![0.0f32; core.len()];
+            for (src, dst) in core.chunks_exact(vd).zip(stored.chunks_exact_mut(vd)) {
+                for (&x, &c) in src.iter().zip(order) {
+                    dst[c] = x;
+                }
+            }
+            core = stored;
+        }
+        self.out_proj.matmul(&core, n, out);
+        times.o_proj_ms += ms(started);
+    }
+
+    /// One sequence's projected rows through the conv, the delta rule and
+    /// the gated norm, advancing `state`; the result (`rows × value_dim`)
+    /// into `core`.
+    fn recurrent_core(&self, rows: &[Projected], state: &mut RecurrentState, core: &mut [f32]) {
+        let s = self.shape;
+        let (kd, vd, dk, dv) = (s.key_dim(), s.value_dim(), s.k_head_dim, s.v_head_dim);
+        let ratio = s.v_heads / s.k_heads;
+        let n = rows.len();
         let (conv_hist, conv_dim, rec) = state.parts();
         let hist = s.conv_kernel - 1;
 
         // mixed_qkv = F.silu(self.conv1d(mixed_qkv)[:, :, :seq_len]), one
         // position at a time through the conv history.
         let mut mixed: Vec<Vec<f32>> = Vec::with_capacity(n);
-        for p in &rows {
+        for p in rows {
             let mut y = vec![0.0f32; conv_dim];
             for (c, yc) in y.iter_mut().enumerate() {
                 let w = &self.conv[c * s.conv_kernel..(c + 1) * s.conv_kernel];
@@ -258,7 +303,6 @@ impl GatedDeltaNet {
 
         // The delta rule, every value head on its own state, positions in
         // order (`kernels::delta_rule`, which quotes the rule's lines).
-        let mut core = vec![0.0f32; n * vd];
         let mut per_head: Vec<Vec<f32>> = rec
             .par_chunks_mut(dk * dv)
             .enumerate()
@@ -306,19 +350,6 @@ impl GatedDeltaNet {
                 core[t * vd + h * dv..t * vd + (h + 1) * dv].copy_from_slice(row);
             }
         }
-        times.heads_ms += ms(started);
-        let started = Instant::now();
-        if let Some(order) = &self.out_order {
-            let mut stored = vec![0.0f32; core.len()];
-            for (src, dst) in core.chunks_exact(vd).zip(stored.chunks_exact_mut(vd)) {
-                for (&x, &c) in src.iter().zip(order) {
-                    dst[c] = x;
-                }
-            }
-            core = stored;
-        }
-        self.out_proj.matmul(&core, n, out);
-        times.o_proj_ms += ms(started);
     }
 }
 
