@@ -99,6 +99,24 @@ fn main() {
                 ty.name(),
                 Isa::active().name()
             );
+            // Four activation rows per weight row (a step of four sequences).
+            let four: Vec<&Q8Acts> = vec![&arranged; 4];
+            let batch = qdot::tiled::ArrangedActs::new(&four);
+            let rate4 = time(&|| {
+                let mut o = [0.0f32; 4];
+                let mut s = 0.0;
+                for row in packed.chunks_exact(rb) {
+                    qdot::tiled::dot_many_packed(ty, row, &batch, &mut o);
+                    s += o[3];
+                }
+                s
+            });
+            println!(
+                "{:>6} {:<11} {:>9.0}  (packed rows, 4 activation rows: products/s; weights/s {rate4:.0})",
+                ty.name(),
+                Isa::active().name(),
+                4.0 * rate4
+            );
         }
     }
 
