@@ -131,6 +131,14 @@ fn batched_requests_get_exactly_what_they_get_alone() {
         assert_eq!(a.2, b.2, "request {i}: usage differs in a batch");
     }
     assert_eq!(metric(addr, "charm_engine_largest_step_requests"), 4);
+    // The expert store hears each request end (to persist what it learned),
+    // just after its answer.
+    let t = std::time::Instant::now();
+    while gate.ended.load(std::sync::atomic::Ordering::SeqCst) < 6 {
+        assert!(t.elapsed() < PATIENCE, "the expert store heard only some requests end");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(gate.ended.load(std::sync::atomic::Ordering::SeqCst), 6);
     assert_eq!(metric(addr, "charm_max_batch"), 4);
     let h = get(addr, "/health").json();
     assert_eq!((h["running"].as_u64(), h["queued"].as_u64()), (Some(0), Some(0)), "{h}");

@@ -242,7 +242,6 @@ impl<'c> Scheduler<'c> {
                     let stats = self.stats(&s);
                     self.record(&s.job, s.queue_s, ttft, Outcome::Error, Some((&s.ids, &stats)));
                 }
-                self.engine.expert_service().end_request();
                 return;
             }
         };
@@ -399,8 +398,13 @@ impl<'c> Scheduler<'c> {
         }
     }
 
-    /// Metrics and the dashboard's request history.
+    /// Metrics and the dashboard's request history; the expert service
+    /// hears that a request it worked for ended (as after
+    /// [`Engine::generate`]).
     fn record(&self, job: &Job, queue_s: f64, ttft_s: Option<f64>, outcome: Outcome, ran: Option<(&[u32], &GenStats)>) {
+        if ran.is_some() {
+            self.engine.expert_service().end_request();
+        }
         let duration_s = job.arrived.elapsed().as_secs_f64();
         let stats = ran.map(|(_, s)| s);
         let completion_tokens = ran.map_or(0, |(ids, _)| ids.len());

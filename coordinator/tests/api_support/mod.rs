@@ -69,6 +69,8 @@ pub struct Gate {
     cv: Condvar,
     /// Layer steps that reached the gate.
     pub arrived: AtomicU64,
+    /// Requests the service heard end (`ExpertService::end_request`).
+    pub ended: AtomicU64,
     delay: Duration,
 }
 
@@ -111,6 +113,7 @@ impl ExpertService for Gated {
     }
 
     fn end_request(&self) {
+        self.0.ended.fetch_add(1, Ordering::SeqCst);
         self.0.inner.end_request()
     }
 }
@@ -124,6 +127,7 @@ pub fn gated_engine(open: bool, delay: Duration) -> (Engine, charm_coordinator::
         open: Mutex::new(open),
         cv: Condvar::new(),
         arrived: AtomicU64::new(0),
+        ended: AtomicU64::new(0),
         delay,
     });
     let model = engine.model;
