@@ -6,7 +6,9 @@
 //! prompt is read frees its place; the prefix cache serves a repeated or
 //! extended prompt with the same tokens and says so in `usage`, keeps its
 //! entries across a restart (refusing a damaged file) and stays within its
-//! budget.
+//! budget; a model with recurrent layers (qwen3next) is batched and its
+//! prefixes reused (the state kept at the end of each prompt) with the
+//! same tokens.
 
 mod api_support;
 
@@ -305,12 +307,125 @@ fn a_small_prefix_budget_evicts_the_least_recent_and_stays_within_it() {
         assert!(metric(addr, "charm_prefix_cache_bytes") <= budget);
     }
     assert_eq!(metric(addr, "charm_prefix_cache_budget_bytes"), budget);
-    assert_eq!(metric(addr, "charm_prefix_cache_entries"), 1);
-    assert!(metric(addr, "charm_prefix_cache_evictions_total") >= 3);
     // The most recent stays; the first is gone.
     let last = answer(addr, &chat(user(prompts[3]), 6));
     assert!(last.2["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 0);
+    // (Read after a later request began: an answer is sent before its
+    // cache is kept.)
+    assert_eq!(metric(addr, "charm_prefix_cache_entries"), 1);
+    assert!(metric(addr, "charm_prefix_cache_evictions_total") >= 3);
     let first = answer(addr, &chat(user(prompts[0]), 6));
     let shared = first.2["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(shared < first.2["prompt_tokens"].as_u64().unwrap() - 3, "{}", first.2);
+}
+
+/// A copy of the qwen3next fixture (gated DeltaNet layers, whose state
+/// cannot be cut back, and gated attention) under `root/qwen3next`, with a
+/// word-level tokenizer over its 1024 ids (`t0` … `t1023`), so it can be
+/// served.
+fn hybrid_model(root: &Path) -> PathBuf {
+    let src = repo().join("tests/fixtures/qwen3next");
+    let dir = root.join("qwen3next");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let vocab: serde_json::Map<String, Value> = (0..1024).map(|i| (format!("t{i}"), json!(i))).collect();
+    let tokenizer = json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}});
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
+
+fn hybrid_server(dir: &Path, tweak: impl FnOnce(&mut ServerConfig)) -> Server {
+    let (engine, info) = charm_coordinator::Engine::load(dir, &Default::default()).unwrap();
+    let mut cfg = ServerConfig::new(dir);
+    tweak(&mut cfg);
+    Server::start(engine, &info, cfg).unwrap()
+}
+
+/// `/v1/completions` of `ids`: the generated ids (from the word-level
+/// text), the log-probabilities and the cached prompt tokens.
+fn complete_ids(addr: std::net::SocketAddr, ids: &[u32], max_tokens: usize) -> (Vec<u32>, Value, u64) {
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "logprobs": 2, "ignore_eos": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    let out: Vec<u32> = text.split_whitespace().map(|t| t[1..].parse().unwrap()).collect();
+    assert_eq!(out.len(), max_tokens, "{v}");
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    (out, v["choices"][0]["logprobs"].clone(), cached)
+}
+
+#[test]
+fn a_recurrent_model_is_batched_and_its_prefixes_reused_with_the_same_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = hybrid_model(tmp.path());
+    let reference = hybrid_server(&dir, |c| {
+        c.max_batch = Some(1);
+        c.prefix_cache_bytes = Some(0);
+    });
+    let srv = hybrid_server(&dir, |_| {});
+    let alone = |ids: &[u32]| complete_ids(reference.addr(), ids, 6);
+    let p: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1024).collect();
+
+    let first = complete_ids(srv.addr(), &p, 6);
+    let want = alone(&p);
+    assert_eq!((&first.0, &first.1, first.2), (&want.0, &want.1, 0));
+    // The same prompt: the state kept at the end of the prompt serves it whole.
+    let again = complete_ids(srv.addr(), &p, 6);
+    assert_eq!((&again.0, &again.1, again.2), (&want.0, &want.1, 40));
+    // Another continuation of the prompt: the prompt's state, then the rest.
+    let other: Vec<u32> = p.iter().copied().chain([5, 6, 7]).collect();
+    let got = complete_ids(srv.addr(), &other, 6);
+    let w = alone(&other);
+    assert_eq!((&got.0, &got.1, got.2), (&w.0, &w.1, 40));
+    // The conversation goes on after the answer: the finished request's
+    // state (its prompt and the answer's first five tokens, the sixth was
+    // never fed) serves that much.
+    let next: Vec<u32> = p.iter().chain(&first.0).copied().chain([9, 10]).collect();
+    let got = complete_ids(srv.addr(), &next, 6);
+    let w = alone(&next);
+    assert_eq!((&got.0, &got.1, got.2), (&w.0, &w.1, 45));
+    // A prompt that leaves the cached path (its last tokens differ) cannot
+    // cut a recurrent state back: computed from the start.
+    let diverged: Vec<u32> = p[..30].iter().copied().chain([1, 2, 3]).collect();
+    let got = complete_ids(srv.addr(), &diverged, 6);
+    let w = alone(&diverged);
+    assert_eq!((&got.0, &got.1, got.2), (&w.0, &w.1, 0));
+
+    // Four at once (the first holds the engine until the rest wait), prompts
+    // of different lengths read 4 rows at a time (one prompt chunk per step:
+    // each joins the decoders as its prompt is read), none reused.
+    let (mut engine, info, gate) = gated_engine_for(&dir, false, Duration::ZERO);
+    engine.prefill_chunk = 4;
+    let mut cfg = ServerConfig::new(&dir);
+    cfg.max_batch = Some(4);
+    cfg.prefix_cache_bytes = Some(0);
+    let batched = Server::start(engine, &info, cfg).unwrap();
+    let addr = batched.addr();
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|k| (0..10 + 7 * k).map(|i| (i * 13 + k * 101) % 1024).collect())
+        .collect();
+    let together: Vec<_> = std::thread::scope(|s| {
+        let first = s.spawn(|| complete_ids(addr, &prompts[0], 30));
+        gate.wait_arrival();
+        let rest: Vec<_> = prompts[1..]
+            .iter()
+            .map(|q| s.spawn(move || complete_ids(addr, q, 30)))
+            .collect();
+        wait_health(addr, "three waiting", |h| h["queued"] == 3);
+        gate.open();
+        std::iter::once(first).chain(rest).map(|h| h.join().unwrap()).collect()
+    });
+    for (q, got) in prompts.iter().zip(&together) {
+        let w = complete_ids(reference.addr(), q, 30);
+        assert_eq!((&got.0, &got.1), (&w.0, &w.1), "a batched recurrent sequence");
+    }
+    assert_eq!(metric(addr, "charm_engine_largest_step_requests"), 4);
 }

@@ -518,7 +518,7 @@ impl Server {
             fresh.clone(),
             &model_fingerprint(&config.model_dir, &fresh),
         )?;
-        let prefix_stats = Arc::new(Mutex::new(PrefixStats::default()));
+        let prefix_stats = Arc::new(Mutex::new(prefix.stats()));
         let shared = Shared {
             codec: codec.clone(),
             metrics: metrics.clone(),

@@ -121,7 +121,12 @@ impl ExpertService for Gated {
 /// The fixture's engine behind a [`Gate`] (`open`: whether it starts open;
 /// `delay`: sleep per layer step).
 pub fn gated_engine(open: bool, delay: Duration) -> (Engine, charm_coordinator::LoadInfo, Arc<Gate>) {
-    let (engine, info) = engine();
+    gated_engine_for(&chat_fixture(), open, delay)
+}
+
+/// [`gated_engine`] for the model in `dir`.
+pub fn gated_engine_for(dir: &Path, open: bool, delay: Duration) -> (Engine, charm_coordinator::LoadInfo, Arc<Gate>) {
+    let (engine, info) = Engine::load(dir, &EngineOptions::default()).expect("load the model");
     let gate = Arc::new(Gate {
         inner: engine.expert_service().clone(),
         open: Mutex::new(open),
