@@ -17,11 +17,12 @@ use charm_proto::{ExpertBatch, ExpertOutputs, PrefetchHint};
 
 use crate::attention::{Attention, AttentionTimes};
 use crate::config::{norm_weight, MixerKind, ModelConfig};
+use crate::dsa_indexer::Selection;
 use crate::error::{ExpertError, ModelError};
 use crate::ffn::SwiGlu;
 use crate::gated_delta_net::GatedDeltaNet;
 use crate::group_router::SigmoidGroup;
-use crate::kv_cache::{KvCache, KvDtype, LayerCache, LayerKv};
+use crate::kv_cache::{KvCache, KvDtype, LatentKv, LayerCache, LayerKv};
 use crate::mla::Mla;
 use crate::recurrent_state::RecurrentState;
 use crate::rope::Rope;
@@ -275,8 +276,9 @@ impl Model {
     }
 
     /// The attention sublayer of `layer` for a step of several sequences
-    /// ([`Model::begin_many`]): each sequence's rows through its cache in
-    /// `caches`, one after the other.
+    /// ([`Model::begin_many`]): the mixer's products over all the rows at
+    /// once (its weights read once for the step), and each sequence's rows
+    /// through its own cache in `caches`.
     ///
     /// # Panics
     /// If `caches` does not hold one cache per sequence of the step.
@@ -294,82 +296,67 @@ impl Model {
         let mut xs = st.hidden.clone();
         rms_norm_rows(&mut xs, &l.input_norm, self.cfg.rms_norm_eps);
         let mut attn_out = vec![0.0; st.len() * h];
-        // Attention and gated DeltaNet run their projections over every
-        // sequence's rows at once; MLA runs sequence by sequence.
-        if let Mixer::Attention(a) = &l.mixer {
-            let mut kvs: Vec<&mut LayerKv> = caches
-                .iter_mut()
-                .map(|c| match &mut c.layers[layer] {
-                    LayerCache::Kv(kv) => kv,
-                    _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
-                })
-                .collect();
-            a.forward_many_timed(&xs, &st.seqs, &st.positions, &self.rope, &mut kvs, &mut attn_out, times);
-        } else if let Mixer::GatedDeltaNet(d) = &l.mixer {
-            let mut states: Vec<&mut RecurrentState> = caches
-                .iter_mut()
-                .zip(&st.seqs)
-                .map(|(c, rows)| match &mut c.layers[layer] {
-                    LayerCache::Recurrent(state) => {
-                        debug_assert_eq!(
-                            state.len(),
-                            st.positions[rows.start],
-                            "positions must continue the state"
-                        );
-                        state
-                    }
-                    _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
-                })
-                .collect();
-            d.forward_many_timed(&xs, &st.seqs, &mut states, &mut attn_out, times);
-        } else {
-            for (rows, cache) in st.seqs.iter().zip(caches.iter_mut()) {
-                let (xs, out) = (
-                    &xs[rows.start * h..rows.end * h],
-                    &mut attn_out[rows.start * h..rows.end * h],
+        // Every mixer kind runs its projections over every sequence's rows
+        // at once, and what reads a cache or a state sequence by sequence.
+        match &l.mixer {
+            Mixer::Attention(a) => {
+                let mut kvs: Vec<&mut LayerKv> = caches
+                    .iter_mut()
+                    .map(|c| match &mut c.layers[layer] {
+                        LayerCache::Kv(kv) => kv,
+                        _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
+                    })
+                    .collect();
+                a.forward_many_timed(&xs, &st.seqs, &st.positions, &self.rope, &mut kvs, &mut attn_out, times);
+            }
+            Mixer::Mla(m) => {
+                // A layer that shares an earlier layer's sparse-attention
+                // selection reads it from that layer's cache, per sequence.
+                let source = self.cfg.dsa.as_ref().map_or(layer, |d| d.source(layer));
+                let mut latents: Vec<(&mut LatentKv, Option<&Selection>)> = caches
+                    .iter_mut()
+                    .map(|c| {
+                        let (before, rest) = c.layers.split_at_mut(layer);
+                        let LayerCache::Latent(own) = &mut rest[0] else {
+                            unreachable!("Model::new_cache gives every layer its mixer's cache")
+                        };
+                        let shared = match before.get(source) {
+                            Some(LayerCache::Latent(c)) if source < layer => Some(c.selection()),
+                            _ => None,
+                        };
+                        (own, shared)
+                    })
+                    .collect();
+                m.forward_many_timed(
+                    &xs,
+                    &st.seqs,
+                    &st.positions,
+                    &self.rope,
+                    &mut latents,
+                    &mut attn_out,
+                    times,
                 );
-                self.mix(layer, xs, &st.positions[rows.clone()], cache, out, times);
+            }
+            Mixer::GatedDeltaNet(d) => {
+                let mut states: Vec<&mut RecurrentState> = caches
+                    .iter_mut()
+                    .zip(&st.seqs)
+                    .map(|(c, rows)| match &mut c.layers[layer] {
+                        LayerCache::Recurrent(state) => {
+                            debug_assert_eq!(
+                                state.len(),
+                                st.positions[rows.start],
+                                "positions must continue the state"
+                            );
+                            state
+                        }
+                        _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
+                    })
+                    .collect();
+                d.forward_many_timed(&xs, &st.seqs, &mut states, &mut attn_out, times);
             }
         }
         add_into(&mut st.hidden, &attn_out);
-    }
-
-    /// `layer`'s mixer over one sequence's normed rows `xs` at `positions`,
-    /// through its `cache`, into `attn_out`.
-    fn mix(
-        &self,
-        layer: usize,
-        xs: &[f32],
-        positions: &[usize],
-        cache: &mut KvCache,
-        attn_out: &mut [f32],
-        times: &mut AttentionTimes,
-    ) {
-        let n = positions.len();
-        let l = &self.layers[layer];
-        match (&l.mixer, &mut cache.layers[layer]) {
-            (Mixer::Attention(a), LayerCache::Kv(kv)) => {
-                a.forward_timed(xs, positions, &self.rope, kv, attn_out, times)
-            }
-            (Mixer::Mla(m), LayerCache::Latent(_)) => {
-                // A layer that shares an earlier layer's sparse-attention selection reads it from that layer's cache.
-                let source = self.cfg.dsa.as_ref().map_or(layer, |d| d.source(layer));
-                let (before, rest) = cache.layers.split_at_mut(layer);
-                let LayerCache::Latent(own) = &mut rest[0] else {
-                    unreachable!("matched above")
-                };
-                let shared = match before.get(source) {
-                    Some(LayerCache::Latent(c)) if source < layer => Some(c.selection()),
-                    _ => None,
-                };
-                m.forward_timed(xs, positions, &self.rope, own, shared, attn_out, times)
-            }
-            (Mixer::GatedDeltaNet(d), LayerCache::Recurrent(state)) => {
-                debug_assert_eq!(state.len(), positions[0], "positions must continue the state");
-                d.forward_timed(xs, n, state, attn_out, times);
-            }
-            _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
-        }
     }
 
     /// The MLP half of `layer` up to the experts (second half of

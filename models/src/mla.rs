@@ -146,6 +146,29 @@ impl Mla {
         out: &mut [f32],
         times: &mut AttentionTimes,
     ) {
+        let one = std::iter::once(0..positions.len()).collect::<Vec<_>>();
+        self.forward_many_timed(xs, &one, positions, rope, &mut [(cache, shared)], out, times)
+    }
+
+    /// Latent attention over the rows of several sequences at once: `xs`
+    /// holds every sequence's normed rows, `seqs[i]` the rows of sequence
+    /// `i`, `caches[i]` its cache with the picks it may share, `positions`
+    /// each row's position. The query, latent, absorbed-query, `W_UV` and
+    /// output products run once over all the rows (their weights are read
+    /// once for the step); the cache, the indexer and the heads run per
+    /// sequence. Each row's bits are the ones it gets alone.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_many_timed(
+        &self,
+        xs: &[f32],
+        seqs: &[std::ops::Range<usize>],
+        positions: &[usize],
+        rope: &Rope,
+        caches: &mut [(&mut LatentKv, Option<&Selection>)],
+        out: &mut [f32],
+        times: &mut AttentionTimes,
+    ) {
+        debug_assert_eq!(seqs.len(), caches.len(), "one cache per sequence");
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
         let n = positions.len();
@@ -170,7 +193,7 @@ impl Mla {
         self.kv_a.matmul(xs, n, &mut ckv);
 
         // Per row: each head's [q_abs | q_rot] (w wide), and the row's
-        // [latent | k_rot] appended to the cache.
+        // [latent | k_rot] for the cache.
         let mut qq = vec![0.0f32; n * heads * w];
         for (t, &pos) in positions.iter().enumerate() {
             let row = &mut ckv[t * w..(t + 1) * w];
@@ -193,49 +216,66 @@ impl Mla {
                 qq[(t * heads + hd) * w..(t * heads + hd) * w + r].copy_from_slice(&abs[t * r..(t + 1) * r]);
             }
         }
-        let first = cache.len();
-        debug_assert_eq!(first, positions[0], "positions must continue the cache");
-        for row in ckv.chunks_exact(w) {
-            cache.push(row);
-        }
-        // This layer's picks are kept in its cache (a later layer may share
-        // them); a sharing layer reads the earlier layer's where they are.
-        if let Some(ix) = &self.indexer {
-            let picks = ix.select(xs, &qa, positions, rope, cache);
-            cache.set_selection(picks);
+        let h = xs.len() / n.max(1);
+        let qa_w = qa.len() / n.max(1);
+        for (rows, (cache, _)) in seqs.iter().zip(caches.iter_mut()) {
+            debug_assert_eq!(cache.len(), positions[rows.start], "positions must continue the cache");
+            for row in ckv[rows.start * w..rows.end * w].chunks_exact(w) {
+                cache.push(row);
+            }
+            // This layer's picks are kept in its cache (a later layer may
+            // share them); a sharing layer reads the earlier layer's where
+            // they are.
+            if let Some(ix) = &self.indexer {
+                let picks = ix.select(
+                    &xs[rows.start * h..rows.end * h],
+                    &qa[rows.start * qa_w..rows.end * qa_w],
+                    &positions[rows.clone()],
+                    rope,
+                    cache,
+                );
+                cache.set_selection(picks);
+            }
         }
         times.qkv_ms += ms(started);
         let started = Instant::now();
 
         // softmax(scale * [q_abs | q_rot] · [latent | k_rot]) over the cache,
-        // the weighted latents, one (row, head) per task.
+        // the weighted latents, one (row, head) per task, sequence by sequence.
         let mut ctx = vec![0.0f32; n * heads * w];
-        let cache_ref: &LatentKv = cache;
-        let selection: Option<&Selection> = match &self.indexer {
-            Some(_) => Some(cache_ref.selection()),
-            None => shared,
-        };
-        ctx.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
-            let t = i / heads;
-            let pos = first + t;
-            let mut scores = vec![0.0f32; pos + 1];
-            cache_ref.rows(0, pos + 1).dots(&qq[i * w..(i + 1) * w], &mut scores);
-            for x in &mut scores {
-                *x *= self.scale;
-            }
-            // Keys the indexer did not pick weigh nothing (transformers adds
-            // finfo.min, whose exp is 0 as -inf's is).
-            if let Some(Some(keep)) = selection.map(|s| &s[t]) {
-                let mut kept = vec![f32::NEG_INFINITY; pos + 1];
-                for &j in keep {
-                    kept[j as usize] = scores[j as usize];
-                }
-                scores = kept;
-            }
-            softmax(&mut scores);
-            o.fill(0.0);
-            cache_ref.rows(0, pos + 1).add_weighted(&scores, o);
-        });
+        for (rows, (cache, shared)) in seqs.iter().zip(caches.iter()) {
+            let cache_ref: &LatentKv = cache;
+            let first = positions[rows.start];
+            let selection: Option<&Selection> = match &self.indexer {
+                Some(_) => Some(cache_ref.selection()),
+                None => *shared,
+            };
+            let qq = &qq[rows.start * heads * w..rows.end * heads * w];
+            ctx[rows.start * heads * w..rows.end * heads * w]
+                .par_chunks_mut(w)
+                .enumerate()
+                .for_each(|(i, o)| {
+                    let t = i / heads;
+                    let pos = first + t;
+                    let mut scores = vec![0.0f32; pos + 1];
+                    cache_ref.rows(0, pos + 1).dots(&qq[i * w..(i + 1) * w], &mut scores);
+                    for x in &mut scores {
+                        *x *= self.scale;
+                    }
+                    // Keys the indexer did not pick weigh nothing (transformers
+                    // adds finfo.min, whose exp is 0 as -inf's is).
+                    if let Some(Some(keep)) = selection.map(|s| &s[t]) {
+                        let mut kept = vec![f32::NEG_INFINITY; pos + 1];
+                        for &j in keep {
+                            kept[j as usize] = scores[j as usize];
+                        }
+                        scores = kept;
+                    }
+                    softmax(&mut scores);
+                    o.fill(0.0);
+                    cache_ref.rows(0, pos + 1).add_weighted(&scores, o);
+                });
+        }
         // attn_output per head = W_UV · (weighted latents).
         let mut attn = vec![0.0f32; n * heads * vd];
         for hd in 0..heads {
