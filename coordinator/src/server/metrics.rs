@@ -279,6 +279,8 @@ impl Metrics {
         let _ = writeln!(out, "charm_queue_depth {}", live.queued);
         head(&mut out, "charm_requests_running", "gauge", "Requests being generated.");
         let _ = writeln!(out, "charm_requests_running {}", live.running);
+        let x = live.prefix;
+        // The engine's steps and the prefix cache: one unlabelled series each.
         for (name, kind, help, v) in [
             (
                 "charm_engine_steps_total",
@@ -304,14 +306,12 @@ impl Metrics {
                 "Most requests one step has run together.",
                 c.largest_step,
             ),
-        ] {
-            head(&mut out, name, kind, help);
-            let _ = writeln!(out, "{name} {v}");
-        }
-        head(&mut out, "charm_max_batch", "gauge", "Most requests generated at once.");
-        let _ = writeln!(out, "charm_max_batch {}", live.max_batch);
-        let x = live.prefix;
-        for (name, kind, help, v) in [
+            (
+                "charm_max_batch",
+                "gauge",
+                "Most requests generated at once.",
+                live.max_batch as u64,
+            ),
             (
                 "charm_prefix_cache_entries",
                 "gauge",

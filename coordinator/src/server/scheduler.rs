@@ -63,9 +63,6 @@ struct Seq<'c> {
     cached: usize,
     sampler: Sampler,
     ids: Vec<u32>,
-    /// Logits to sample from before the next step (a prompt served whole
-    /// by the prefix cache).
-    pending: Option<Vec<f32>>,
     /// Logits after the whole prompt, and after everything fed.
     prompt_logits: Option<Vec<f32>>,
     last_logits: Vec<f32>,
@@ -159,7 +156,6 @@ impl<'c> Scheduler<'c> {
             cached,
             ids: Vec::new(),
             prompt_logits: pending.clone(),
-            pending,
             last_logits: Vec::new(),
             first_token: None,
             prefill_done: full.then_some(started),
@@ -168,7 +164,9 @@ impl<'c> Scheduler<'c> {
             experts_before: self.engine.expert_stats(),
             done: None,
         };
-        if let Some(logits) = seq.pending.take() {
+        // A prompt served whole by the prefix cache samples its first
+        // token at once.
+        if let Some(logits) = pending {
             sample(&self.engine, &self.shared.board, &mut seq, logits);
         }
         if seq.done.is_some() {
