@@ -111,25 +111,6 @@ fn openai_completions_take_text_or_ids_and_default_to_16_tokens() {
         .generate(&mut engine.session(), &prompt, &params, |_| true)
         .unwrap();
     let expect = codec.decode(&gen.ids, true).unwrap();
-    // `ignore_eos` (an extension): exactly `max_tokens`, as the engine's own flag.
-    let forced = charm_coordinator::GenerateParams {
-        max_tokens: 40,
-        sampling: Default::default(),
-        ignore_eos: true,
-    };
-    let long = engine
-        .generate(&mut engine.session(), &prompt, &forced, |_| true)
-        .unwrap();
-    assert_eq!(long.ids.len(), 40);
-    let v = post(
-        srv.addr(),
-        "/v1/completions",
-        &json!({"prompt": prompt, "temperature": 0, "max_tokens": 40, "ignore_eos": true}),
-    )
-    .json();
-    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
-    assert_eq!(v["choices"][0]["text"], codec.decode(&long.ids, true).unwrap().as_str());
-    assert_eq!(v["choices"][0]["finish_reason"], "length");
     for p in [json!("The quick brown fox"), json!(prompt), json!([prompt])] {
         let r = post(
             srv.addr(),

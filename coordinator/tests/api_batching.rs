@@ -8,7 +8,7 @@
 //! entries across a restart (refusing a damaged file) and stays within its
 //! budget; a model with recurrent layers (qwen3next) is batched and its
 //! prefixes reused (the state kept at the end of each prompt) with the
-//! same tokens.
+//! same tokens; `ignore_eos` generates past an end-of-sequence token.
 
 mod api_support;
 
@@ -428,4 +428,33 @@ fn a_recurrent_model_is_batched_and_its_prefixes_reused_with_the_same_tokens() {
         assert_eq!((&got.0, &got.1), (&w.0, &w.1), "a batched recurrent sequence");
     }
     assert_eq!(metric(addr, "charm_engine_largest_step_requests"), 4);
+}
+
+#[test]
+fn ignore_eos_generates_past_an_end_of_sequence_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = hybrid_model(tmp.path());
+    let p: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 1024).collect();
+    let (want, lps, _) = complete_ids(hybrid_server(&plain, |_| {}).addr(), &p, 6);
+    // The same model whose end-of-sequence token is its greedy first token.
+    let dir = tmp.path().join("eos");
+    std::fs::create_dir_all(&dir).unwrap();
+    let eos = hybrid_model(&dir);
+    for f in ["config.json", "generation_config.json"] {
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(eos.join(f)).unwrap()).unwrap();
+        v["eos_token_id"] = json!(want[0]);
+        std::fs::write(eos.join(f), v.to_string()).unwrap();
+    }
+    let srv = hybrid_server(&eos, |_| {});
+    let stopped = post(
+        srv.addr(),
+        "/v1/completions",
+        &json!({"prompt": p, "max_tokens": 6, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(stopped["usage"]["completion_tokens"], 1, "{stopped}");
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop", "{stopped}");
+    // With ignore_eos: all six, the ids and bits of the plain model.
+    let (got, got_lps, _) = complete_ids(srv.addr(), &p, 6);
+    assert_eq!((got, got_lps), (want, lps));
 }
