@@ -7,6 +7,8 @@
 //! - [`text`]: tokenizer, chat template, streaming detokenizer.
 //! - [`gguf_text`]: the tokenizer a GGUF file carries, rebuilt for the
 //!   tokenizers crate.
+//! - [`grammar`]: constrained decoding (JSON schemas, Lark grammars,
+//!   regular expressions) by masking logits with llguidance.
 //! - [`chat_template`]: Jinja chat templates rendered like transformers.
 //! - [`cluster`]: cluster mode: experts on remote workers over QUIC
 //!   (sharded fan-out with failover, placement, discovery, `keygen`, `plan`).
@@ -33,6 +35,7 @@ pub mod convert;
 pub mod convert_gguf;
 pub mod engine;
 pub mod gguf_text;
+pub mod grammar;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod server;

@@ -9,10 +9,10 @@
 //! - Each case sent through both APIs in their own shapes (OpenAI arguments
 //!   as JSON strings and `tool` messages, Anthropic `tool_use` /
 //!   `tool_result` blocks) reaches the engine as exactly those ids, and the
-//!   answer is the engine's own greedy answer, parsed for calls: the
-//!   random-weight model writes no valid call, so a forced call comes back
-//!   as the raw text (prefill included) and no `tool_calls`, never a
-//!   fabricated call. The round trip (calls, their results, the final
+//!   answer is the engine's own greedy answer (a forced call's under its
+//!   grammar's mask), parsed for calls: cut short by `max_tokens`, a forced
+//!   call comes back as the raw text (prefill included) and no
+//!   `tool_calls`, never a fabricated call. The round trip (calls, their results, the final
 //!   answer asked for) is one of the cases.
 //! - Streams give what the whole answers give.
 //! - Bad tools, choices and tool messages are 400s in each API's shape, and
@@ -175,10 +175,34 @@ fn greedy(prompt: &[u32], max_tokens: usize) -> (Vec<u32>, String) {
     (gen.ids, text)
 }
 
+/// The grammar a forced call's continuation follows, if the case forces one.
+fn forced_grammar(case: &Value) -> Option<charm_coordinator::grammar::GrammarSpec> {
+    let defs: Vec<tools::ToolDef> = case["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| tools::ToolDef {
+            name: t["function"]["name"].as_str().unwrap().into(),
+            description: None,
+            parameters: Some(t["function"]["parameters"].clone()),
+        })
+        .collect();
+    match case["name"].as_str().unwrap() {
+        "named" => Some(ToolSyntax::Hermes.forced_grammar(&defs, Some("get_weather"))),
+        "required" => Some(ToolSyntax::Hermes.forced_grammar(&defs, None)),
+        _ => None,
+    }
+}
+
 /// What the server must answer for `case`: the greedy continuation of its
-/// prefilled prompt, parsed with the case's tools.
+/// prefilled prompt (under the forced call's grammar, if any), parsed with
+/// the case's tools.
 fn expected(case: &Value) -> (tools::Parsed, &'static str) {
-    let (gen, text) = greedy(&ids(&case["prefilled_ids"]), MAX_TOKENS);
+    let prompt = ids(&case["prefilled_ids"]);
+    let (gen, text) = match forced_grammar(case) {
+        Some(g) => constrained_greedy(&prompt, &g, MAX_TOKENS),
+        None => greedy(&prompt, MAX_TOKENS),
+    };
     let prefill = case["prefill"].as_str().unwrap();
     let parsed = tools::parse(ToolSyntax::Hermes, &tool_names(case), &format!("{prefill}{text}"));
     let finish = if !parsed.calls.is_empty() {
@@ -250,11 +274,12 @@ fn openai_tool_conversations_reach_the_engine_as_transformers_renders_them() {
             }
         }
         if !c["prefill"].as_str().unwrap().is_empty() {
-            // The random-weight model never completes the forced call: the raw
-            // text comes back, prefill included, and no call is made up.
+            // A forced call cut by max_tokens is not a call: the raw text
+            // comes back, prefill included, and no call is made up (whole
+            // forced calls: tests/api_structured.rs).
             assert!(
                 want.calls.is_empty(),
-                "case {name}: the fixture model wrote a valid call?"
+                "case {name}: a forced call cut at {MAX_TOKENS} tokens cannot be whole"
             );
             assert!(
                 msg["content"]

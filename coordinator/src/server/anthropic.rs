@@ -7,6 +7,9 @@
 //! `content_block_stop`, `message_delta` (stop reason and output tokens)
 //! and `message_stop`.
 //!
+//! Structured output: `output_format` `{"type": "json_schema", "schema"}`
+//! and the `grammar` extension ([`super::structured`]).
+//!
 //! Tools: `tools` (`name`, `description`, `input_schema`), `tool_choice`
 //! (`auto`, `any`, `tool` + `name`, `none`), assistant `tool_use` blocks and
 //! user `tool_result` blocks, rendered through the chat template as
@@ -27,6 +30,7 @@ use serde_json::{json, Value};
 use super::error::{ApiError, ErrorKind, Flavor};
 use super::queue::{Event, Summary};
 use super::sse::SseWriter;
+use super::structured;
 use super::tools::{self, CallIds, Choice, Piece, ToolDef, ToolPlan};
 use super::{json_response, new_id, parse_body, submit, tool_syntax, AppState, Ask, PromptInput, Ticket};
 use crate::chat_template::Message;
@@ -54,6 +58,12 @@ struct MessagesRequest {
     tools: Option<Value>,
     #[serde(default)]
     tool_choice: Option<Value>,
+    /// `{"type": "json_schema", "schema"}`: the answer's text follows it.
+    #[serde(default)]
+    output_format: Option<Value>,
+    /// A Lark grammar (an extension, see [`super::structured`]).
+    #[serde(default)]
+    grammar: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,6 +303,8 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     }
     let tool_defs = parse_tools(req.tools)?;
     let choice = parse_choice(req.tool_choice)?;
+    let format = structured::output_format(req.output_format)?.map(|g| (g, "output_format"));
+    let grammar = structured::grammar(req.grammar)?;
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = req.system {
         messages.push(Message::new("system", &system.text("system")?));
@@ -310,6 +322,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let syntax = tool_syntax(&st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "messages")?;
+    let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
     let id = new_id("msg_");
     let ticket = submit(
         &st,
@@ -329,6 +342,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             logprobs: None,
             tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
+            grammar,
         },
     )
     .await?;

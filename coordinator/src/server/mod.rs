@@ -39,6 +39,7 @@ pub mod queue;
 pub mod scheduler;
 pub mod sse;
 pub mod stop;
+pub mod structured;
 pub mod tools;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -68,6 +69,7 @@ use self::queue::{Event, Job, Queue, Slot};
 use self::scheduler::Shared;
 use crate::chat_template::Message;
 use crate::engine::{Engine, GenerateParams, LoadInfo};
+use crate::grammar::{Constraint, GrammarSpec, Grammars};
 use crate::prefix_cache::{model_fingerprint, PrefixCache, PrefixError, PrefixOptions, PrefixStats};
 use crate::sampler::SamplingParams;
 use crate::text::{TextCodec, TextError};
@@ -372,6 +374,9 @@ pub struct ModelInfo {
     /// RAM budget of the expert cache (containers only).
     pub cache_budget_bytes: Option<u64>,
     pub created: u64,
+    /// The ids that end an answer.
+    #[serde(skip)]
+    pub eos_token_ids: Vec<u32>,
 }
 
 impl ModelInfo {
@@ -403,6 +408,7 @@ impl ModelInfo {
             },
             cache_budget_bytes: info.container.then_some(info.cache_bytes),
             created: unix_now(),
+            eos_token_ids: cfg.eos_token_ids.clone(),
         }
     }
 
@@ -439,6 +445,10 @@ pub struct AppState {
     pub board: Arc<Board>,
     pub experts: Arc<dyn ExpertService>,
     pub started: Instant,
+    /// The grammar compiler, built on the first constrained request (a
+    /// large vocabulary's trie takes a moment); the error says why the
+    /// tokenizer cannot be used.
+    pub grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 /// A running server: its address, and a handle that stops it when dropped.
@@ -539,6 +549,7 @@ impl Server {
             board,
             experts,
             started: Instant::now(),
+            grammars: std::sync::OnceLock::new(),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -913,6 +924,9 @@ pub(crate) struct Ask {
     pub tools: Vec<serde_json::Value>,
     /// Text appended after the assistant prompt (a forced tool call's start).
     pub prefill: String,
+    /// What the answer is constrained to (`grammar_param`: the field that
+    /// asked, for errors).
+    pub grammar: Option<(GrammarSpec, &'static str)>,
 }
 
 /// A prompt as the client gave it.
@@ -977,6 +991,10 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
             .await?
         }
     };
+    let constraint = match ask.grammar {
+        None => None,
+        Some((spec, param)) => Some(constrain(st, spec, param).await?),
+    };
     let context = st.model.context;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty (no tokens)"));
@@ -1004,6 +1022,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         },
         stop: ask.stop,
         logprobs: ask.logprobs,
+        constraint,
         events: tx,
         arrived: Instant::now(),
     });
@@ -1012,6 +1031,36 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         prompt_tokens,
         created: unix_now(),
     })
+}
+
+/// The model's grammar compiler, built once (off the async threads).
+pub(crate) async fn grammars(st: &Arc<AppState>) -> Result<Arc<Grammars>, ApiError> {
+    if let Some(g) = st.grammars.get() {
+        return g.clone().map_err(ApiError::invalid);
+    }
+    let s = st.clone();
+    let built = tokio::task::spawn_blocking(move || {
+        s.grammars
+            .get_or_init(|| {
+                Grammars::new(&s.codec, s.model.vocab, &s.model.eos_token_ids)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Server, format!("building the grammar compiler: {e}")))?;
+    built.map_err(ApiError::invalid)
+}
+
+/// `spec` compiled for one answer (400 naming `param` when it does not
+/// compile).
+async fn constrain(st: &Arc<AppState>, spec: GrammarSpec, param: &'static str) -> Result<Constraint, ApiError> {
+    let g = grammars(st).await?;
+    tokio::task::spawn_blocking(move || g.compile(&spec))
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Server, format!("compiling the grammar: {e}")))?
+        .map_err(|e| ApiError::invalid_param(param, e.to_string()))
 }
 
 /// A place in the queue, or 429 with `Retry-After`.

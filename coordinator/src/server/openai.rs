@@ -10,6 +10,10 @@
 //! it) are accepted as extensions. Log-probabilities are those of the
 //! model's distribution (`log_softmax(logits)`, before temperature).
 //!
+//! Structured output: `response_format` (`json_object`, `json_schema`) and
+//! the `grammar` extension (a Lark grammar), enforced by masking the logits
+//! each step ([`super::structured`], [`crate::grammar`]).
+//!
 //! Tools (chat): `tools` (function tools), `tool_choice` (`auto`, `none`,
 //! `required`, `{"type": "function", "function": {"name"}}`), assistant
 //! `tool_calls` and `tool` messages, rendered through the chat template;
@@ -29,6 +33,7 @@ use serde_json::{json, Value};
 use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary, Token};
 use super::sse::SseWriter;
+use super::structured;
 use super::tools::{self, CallIds, Choice, Piece, ToolDef, ToolPlan};
 use super::{json_response, new_id, parse_body, submit, tool_syntax, AppState, Ask, PromptInput, StopField, Ticket};
 use crate::chat_template::Message;
@@ -91,6 +96,11 @@ struct ChatRequest {
     functions: Option<Value>,
     #[serde(default)]
     function_call: Option<Value>,
+    #[serde(default)]
+    response_format: Option<Value>,
+    /// A Lark grammar (an extension, see [`super::structured`]).
+    #[serde(default)]
+    grammar: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,6 +161,11 @@ struct CompletionRequest {
     n: Option<u32>,
     #[serde(default)]
     suffix: Option<String>,
+    #[serde(default)]
+    response_format: Option<Value>,
+    /// A Lark grammar (an extension, see [`super::structured`]).
+    #[serde(default)]
+    grammar: Option<Value>,
 }
 
 /// `prompt`: text, token ids, or a list of one of them.
@@ -311,6 +326,8 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
     }
     let tool_defs = parse_tools(req.tools)?;
     let choice = parse_choice(req.tool_choice)?;
+    let format = structured::response_format(req.response_format)?.map(|g| (g, "response_format"));
+    let grammar = structured::grammar(req.grammar)?;
     let mut messages = Vec::with_capacity(req.messages.len());
     let mut call_ids = CallIds::default();
     for (i, m) in req.messages.into_iter().enumerate() {
@@ -371,6 +388,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
     let syntax = tool_syntax(&st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "messages")?;
+    let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
     let id = new_id("chatcmpl-");
     let ticket = submit(
         &st,
@@ -390,6 +408,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             logprobs: want_logprobs.then_some(top),
             tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
+            grammar,
         },
     )
     .await?;
@@ -462,6 +481,8 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             ));
         }
     }
+    let format = structured::response_format(req.response_format)?.map(|g| (g, "response_format"));
+    let grammar = structured::pick(None, structured::grammar(req.grammar)?, format)?;
     let id = new_id("cmpl-");
     let ticket = submit(
         &st,
@@ -481,6 +502,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             logprobs: req.logprobs,
             tools: Vec::new(),
             prefill: String::new(),
+            grammar,
         },
     )
     .await?;

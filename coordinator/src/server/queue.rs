@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use super::logprobs::TokenLogprobs;
 use super::scheduler::{Scheduler, Shared};
 use crate::engine::{Engine, FinishReason, GenStats, GenerateParams};
+use crate::grammar::Constraint;
 use crate::prefix_cache::PrefixCache;
 
 /// One request for the engine.
@@ -33,6 +34,8 @@ pub struct Job {
     /// `Some(n)`: report each token's log-probability and the `n` most
     /// likely alternatives.
     pub logprobs: Option<usize>,
+    /// The grammar its answer follows, if any.
+    pub constraint: Option<Constraint>,
     /// Where the job's events go; closing it cancels the job.
     pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived.

@@ -438,15 +438,39 @@ impl<'c> Scheduler<'c> {
 /// Samples the next id from `logits`, sends what it releases and says
 /// whether the request is done (as [`Engine::generate`] decides it).
 fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
+    let cfg = engine.config();
     let t = Instant::now();
-    let id = s.sampler.sample(&logits);
+    // A grammar samples from the logits it allows; the model's own logits
+    // are kept (log-probabilities, the prefix cache's checkpoints).
+    let picked = match s.job.constraint.as_mut() {
+        None => Ok(s.sampler.sample(&logits)),
+        Some(c) => {
+            let mut allowed = logits.clone();
+            c.mask(&mut allowed)
+                .map(|()| s.sampler.sample(&allowed))
+                .and_then(|id| {
+                    if !cfg.eos_token_ids.contains(&id) {
+                        c.accept(id)?;
+                    }
+                    Ok(id)
+                })
+        }
+    };
     s.prof.sample_ms += t.elapsed().as_secs_f64() * 1e3;
+    let id = match picked {
+        Ok(id) => id,
+        Err(e) => {
+            s.decode_error = Some(e.to_string());
+            s.done = Some(FinishReason::Stop);
+            return;
+        }
+    };
+    let grammar_done = s.job.constraint.as_ref().is_some_and(|c| c.is_done());
     let lp = s.job.logprobs.map(|top| logprobs(&logits, id, top));
     s.last_logits = logits;
     s.first_token.get_or_insert_with(Instant::now);
     s.ids.push(id);
     board.token(&s.job.id);
-    let cfg = engine.config();
     let keep_going = match s.decoder.push(id) {
         Err(e) => {
             s.decode_error = Some(e.to_string());
@@ -461,6 +485,8 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
             sent.is_ok() && release.stopped.is_none()
         }
     };
+    // A complete grammar ends the answer after its last token.
+    let keep_going = keep_going && !grammar_done;
     if (!s.job.params.ignore_eos && cfg.eos_token_ids.contains(&id)) || !keep_going {
         s.done = Some(FinishReason::Stop);
     } else if s.ids.len() >= s.job.params.max_tokens || s.cache.len() >= cfg.max_position_embeddings {

@@ -12,15 +12,18 @@
 //! not an object, a tool that was not offered) is never turned into a call:
 //! it stays in the text, verbatim, and a warning says why.
 //!
-//! Without constrained decoding, `tool_choice` "required" / a named tool
-//! prefills the assistant turn with the start of a call
-//! ([`ToolSyntax::prefill`]); the model continues it and the whole text
-//! (prefill included) is parsed as usual.
+//! `tool_choice` "required" / a named tool prefills the assistant turn with
+//! the start of a call ([`ToolSyntax::prefill`]) and constrains the rest
+//! ([`ToolSyntax::forced_grammar`]): the model writes a tool's name (one of
+//! those offered) and arguments valid for that tool's schema, and the
+//! answer ends with the call. The whole text (prefill included) is parsed
+//! as usual.
 
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use crate::chat_template::Message;
+use crate::grammar::{json_layout, GrammarSpec};
 
 /// Longest tool name accepted (OpenAI's and Anthropic's limit).
 pub const MAX_TOOL_NAME: usize = 64;
@@ -61,6 +64,36 @@ impl ToolSyntax {
         match (self, name) {
             (ToolSyntax::Hermes, Some(n)) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
             (ToolSyntax::Hermes, None) => "<tool_call>\n{\"name\": \"".to_string(),
+        }
+    }
+
+    /// The grammar of what follows [`ToolSyntax::prefill`]`(name)`: the
+    /// rest of one call to `name` (or to any of `tools`), its arguments
+    /// valid for the tool's schema, closed where the call's JSON closes.
+    pub fn forced_grammar(self, tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+        let args = |t: &ToolDef| {
+            let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+            format!("%json {}", json_layout(schema))
+        };
+        match (self, name) {
+            (ToolSyntax::Hermes, Some(n)) => {
+                let t = tools.iter().find(|t| t.name == n);
+                let body = t.map_or_else(|| "%json {\"type\": \"object\"}".to_string(), args);
+                GrammarSpec::Lark(format!("start: {body} \"}}\"\n"))
+            }
+            (ToolSyntax::Hermes, None) => {
+                let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+                let mut g = format!("start: {}\n", alternatives.join(" | "));
+                for (i, t) in tools.iter().enumerate() {
+                    // Names are letters, digits, '_', '-', '.' ([`check_name`]).
+                    g.push_str(&format!(
+                        "call{i}: \"{}\\\", \\\"arguments\\\": \" {} \"}}\"\n",
+                        t.name,
+                        args(t)
+                    ));
+                }
+                GrammarSpec::Lark(g)
+            }
         }
     }
 
@@ -409,6 +442,8 @@ pub struct ToolPlan {
     pub names: Vec<String>,
     /// The start of the answer (empty unless a call is forced).
     pub prefill: String,
+    /// What the model may write after the prefill (a forced call only).
+    pub grammar: Option<GrammarSpec>,
 }
 
 impl ToolPlan {
@@ -466,9 +501,9 @@ pub fn plan(
              <tool_call> blocks); tools are not supported for it",
         ));
     };
-    let prefill = match &choice {
-        Choice::None | Choice::Auto => String::new(),
-        Choice::Required => syntax.prefill(None),
+    let (prefill, grammar) = match &choice {
+        Choice::None | Choice::Auto => (String::new(), None),
+        Choice::Required => (syntax.prefill(None), Some(syntax.forced_grammar(&tools, None))),
         Choice::Named(n) => {
             if !tools.iter().any(|t| t.name == *n) {
                 return Err(ApiError::invalid_param(
@@ -476,7 +511,7 @@ pub fn plan(
                     format!("{choice_param} names the tool {n:?}, which is not among {tools_param}"),
                 ));
             }
-            syntax.prefill(Some(n))
+            (syntax.prefill(Some(n)), Some(syntax.forced_grammar(&tools, Some(n))))
         }
     };
     Ok(Some(ToolPlan {
@@ -484,6 +519,7 @@ pub fn plan(
         rendered: tools.iter().map(ToolDef::rendered).collect(),
         names: tools.into_iter().map(|t| t.name).collect(),
         prefill,
+        grammar,
     }))
 }
 

@@ -425,3 +425,37 @@ pub fn wait_record(addr: SocketAddr, id: &str) -> Value {
 pub fn strict() -> bool {
     std::env::var("CHARM_CI").is_ok_and(|v| v == "1")
 }
+
+/// Greedy decoding of `prompt` under `spec`, straight from the engine and
+/// the grammar compiler (no server): the reference a constrained answer
+/// must equal. Returns the generated ids and their text.
+pub fn constrained_greedy(
+    prompt: &[u32],
+    spec: &charm_coordinator::grammar::GrammarSpec,
+    max_tokens: usize,
+) -> (Vec<u32>, String) {
+    let (engine, _) = engine();
+    let codec = TextCodec::load(&chat_fixture()).unwrap();
+    let cfg = engine.config().clone();
+    let grammars = charm_coordinator::grammar::Grammars::new(&codec, cfg.vocab_size, &cfg.eos_token_ids).unwrap();
+    let mut constraint = grammars.compile(spec).unwrap();
+    let mut sampler = charm_coordinator::Sampler::new(SamplingParams::default());
+    let mut cache = engine.model.new_cache();
+    let mut logits = engine.forward(prompt, &mut cache, false).unwrap();
+    let mut ids = Vec::new();
+    while ids.len() < max_tokens {
+        constraint.mask(&mut logits).unwrap();
+        let id = sampler.sample(&logits);
+        ids.push(id);
+        if cfg.eos_token_ids.contains(&id) {
+            break;
+        }
+        constraint.accept(id).unwrap();
+        if constraint.is_done() {
+            break;
+        }
+        logits = engine.forward(&[id], &mut cache, false).unwrap();
+    }
+    let text = codec.decode(&ids, true).unwrap();
+    (ids, text)
+}
