@@ -7,6 +7,12 @@
 //! `content_block_stop`, `message_delta` (stop reason and output tokens)
 //! and `message_stop`.
 //!
+//! Thinking: `thinking` (`enabled` / `disabled`) sets the template's
+//! `enable_thinking`; the model's reasoning comes back as a `thinking`
+//! block (streamed as `thinking_delta`s and a `signature_delta`), and
+//! `thinking` blocks of earlier turns reach the template as the turn's
+//! `reasoning_content` ([`super::reasoning`]).
+//!
 //! Structured output: `output_format` `{"type": "json_schema", "schema"}`
 //! and the `grammar` extension ([`super::structured`]).
 //!
@@ -27,14 +33,17 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::answer::{self, AnswerStream, Out, Shape};
 use super::error::{ApiError, ErrorKind, Flavor};
 use super::queue::{Event, Summary};
+use super::reasoning;
 use super::sse::SseWriter;
 use super::structured;
-use super::tools::{self, CallIds, Choice, Piece, ToolDef, ToolPlan};
-use super::{json_response, new_id, parse_body, submit, tool_syntax, AppState, Ask, PromptInput, Ticket};
+use super::tools::{self, CallIds, Choice, ToolDef};
+use super::{json_response, new_id, parse_body, submit, thinking, tool_syntax, AppState, Ask, PromptInput, Ticket};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
+use sha2::{Digest, Sha256};
 
 #[derive(Debug, Deserialize)]
 struct MessagesRequest {
@@ -64,6 +73,10 @@ struct MessagesRequest {
     /// A Lark grammar (an extension, see [`super::structured`]).
     #[serde(default)]
     grammar: Option<Value>,
+    /// `{"type": "enabled", "budget_tokens"}` or `{"type": "disabled"}`:
+    /// the template's `enable_thinking`.
+    #[serde(default)]
+    thinking: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +113,9 @@ struct Block {
     content: Option<Value>,
     #[serde(default)]
     is_error: Option<bool>,
+    /// `thinking`: an earlier answer's reasoning.
+    #[serde(default)]
+    thinking: Option<String>,
 }
 
 impl Content {
@@ -228,9 +244,18 @@ fn convert(m: InMessage, i: usize, ids: &mut CallIds, out: &mut Vec<Message>) ->
     let mut calls = Vec::new();
     let mut call_ids = Vec::new();
     let mut results = 0;
+    let mut reasoning: Option<String> = None;
     for (j, b) in blocks.into_iter().enumerate() {
         let at = format!("messages.{i}.content.{j}");
         match (b.kind.as_str(), m.role.as_str()) {
+            ("thinking", "assistant") => {
+                reasoning
+                    .get_or_insert_with(String::new)
+                    .push_str(b.thinking.as_deref().unwrap_or(""));
+                continue;
+            }
+            // Encrypted reasoning from another server: nothing to show.
+            ("redacted_thinking", "assistant") => continue,
             ("text", _) => {
                 let Some(t) = b.text else {
                     return Err(bad(format!("{at}: a text block needs text")));
@@ -285,6 +310,9 @@ fn convert(m: InMessage, i: usize, ids: &mut CallIds, out: &mut Vec<Message>) ->
         ids.other();
         out.push(Message::new(&m.role, &text));
     }
+    if let (Some(r), Some(last)) = (reasoning, out.last_mut()) {
+        last.reasoning_content = Some(r);
+    }
     Ok(())
 }
 
@@ -305,6 +333,18 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let choice = parse_choice(req.tool_choice)?;
     let format = structured::output_format(req.output_format)?.map(|g| (g, "output_format"));
     let grammar = structured::grammar(req.grammar)?;
+    let thinking_on = match req.thinking.as_ref().map(|t| t.get("type").and_then(Value::as_str)) {
+        None => None,
+        Some(Some("enabled")) => Some(true),
+        Some(Some("disabled")) => Some(false),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "thinking",
+                "thinking must be {\"type\": \"enabled\", ...} or {\"type\": \"disabled\"}",
+            ))
+        }
+    };
+    let template_kwargs = reasoning::template_kwargs(None, thinking_on, "thinking")?;
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = req.system {
         messages.push(Message::new("system", &system.text("system")?));
@@ -341,6 +381,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             stop_param: "stop_sequences",
             logprobs: None,
             tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            template_kwargs,
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
             grammar,
         },
@@ -349,7 +390,10 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let reply = Reply {
         id,
         model: st.model.id.clone(),
-        tools: plan,
+        shape: Shape {
+            think: thinking(&st, &ticket),
+            tools: plan,
+        },
     };
     if req.stream.unwrap_or(false) {
         Ok(reply.stream(ticket))
@@ -361,8 +405,8 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
 struct Reply {
     id: String,
     model: String,
-    /// Tools offered: the answer is parsed for calls.
-    tools: Option<ToolPlan>,
+    /// How the answer splits: thinking, text, tool calls.
+    shape: Shape,
 }
 
 /// Content blocks sent so far in a stream.
@@ -372,7 +416,34 @@ struct Blocks {
     next: usize,
     /// The text block being written, if one is open.
     open_text: Option<usize>,
+    /// The thinking block being written, and its text so far (for its
+    /// signature).
+    open_thinking: Option<(usize, String)>,
+    /// A text block was opened.
+    wrote_text: bool,
     calls: usize,
+}
+
+/// Closes the open thinking block, if any: its signature, then its stop.
+async fn close_thinking(out: &SseWriter, b: &mut Blocks) -> bool {
+    let Some((i, all)) = b.open_thinking.take() else {
+        return true;
+    };
+    let sig = json!({"type": "content_block_delta", "index": i,
+                     "delta": {"type": "signature_delta", "signature": signature(&all)}});
+    out.event("content_block_delta", &sig).await
+        && out
+            .event("content_block_stop", &json!({"type": "content_block_stop", "index": i}))
+            .await
+}
+
+/// A thinking block's `signature`: the SHA-256 of its text, in hex (a
+/// checksum; charm needs no proof that a client returned it unchanged).
+fn signature(thinking: &str) -> String {
+    Sha256::digest(thinking.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// `stop_reason`: `end_turn`, `max_tokens` or `stop_sequence`.
@@ -438,32 +509,21 @@ impl Reply {
                 None => return Err(failed("the engine stopped".into(), false)),
             }
         };
-        let (content, tool_use, warnings) = match &self.tools {
-            None => (json!([{"type": "text", "text": text}]), false, Vec::new()),
-            Some(plan) => {
-                let parsed = plan.parse(&text);
-                self.warn(&parsed.warnings);
-                if parsed.calls.is_empty() {
-                    (
-                        json!([{"type": "text", "text": parsed.content}]),
-                        false,
-                        parsed.warnings,
-                    )
-                } else {
-                    let mut blocks = Vec::new();
-                    if !parsed.content.is_empty() {
-                        blocks.push(json!({"type": "text", "text": parsed.content}));
-                    }
-                    for c in &parsed.calls {
-                        blocks.push(
-                            json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": c.arguments}),
-                        );
-                    }
-                    (Value::Array(blocks), true, parsed.warnings)
-                }
-            }
-        };
-        let mut body = self.message(content, Some(&summary), summary.prompt_tokens, tool_use);
+        let a = answer::whole(&self.shape, &text);
+        self.warn(&a.warnings);
+        let mut blocks = Vec::new();
+        if !a.reasoning.is_empty() {
+            blocks.push(json!({"type": "thinking", "thinking": a.reasoning, "signature": signature(&a.reasoning)}));
+        }
+        // A plain answer always has its text block (empty or not).
+        if a.calls.is_empty() || !a.content.is_empty() {
+            blocks.push(json!({"type": "text", "text": a.content}));
+        }
+        for c in &a.calls {
+            blocks.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name, "input": c.arguments}));
+        }
+        let (tool_use, warnings) = (!a.calls.is_empty(), a.warnings);
+        let mut body = self.message(Value::Array(blocks), Some(&summary), summary.prompt_tokens, tool_use);
         if !warnings.is_empty() {
             body["warnings"] = json!(warnings);
         }
@@ -477,19 +537,48 @@ impl Reply {
         }
     }
 
-    /// Sends text pieces as `text_delta`s (opening a text block when none
-    /// is open) and calls as whole `tool_use` blocks (start, one
-    /// `input_json_delta`, stop).
-    async fn send_pieces(&self, out: &SseWriter, pieces: Vec<Piece>, b: &mut Blocks) -> bool {
+    /// Sends reasoning as `thinking_delta`s in a thinking block (closed by
+    /// its `signature_delta` when the answer starts), text pieces as
+    /// `text_delta`s (opening a text block when none is open) and calls as
+    /// whole `tool_use` blocks (start, one `input_json_delta`, stop).
+    async fn send_pieces(&self, out: &SseWriter, pieces: Vec<Out>, b: &mut Blocks) -> bool {
         for piece in pieces {
+            if !matches!(piece, Out::Reasoning(_)) && !close_thinking(out, b).await {
+                return false;
+            }
             match piece {
-                Piece::Text(text) => {
+                Out::Reasoning(r) => {
+                    let index = match &mut b.open_thinking {
+                        Some((i, all)) => {
+                            all.push_str(&r);
+                            *i
+                        }
+                        None => {
+                            let i = b.next;
+                            b.next += 1;
+                            b.open_thinking = Some((i, r.clone()));
+                            let start = json!({"type": "content_block_start", "index": i,
+                                               "content_block": {"type": "thinking", "thinking": "", "signature": ""}});
+                            if !out.event("content_block_start", &start).await {
+                                return false;
+                            }
+                            i
+                        }
+                    };
+                    let delta = json!({"type": "content_block_delta", "index": index,
+                                       "delta": {"type": "thinking_delta", "thinking": r}});
+                    if !out.event("content_block_delta", &delta).await {
+                        return false;
+                    }
+                }
+                Out::Text(text) => {
                     let index = match b.open_text {
                         Some(i) => i,
                         None => {
                             let i = b.next;
                             b.next += 1;
                             b.open_text = Some(i);
+                            b.wrote_text = true;
                             let start = json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}});
                             if !out.event("content_block_start", &start).await {
                                 return false;
@@ -502,7 +591,7 @@ impl Reply {
                         return false;
                     }
                 }
-                Piece::Call(c) => {
+                Out::Call(c) => {
                     if let Some(i) = b.open_text.take() {
                         if !out
                             .event("content_block_stop", &json!({"type": "content_block_stop", "index": i}))
@@ -546,9 +635,9 @@ impl Reply {
             if !out.event("message_start", &start).await {
                 return;
             }
-            let mut parser = self.tools.as_ref().map(ToolPlan::stream);
+            let mut parser = AnswerStream::new(&self.shape);
             let mut blocks = Blocks::default();
-            if parser.is_none() {
+            if self.shape.tools.is_none() && self.shape.think.is_none() {
                 // Without tools the one text block opens at once.
                 let block =
                     json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
@@ -556,6 +645,7 @@ impl Reply {
                     return;
                 }
                 blocks.open_text = Some(0);
+                blocks.wrote_text = true;
                 blocks.next = 1;
             }
             loop {
@@ -568,30 +658,28 @@ impl Reply {
                         if text.is_empty() {
                             continue;
                         }
-                        let pieces = match &mut parser {
-                            None => vec![Piece::Text(text)],
-                            Some(p) => p.push(&text),
-                        };
+                        let pieces = parser.push(&text);
                         if !self.send_pieces(&out, pieces, &mut blocks).await {
                             return;
                         }
                     }
                     Some(Event::Done(s)) => {
-                        if let Some(p) = &mut parser {
-                            let pieces = p.finish();
-                            self.warn(p.warnings());
-                            if !self.send_pieces(&out, pieces, &mut blocks).await {
-                                return;
-                            }
+                        let pieces = parser.finish();
+                        self.warn(parser.warnings());
+                        if !self.send_pieces(&out, pieces, &mut blocks).await
+                            || !close_thinking(&out, &mut blocks).await
+                        {
+                            return;
                         }
                         let mut frames = Vec::new();
-                        if blocks.next == 0 {
-                            // Nothing at all: one empty text block, as the whole answer has.
+                        if blocks.calls == 0 && blocks.open_text.is_none() && !blocks.wrote_text {
+                            // No text: one empty text block, as the whole answer has.
+                            let i = blocks.next;
                             frames.push((
                                 "content_block_start",
-                                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                                json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}),
                             ));
-                            blocks.open_text = Some(0);
+                            blocks.open_text = Some(i);
                         }
                         if let Some(i) = blocks.open_text {
                             frames.push(("content_block_stop", json!({"type": "content_block_stop", "index": i})));
@@ -638,12 +726,13 @@ mod tests {
     use super::super::testing::{block_on, body, plan, sse, ticket};
     use super::*;
     use crate::engine::FinishReason;
+    use crate::server::tools::ToolPlan;
 
     fn reply(tools: Option<ToolPlan>) -> Reply {
         Reply {
             id: "msg_test".into(),
             model: "m".into(),
-            tools,
+            shape: Shape { think: None, tools },
         }
     }
 
@@ -752,5 +841,46 @@ mod tests {
             ]
         );
         assert_eq!(ev[3].1["delta"]["stop_reason"], "end_turn");
+    }
+
+    #[test]
+    fn reasoning_comes_back_as_a_signed_thinking_block_whole_and_streamed() {
+        let pieces = ["<think>\nweigh", " it up</think>\n\n", "Paris."];
+        let shaped = || Reply {
+            id: "msg_test".into(),
+            model: "m".into(),
+            shape: Shape {
+                think: Some(false),
+                tools: None,
+            },
+        };
+        let v: Value = block_on(async {
+            let r = shaped().whole(ticket(&pieces, FinishReason::Stop)).await.unwrap();
+            serde_json::from_str(&body(r).await).unwrap()
+        });
+        assert_eq!(
+            v["content"],
+            json!([{"type": "thinking", "thinking": "weigh it up", "signature": signature("weigh it up")},
+                   {"type": "text", "text": "Paris."}])
+        );
+        let events = block_on(async { sse(&body(shaped().stream(ticket(&pieces, FinishReason::Stop))).await) });
+        let data: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
+        let starts: Vec<&Value> = data
+            .iter()
+            .filter(|d| d["type"] == "content_block_start")
+            .map(|d| &d["content_block"]["type"])
+            .collect();
+        assert_eq!(starts, [&json!("thinking"), &json!("text")]);
+        let thinking: String = data.iter().filter_map(|d| d["delta"]["thinking"].as_str()).collect();
+        let text: String = data.iter().filter_map(|d| d["delta"]["text"].as_str()).collect();
+        assert_eq!((thinking.as_str(), text.as_str()), ("weigh it up", "Paris."));
+        let sig: Vec<&Value> = data
+            .iter()
+            .copied()
+            .filter(|d| d["delta"]["type"] == "signature_delta")
+            .collect();
+        assert_eq!(sig.len(), 1);
+        assert_eq!(sig[0]["index"], 0);
+        assert_eq!(sig[0]["delta"]["signature"], signature("weigh it up"));
     }
 }

@@ -28,6 +28,7 @@
 //! carry no data); every other route needs `Authorization: Bearer KEY` or
 //! `x-api-key: KEY` when a key is set.
 
+pub mod answer;
 pub mod anthropic;
 pub mod conn;
 pub mod dashboard;
@@ -36,6 +37,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod queue;
+pub mod reasoning;
 pub mod scheduler;
 pub mod sse;
 pub mod stop;
@@ -922,6 +924,9 @@ pub(crate) struct Ask {
     pub logprobs: Option<usize>,
     /// Tools for the chat template (`tools=`; empty: not passed).
     pub tools: Vec<serde_json::Value>,
+    /// Further template variables (`enable_thinking`, a request's
+    /// `chat_template_kwargs`).
+    pub template_kwargs: Vec<(String, serde_json::Value)>,
     /// Text appended after the assistant prompt (a forced tool call's start).
     pub prefill: String,
     /// What the answer is constrained to (`grammar_param`: the field that
@@ -944,6 +949,17 @@ pub(crate) struct Ticket {
     pub events: mpsc::UnboundedReceiver<Event>,
     pub prompt_tokens: usize,
     pub created: u64,
+    /// The rendered prompt left a `<think>` block open.
+    pub opens_reasoning: bool,
+}
+
+/// How a chat answer's reasoning splits: `None` when the model's template
+/// writes no `<think>` blocks, else whether the answer starts inside one.
+pub(crate) fn thinking(st: &AppState, ticket: &Ticket) -> Option<bool> {
+    st.codec
+        .template()
+        .is_some_and(|t| reasoning::template_thinks(t.source()))
+        .then_some(ticket.opens_reasoning)
 }
 
 /// Checks the model and the fields, reserves a place in the queue (429 when
@@ -975,21 +991,28 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     // no tokenizing, and a request that got this far is never refused after.
     let slot = reserve(st)?;
     let codec = st.codec.clone();
+    let chat = matches!(ask.prompt, PromptInput::Chat(_));
     let prompt = match ask.prompt {
         PromptInput::Ids(ids) => ids,
         PromptInput::Text(text) => tokenize(codec, move |c| c.encode(&text)).await?,
         PromptInput::Chat(messages) => {
-            let (tools, prefill) = (ask.tools, ask.prefill);
+            let (tools, prefill, kwargs) = (ask.tools, ask.prefill, ask.template_kwargs);
             tokenize(codec, move |c| {
-                let extra = if tools.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![("tools", minijinja::Value::from_serialize(&tools))]
-                };
+                let mut extra: Vec<(&str, minijinja::Value)> = kwargs
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), minijinja::Value::from_serialize(v)))
+                    .collect();
+                if !tools.is_empty() {
+                    extra.push(("tools", minijinja::Value::from_serialize(&tools)));
+                }
                 c.encode_chat_prefilled(&messages, true, &extra, &prefill)
             })
             .await?
         }
+    };
+    let opens_reasoning = chat && {
+        let tail = &prompt[prompt.len().saturating_sub(16)..];
+        reasoning::opens_inside(&st.codec.decode(tail, false).unwrap_or_default())
     };
     let constraint = match ask.grammar {
         None => None,
@@ -1030,6 +1053,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         events: rx,
         prompt_tokens,
         created: unix_now(),
+        opens_reasoning,
     })
 }
 
@@ -1168,6 +1192,7 @@ pub(crate) mod testing {
             events: rx,
             prompt_tokens: 5,
             created: 0,
+            opens_reasoning: false,
         }
     }
 

@@ -30,12 +30,16 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::answer::{self, AnswerStream, Out, Shape};
 use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary, Token};
+use super::reasoning;
 use super::sse::SseWriter;
 use super::structured;
-use super::tools::{self, CallIds, Choice, Piece, ToolDef, ToolPlan};
-use super::{json_response, new_id, parse_body, submit, tool_syntax, AppState, Ask, PromptInput, StopField, Ticket};
+use super::tools::{self, CallIds, Choice, ToolDef};
+use super::{
+    json_response, new_id, parse_body, submit, thinking, tool_syntax, AppState, Ask, PromptInput, StopField, Ticket,
+};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
 use crate::text::TextCodec;
@@ -101,6 +105,12 @@ struct ChatRequest {
     /// A Lark grammar (an extension, see [`super::structured`]).
     #[serde(default)]
     grammar: Option<Value>,
+    /// Template variables (`enable_thinking`, …), as vLLM takes them.
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
+    /// `"none"` turns thinking off; any other effort leaves it on.
+    #[serde(default)]
+    reasoning_effort: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,6 +118,9 @@ struct ChatMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    /// An earlier answer's reasoning, for templates that show it.
+    #[serde(default)]
+    reasoning_content: Option<String>,
     #[serde(default)]
     tool_calls: Option<Value>,
     #[serde(default)]
@@ -328,6 +341,18 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
     let choice = parse_choice(req.tool_choice)?;
     let format = structured::response_format(req.response_format)?.map(|g| (g, "response_format"));
     let grammar = structured::grammar(req.grammar)?;
+    let thinking_on = match req.reasoning_effort.as_deref() {
+        None => None,
+        Some("none") => Some(false),
+        Some("minimal" | "low" | "medium" | "high") => Some(true),
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "reasoning_effort",
+                format!("reasoning_effort {other:?} is not one of none, minimal, low, medium, high"),
+            ))
+        }
+    };
+    let template_kwargs = reasoning::template_kwargs(req.chat_template_kwargs, thinking_on, "chat_template_kwargs")?;
     let mut messages = Vec::with_capacity(req.messages.len());
     let mut call_ids = CallIds::default();
     for (i, m) in req.messages.into_iter().enumerate() {
@@ -384,6 +409,11 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             call_ids.other();
             messages.push(Message::new(role, &text));
         }
+        if let (Some(r), "assistant") = (m.reasoning_content, role) {
+            if let Some(last) = messages.last_mut() {
+                last.reasoning_content = Some(r);
+            }
+        }
     }
     let syntax = tool_syntax(&st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
@@ -407,6 +437,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             stop_param: "stop",
             logprobs: want_logprobs.then_some(top),
             tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            template_kwargs,
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
             grammar,
         },
@@ -418,7 +449,10 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
         created: ticket.created,
         codec: st.codec.clone(),
         chat: true,
-        tools: plan,
+        shape: Shape {
+            think: thinking(&st, &ticket),
+            tools: plan,
+        },
         logprobs: want_logprobs,
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     };
@@ -501,6 +535,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             stop_param: "stop",
             logprobs: req.logprobs,
             tools: Vec::new(),
+            template_kwargs: Vec::new(),
             prefill: String::new(),
             grammar,
         },
@@ -512,7 +547,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
         created: ticket.created,
         codec: st.codec.clone(),
         chat: false,
-        tools: None,
+        shape: Shape::default(),
         logprobs: req.logprobs.is_some(),
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     };
@@ -531,8 +566,8 @@ struct Reply {
     codec: Arc<TextCodec>,
     /// Chat completion (else legacy text completion).
     chat: bool,
-    /// Tools offered (chat): the answer is parsed for calls.
-    tools: Option<ToolPlan>,
+    /// How the answer splits (chat): reasoning, text, tool calls.
+    shape: Shape,
     logprobs: bool,
     include_usage: bool,
 }
@@ -634,30 +669,27 @@ impl Reply {
         };
         let body = if self.chat {
             let mut finish = finish_reason(&summary);
-            let mut warnings = Vec::new();
-            let message = match &self.tools {
-                None => json!({"role": "assistant", "content": text}),
-                Some(plan) => {
-                    let parsed = plan.parse(&text);
-                    self.warn(&parsed.warnings);
-                    warnings = parsed.warnings;
-                    if parsed.calls.is_empty() {
-                        json!({"role": "assistant", "content": parsed.content})
-                    } else {
-                        finish = "tool_calls";
-                        let calls: Vec<Value> = parsed
-                            .calls
-                            .iter()
-                            .map(|c| {
-                                json!({"id": new_id("call_"), "type": "function",
-                                       "function": {"name": c.name, "arguments": c.arguments_json()}})
-                            })
-                            .collect();
-                        let content = Some(parsed.content).filter(|c| !c.is_empty());
-                        json!({"role": "assistant", "content": content, "tool_calls": calls})
-                    }
-                }
+            let a = answer::whole(&self.shape, &text);
+            self.warn(&a.warnings);
+            let warnings = a.warnings;
+            let mut message = if a.calls.is_empty() {
+                json!({"role": "assistant", "content": a.content})
+            } else {
+                finish = "tool_calls";
+                let calls: Vec<Value> = a
+                    .calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": new_id("call_"), "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments_json()}})
+                    })
+                    .collect();
+                let content = Some(a.content).filter(|c| !c.is_empty());
+                json!({"role": "assistant", "content": content, "tool_calls": calls})
             };
+            if !a.reasoning.is_empty() {
+                message["reasoning_content"] = json!(a.reasoning);
+            }
             let mut body = json!({
                 "id": self.id,
                 "object": "chat.completion",
@@ -727,13 +759,14 @@ impl Reply {
         }
     }
 
-    /// Sends text pieces as `delta.content` chunks and calls as
-    /// `delta.tool_calls` chunks (the id, type and name, then the
-    /// arguments); held tokens' log-probabilities ride on the first chunk.
+    /// Sends reasoning as `delta.reasoning_content` chunks, text as
+    /// `delta.content` chunks and calls as `delta.tool_calls` chunks (the
+    /// id, type and name, then the arguments); held tokens'
+    /// log-probabilities ride on the first chunk.
     async fn send_pieces(
         &self,
         out: &SseWriter,
-        pieces: Vec<Piece>,
+        pieces: Vec<Out>,
         pending: &mut Vec<Token>,
         text_offset: &mut usize,
         calls: &mut usize,
@@ -745,8 +778,11 @@ impl Reply {
                 Value::Null
             };
             let chunk = match piece {
-                Piece::Text(t) => self.choice(Some(&t), lp, None),
-                Piece::Call(c) => {
+                Out::Text(t) => self.choice(Some(&t), lp, None),
+                Out::Reasoning(r) => {
+                    json!([{"index": 0, "delta": {"reasoning_content": r}, "logprobs": lp, "finish_reason": null}])
+                }
+                Out::Call(c) => {
                     let index = *calls;
                     *calls += 1;
                     let head = json!([{"index": 0, "delta": {"tool_calls": [{
@@ -781,7 +817,7 @@ impl Reply {
             // Tokens whose text is still held back wait for the next text.
             let mut pending: Vec<Token> = Vec::new();
             let mut text_offset = 0;
-            let mut parser = self.tools.as_ref().map(ToolPlan::stream);
+            let mut parser = self.chat.then(|| AnswerStream::new(&self.shape));
             let mut calls = 0;
             loop {
                 let event = tokio::select! {
@@ -795,7 +831,7 @@ impl Reply {
                             continue;
                         }
                         let pieces = match &mut parser {
-                            None => vec![Piece::Text(text)],
+                            None => vec![Out::Text(text)],
                             Some(p) => p.push(&text),
                         };
                         if !self
@@ -853,15 +889,20 @@ mod tests {
     use super::super::testing::{block_on, body, codec, plan, sse, ticket};
     use super::*;
     use crate::engine::FinishReason;
+    use crate::server::tools::ToolPlan;
 
     fn reply(tools: Option<ToolPlan>) -> Reply {
+        reply_shaped(Shape { think: None, tools })
+    }
+
+    fn reply_shaped(shape: Shape) -> Reply {
         Reply {
             id: "chatcmpl-test".into(),
             model: "m".into(),
             created: 0,
             codec: codec(),
             chat: true,
-            tools,
+            shape,
             logprobs: false,
             include_usage: false,
         }
@@ -982,5 +1023,40 @@ mod tests {
             .collect();
         assert_eq!(content, format!("{}not json", p.prefill));
         assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+    }
+
+    const THOUGHT: [&str; 4] = ["<think>\nweigh", " it up</th", "ink>\n\n", "Paris."];
+
+    #[test]
+    fn reasoning_comes_back_as_reasoning_content_whole_and_streamed() {
+        let shape = Shape {
+            think: Some(false),
+            tools: None,
+        };
+        let v = block_on(async {
+            let r = reply_shaped(shape.clone())
+                .whole(ticket(&THOUGHT, FinishReason::Stop))
+                .await
+                .unwrap();
+            serde_json::from_str::<Value>(&body(r).await).unwrap()
+        });
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["reasoning_content"], "weigh it up");
+        assert_eq!(m["content"], "Paris.");
+        let chunks: Vec<Value> = block_on(async {
+            let r = reply_shaped(shape).stream(ticket(&THOUGHT, FinishReason::Stop));
+            sse(&body(r).await).into_iter().map(|(_, v)| v).collect()
+        });
+        let deltas: Vec<&Value> = chunks[..chunks.len() - 1]
+            .iter()
+            .map(|c| &c["choices"][0]["delta"])
+            .collect();
+        let r: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+        let c: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!((r.as_str(), c.as_str()), ("weigh it up", "Paris."));
+        // A model whose template writes no thinking keeps the tags as text.
+        let v = whole(None, &THOUGHT);
+        assert_eq!(v["choices"][0]["message"]["content"], THOUGHT.concat());
+        assert!(v["choices"][0]["message"].get("reasoning_content").is_none());
     }
 }
