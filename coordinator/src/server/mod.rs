@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod openai;
 pub mod queue;
 pub mod reasoning;
+pub mod responses;
 pub mod scheduler;
 pub mod sse;
 pub mod stop;
@@ -451,6 +452,8 @@ pub struct AppState {
     /// large vocabulary's trie takes a moment); the error says why the
     /// tokenizer cannot be used.
     pub grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
+    /// Responses API answers kept for `previous_response_id`.
+    pub responses: responses::Store,
 }
 
 /// A running server: its address, and a handle that stops it when dropped.
@@ -552,6 +555,7 @@ impl Server {
             experts,
             started: Instant::now(),
             grammars: std::sync::OnceLock::new(),
+            responses: responses::Store::default(),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -709,6 +713,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -734,6 +740,8 @@ fn route_label(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/messages" => "/v1/messages",
+        "/v1/responses" => "/v1/responses",
+        p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         p if p.starts_with("/assets/") => "/assets",
         _ => "other",
