@@ -204,6 +204,14 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from_safe_string(out))
 }
 
+/// `json.dumps(v, ensure_ascii=False)`: `", "` and `": "` separators, the
+/// layout chat templates write JSON in.
+pub fn py_json(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    write_py_json(v, None, false, 0, &mut out);
+    out
+}
+
 fn write_py_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {

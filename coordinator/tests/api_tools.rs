@@ -15,8 +15,10 @@
 //!   `tool_calls`, never a fabricated call. The round trip (calls, their results, the final
 //!   answer asked for) is one of the cases.
 //! - Streams give what the whole answers give.
-//! - Bad tools, choices and tool messages are 400s in each API's shape, and
-//!   so are tools for a model whose template has no tool support.
+//! - Bad tools, choices and tool messages are 400s in each API's shape.
+//! - A template without tools of its own gets charm's generic shape (tools
+//!   in the system message, calls and results as text), forced calls
+//!   included.
 //!
 //! Parsing real calls out of model text (whole, streamed, malformed) is
 //! tested in `coordinator/src/server/{tools,openai,anthropic}.rs`.
@@ -617,8 +619,9 @@ fn bad_anthropic_tool_requests_are_400s() {
 }
 
 #[test]
-fn tools_on_a_template_without_tool_support_are_400s() {
-    // The fixture's model and tokenizer, with a plain ChatML template.
+fn a_template_without_tools_gets_them_in_the_generic_shape() {
+    // The fixture's model and tokenizer, with a plain ChatML template that
+    // knows no tools (as the demo model's).
     let dir = tempfile::tempdir().unwrap();
     let fixture = chat_fixture();
     for f in [
@@ -635,20 +638,58 @@ fn tools_on_a_template_without_tool_support_are_400s() {
     std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
     let (engine, info) = engine();
     let path = dir.path().to_path_buf();
-    let srv = server_with(engine, &info, |c| c.model_dir = path);
+    let srv = server_with(engine, &info, |c| {
+        c.model_dir = path.clone();
+        c.prefix_cache_bytes = Some(0);
+    });
+    let codec = TextCodec::load(&path).unwrap();
+    assert_eq!(
+        codec.template().map(|t| ToolSyntax::for_template(t.source())),
+        Some(ToolSyntax::Generic)
+    );
 
+    // The round trip reaches the template as charm's generic conversation:
+    // tools in the system message, calls and results as text.
     let c = case("round_trip");
+    let want = |with_tools: bool| {
+        let rendered: Vec<Value> = if with_tools {
+            c["tools"].as_array().unwrap().clone()
+        } else {
+            Vec::new()
+        };
+        let msgs = tools::generic_conversation(template_messages(&c), &rendered);
+        codec.encode_chat(&msgs, true, &[]).unwrap().len() as u64
+    };
     let mut openai = openai_body(&c);
     openai.as_object_mut().unwrap().remove("model");
     let mut anthropic = anthropic_body(&c);
     anthropic.as_object_mut().unwrap().remove("model");
-    refused(&srv, CHAT, &openai, "no tool-call syntax");
-    refused(&srv, MESSAGES, &anthropic, "no tool-call syntax");
-    // Without tools the calls and results in the history would vanish: refused too.
+    let r = post(srv.addr(), CHAT, &openai);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["prompt_tokens"], want(true));
+    let r = post(srv.addr(), MESSAGES, &anthropic);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(anthropic_prompt_tokens(&r.json()["usage"]), want(true));
+    // Without tools, the history's calls and results are still shown.
     openai.as_object_mut().unwrap().remove("tools");
-    anthropic.as_object_mut().unwrap().remove("tools");
-    refused(&srv, CHAT, &openai, "has no tool support");
-    refused(&srv, MESSAGES, &anthropic, "has no tool support");
+    let r = post(srv.addr(), CHAT, &openai);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["prompt_tokens"], want(false));
+    // A forced call is held to the tool's schema here too.
+    let pick = json!([{"type": "function", "function": {"name": "pick", "parameters": {"type": "object",
+        "properties": {"color": {"enum": ["red", "green"]}}, "required": ["color"], "additionalProperties": false}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "tools": pick, "max_tokens": 40,
+                      "temperature": 0, "tool_choice": "required"});
+    let v = post(srv.addr(), CHAT, &body).json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "pick");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args == json!({"color": "red"}) || args == json!({"color": "green"}),
+        "{args}"
+    );
     // tool_choice none turns tools off: a plain chat.
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "tools": c["tools"],
                       "tool_choice": "none", "max_tokens": 2});

@@ -362,6 +362,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let syntax = tool_syntax(&st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "messages")?;
+    let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
     let id = new_id("msg_");
     let ticket = submit(
@@ -370,7 +371,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             api: "messages",
             id: id.clone(),
             model: req.model,
-            prompt: PromptInput::Chat(messages),
+            prompt: PromptInput::Chat(prompt_messages),
             max_tokens: Some(req.max_tokens),
             temperature: req.temperature,
             top_p: req.top_p,
@@ -380,7 +381,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             stop: req.stop_sequences.unwrap_or_default(),
             stop_param: "stop_sequences",
             logprobs: None,
-            tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            tools: template_tools,
             template_kwargs,
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
             grammar,

@@ -886,7 +886,7 @@ fn unix_now() -> u64 {
 
 /// The tool-call syntax of the model's chat template, if it has one charm knows.
 fn tool_syntax(st: &AppState) -> Option<tools::ToolSyntax> {
-    st.codec.template().and_then(|t| tools::ToolSyntax::detect(t.source()))
+    st.codec.template().map(|t| tools::ToolSyntax::for_template(t.source()))
 }
 
 /// A random id with `prefix` (`chatcmpl-…`, `msg_…`).

@@ -418,6 +418,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
     let syntax = tool_syntax(&st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "messages")?;
+    let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
     let id = new_id("chatcmpl-");
     let ticket = submit(
@@ -426,7 +427,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             api: "chat",
             id: id.clone(),
             model: req.model,
-            prompt: PromptInput::Chat(messages),
+            prompt: PromptInput::Chat(prompt_messages),
             max_tokens: req.max_completion_tokens.or(req.max_tokens),
             temperature: req.temperature,
             top_p: req.top_p,
@@ -436,7 +437,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_param: "stop",
             logprobs: want_logprobs.then_some(top),
-            tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            tools: template_tools,
             template_kwargs,
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
             grammar,

@@ -423,6 +423,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
     let syntax = tool_syntax(&st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "input")?;
+    let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
     let id = new_id("resp_");
     let ticket = submit(
@@ -431,7 +432,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
             api: "responses",
             id: id.clone(),
             model: req.model,
-            prompt: PromptInput::Chat(messages.clone()),
+            prompt: PromptInput::Chat(prompt_messages),
             max_tokens: req.max_output_tokens,
             temperature: req.temperature,
             top_p: req.top_p,
@@ -441,7 +442,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
             stop: Vec::new(),
             stop_param: "stop",
             logprobs: None,
-            tools: plan.as_ref().map(|p| p.rendered.clone()).unwrap_or_default(),
+            tools: template_tools,
             template_kwargs,
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
             grammar,

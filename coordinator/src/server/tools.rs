@@ -36,6 +36,11 @@ pub enum ToolSyntax {
     /// tools in a `<tools>` system section and wraps results in
     /// `<tool_response>`.
     Hermes,
+    /// The same blocks for a template that knows no tools: charm writes the
+    /// tools into the system message, calls into the assistant's text and
+    /// results into user turns ([`generic_conversation`]), so any chat
+    /// model can be offered tools (as the demo model is).
+    Generic,
 }
 
 impl ToolSyntax {
@@ -45,15 +50,20 @@ impl ToolSyntax {
         (template.contains("<tool_call>") && template.contains("tools")).then_some(ToolSyntax::Hermes)
     }
 
+    /// The syntax for a chat template: its own, else [`ToolSyntax::Generic`].
+    pub fn for_template(template: &str) -> ToolSyntax {
+        Self::detect(template).unwrap_or(ToolSyntax::Generic)
+    }
+
     fn open(self) -> &'static str {
         match self {
-            ToolSyntax::Hermes => "<tool_call>",
+            ToolSyntax::Hermes | ToolSyntax::Generic => "<tool_call>",
         }
     }
 
     fn close(self) -> &'static str {
         match self {
-            ToolSyntax::Hermes => "</tool_call>",
+            ToolSyntax::Hermes | ToolSyntax::Generic => "</tool_call>",
         }
     }
 
@@ -61,9 +71,9 @@ impl ToolSyntax {
     /// `Some(name)`: that tool (the model continues with the arguments);
     /// `None`: any tool (the model continues with the name).
     pub fn prefill(self, name: Option<&str>) -> String {
-        match (self, name) {
-            (ToolSyntax::Hermes, Some(n)) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
-            (ToolSyntax::Hermes, None) => "<tool_call>\n{\"name\": \"".to_string(),
+        match name {
+            Some(n) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
+            None => "<tool_call>\n{\"name\": \"".to_string(),
         }
     }
 
@@ -75,13 +85,13 @@ impl ToolSyntax {
             let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
             format!("%json {}", json_layout(schema))
         };
-        match (self, name) {
-            (ToolSyntax::Hermes, Some(n)) => {
+        match name {
+            Some(n) => {
                 let t = tools.iter().find(|t| t.name == n);
                 let body = t.map_or_else(|| "%json {\"type\": \"object\"}".to_string(), args);
                 GrammarSpec::Lark(format!("start: {body} \"}}\"\n"))
             }
-            (ToolSyntax::Hermes, None) => {
+            None => {
                 let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
                 let mut g = format!("start: {}\n", alternatives.join(" | "));
                 for (i, t) in tools.iter().enumerate() {
@@ -465,7 +475,9 @@ impl ToolPlan {
 /// fields' names in this API): `None` when no tools are rendered (none
 /// given, or `choice` is [`Choice::None`]). 400 for duplicate names, a
 /// forced choice without tools or naming an unknown tool, and tools (not
-/// turned off by [`Choice::None`]) on a template without tool support.
+/// turned off by [`Choice::None`]) for a model without a chat template
+/// (`syntax` None; a template without tools of its own gets
+/// [`ToolSyntax::Generic`]).
 pub fn plan(
     syntax: Option<ToolSyntax>,
     tools: Vec<ToolDef>,
@@ -497,8 +509,7 @@ pub fn plan(
     let Some(syntax) = syntax else {
         return Err(ApiError::invalid_param(
             tools_param,
-            "this model's chat template has no tool-call syntax charm can parse (known: Qwen/Hermes \
-             <tool_call> blocks); tools are not supported for it",
+            "this model has no chat template, so it has no tool-call syntax; tools are not supported for it",
         ));
     };
     let (prefill, grammar) = match &choice {
@@ -523,8 +534,84 @@ pub fn plan(
     }))
 }
 
+/// The conversation and the template's `tools` variable for `syntax`: a
+/// template with its own tool syntax gets both as they are; for
+/// [`ToolSyntax::Generic`] they are written into the messages
+/// ([`generic_conversation`]) and no `tools` variable is passed.
+pub fn prepare(
+    syntax: Option<ToolSyntax>,
+    plan: Option<&ToolPlan>,
+    messages: Vec<Message>,
+) -> (Vec<Message>, Vec<Value>) {
+    let rendered = plan.map(|p| p.rendered.clone()).unwrap_or_default();
+    match syntax {
+        Some(ToolSyntax::Generic) => (generic_conversation(messages, &rendered), Vec::new()),
+        _ => (messages, rendered),
+    }
+}
+
+/// A conversation with tools for a template that knows none: the tools
+/// (`rendered`, as templates get them) in a section of the system message
+/// (one is added when the conversation has none), each assistant call as a
+/// `<tool_call>` block after the turn's text, and each run of tool results
+/// as one user turn of `<tool_response>` blocks.
+pub fn generic_conversation(messages: Vec<Message>, rendered: &[Value]) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+    for m in messages {
+        if let Some(calls) = &m.tool_calls {
+            let mut text = m.content.clone();
+            for c in calls {
+                let call = json!({"name": c["function"]["name"], "arguments": c["function"]["arguments"]});
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&format!(
+                    "<tool_call>\n{}\n</tool_call>",
+                    crate::chat_template::py_json(&call)
+                ));
+            }
+            let mut a = Message::new("assistant", &text);
+            a.reasoning_content = m.reasoning_content;
+            out.push(a);
+        } else if m.tool_call_id.is_some() {
+            let block = format!("<tool_response>\n{}\n</tool_response>", m.content);
+            match out.last_mut() {
+                Some(last) if last.role == "user" && last.content.starts_with("<tool_response>") => {
+                    last.content.push('\n');
+                    last.content.push_str(&block);
+                }
+                _ => out.push(Message::new("user", &block)),
+            }
+        } else {
+            out.push(m);
+        }
+    }
+    if !rendered.is_empty() {
+        let mut section = String::from(
+            "# Tools\n\nYou can call these functions; their arguments follow the JSON schemas given:\n<tools>",
+        );
+        for t in rendered {
+            section.push('\n');
+            section.push_str(&crate::chat_template::py_json(t));
+        }
+        section.push_str(
+            "\n</tools>\n\nTo call functions, answer with one block per call, each a JSON object with the \
+             function's name and its arguments:\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": \
+             {<arguments>}}\n</tool_call>\nEach result comes back in a <tool_response> block.",
+        );
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content.push_str("\n\n");
+                first.content.push_str(&section);
+            }
+            _ => out.insert(0, Message::new("system", &section)),
+        }
+    }
+    out
+}
+
 /// 400 when the conversation holds tool calls or results but the model's
-/// template has no tool support (it would drop them silently).
+/// has no chat template (`syntax` None: they would be dropped silently).
 pub fn check_history(syntax: Option<ToolSyntax>, messages: &[Message], param: &'static str) -> Result<(), ApiError> {
     if syntax.is_none()
         && messages
@@ -797,7 +884,7 @@ mod tests {
             (Some(H), vec![def("a"), def("a")], Choice::Auto, "used twice"),
             (Some(H), vec![], Choice::Required, "no tools"),
             (Some(H), vec![def("a")], Choice::Named("b".into()), "\"b\""),
-            (None, vec![def("a")], Choice::Auto, "no tool-call syntax"),
+            (None, vec![def("a")], Choice::Auto, "no chat template"),
         ] {
             let e = plan(syntax, tools, choice, "tools", "tool_choice").unwrap_err();
             assert!(e.message.contains(needle), "{needle}: {}", e.message);
@@ -821,5 +908,54 @@ mod tests {
         assert!(ids.result("c3").is_err());
         ids.other();
         assert!(ids.result("c1").is_err());
+    }
+
+    #[test]
+    fn a_template_without_tools_gets_the_generic_conversation() {
+        assert_eq!(ToolSyntax::for_template("{{ m.content }}"), ToolSyntax::Generic);
+        let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
+        let call = json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}});
+        let msgs = vec![
+            Message::new("user", "hi"),
+            Message::assistant_calls("Let me look.", vec![call]),
+            Message::tool_result("c1", "42"),
+            Message::tool_result("c1", "43"),
+        ];
+        let out = generic_conversation(msgs, &tools);
+        assert_eq!(out.len(), 4);
+        assert_eq!(out[0].role, "system");
+        assert!(out[0]
+            .content
+            .contains("<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"f\""));
+        assert_eq!(out[1], Message::new("user", "hi"));
+        assert_eq!(
+            out[2],
+            Message::new(
+                "assistant",
+                "Let me look.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>"
+            )
+        );
+        assert_eq!(
+            out[3],
+            Message::new(
+                "user",
+                "<tool_response>\n42\n</tool_response>\n<tool_response>\n43\n</tool_response>"
+            )
+        );
+        assert!(out.iter().all(|m| m.tool_calls.is_none() && m.tool_call_id.is_none()));
+        // An existing system message takes the section.
+        let out = generic_conversation(
+            vec![Message::new("system", "Be kind."), Message::new("user", "hi")],
+            &tools,
+        );
+        assert_eq!(out.len(), 2);
+        assert!(out[0].content.starts_with("Be kind.\n\n# Tools"));
+        // The generic answer parses like Hermes.
+        let p = parse(
+            ToolSyntax::Generic,
+            &["f".into()],
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+        );
+        assert_eq!(p.calls.len(), 1);
     }
 }
