@@ -4,8 +4,11 @@
 //! engine's own greedy answers for the same prompts; then a tool round trip
 //! with each (tools, a call, its result, the tool forced by name), whose
 //! prompt must be the template's rendering with the call's prefill and
-//! whose answer the greedy continuation of it (the random-weight model
-//! writes no valid call: the raw text comes back, no call).
+//! whose call the greedy continuation of it under the call's grammar; a
+//! strict `json_schema` answer (and the SDK's `parse()`), a required call
+//! with two tools, and the Responses API (whole, streamed, a forced call
+//! and its result sent back with `previous_response_id`), each validated
+//! with `jsonschema` in the script and compared with the engine here.
 //!
 //! The SDKs live in `target/sdk-venv` (made by `scripts/sdk_venv.sh`, which
 //! `scripts/test.sh` runs). Without python3/pip the test is skipped with a
@@ -17,36 +20,14 @@ use std::process::Command;
 
 use api_support::*;
 use charm_coordinator::chat_template::Message;
-use charm_coordinator::server::tools::{parse, ToolSyntax};
+use charm_coordinator::grammar::GrammarSpec;
+use charm_coordinator::server::tools::{parse, ToolDef, ToolSyntax};
 use charm_coordinator::TextCodec;
 use serde_json::{json, Value};
 
 const SYSTEM: &str = "You are terse.";
 const USER: &str = "Say something about hummingbirds.";
 const MAX_TOKENS: usize = 24;
-
-/// The venv's python, or `None` when this machine has no python3 with pip and venv.
-fn sdk_python() -> Option<String> {
-    let has = |args: &[&str]| {
-        Command::new("python3")
-            .args(args)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !has(&["-m", "pip", "--version"]) || !has(&["-m", "venv", "--help"]) {
-        return None;
-    }
-    let out = Command::new("bash")
-        .arg(repo().join("scripts/sdk_venv.sh"))
-        .output()
-        .expect("run scripts/sdk_venv.sh");
-    assert!(
-        out.status.success(),
-        "scripts/sdk_venv.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(String::from_utf8(out.stdout).unwrap().trim().to_string())
-}
 
 #[test]
 fn official_python_sdks_chat_and_stream() {
@@ -92,11 +73,13 @@ fn official_python_sdks_chat_and_stream() {
         if full { "max_tokens" } else { "end_turn" }
     );
 
-    // Tools: both SDKs' round trips render to the same prompt.
+    // Tools: both SDKs' round trips render to the same prompt, and the
+    // forced call is the engine's greedy answer under the call's grammar.
     let codec = TextCodec::load(&chat_fixture()).unwrap();
+    let weather_schema = json!({"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Lagos", "Lima"]}},
+                                "required": ["city"], "additionalProperties": false});
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
-        "description": "Current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+        "description": "Current weather for a city.", "parameters": weather_schema}}]);
     let call = json!({"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}});
     let msgs = [
         Message::new("user", "What is the weather in Paris?"),
@@ -106,29 +89,50 @@ fn official_python_sdks_chat_and_stream() {
     let prefill = ToolSyntax::Hermes.prefill(Some("get_weather"));
     let extra = [("tools", minijinja::Value::from_serialize(&tools))];
     let prompt = codec.encode_chat_prefilled(&msgs, true, &extra, &prefill).unwrap();
-    let (engine, _) = engine();
-    let params = charm_coordinator::GenerateParams {
-        max_tokens: MAX_TOKENS,
-        sampling: Default::default(),
-        ignore_eos: false,
-    };
-    let gen = engine
-        .generate(&mut engine.session(), &prompt, &params, |_| true)
-        .unwrap();
-    let text = codec.decode(&gen.ids, true).unwrap();
+    let defs = [ToolDef {
+        name: "get_weather".into(),
+        description: None,
+        parameters: Some(weather_schema.clone()),
+    }];
+    let grammar = ToolSyntax::Hermes.forced_grammar(&defs, Some("get_weather"));
+    let (_, text) = constrained_greedy(&prompt, &grammar, MAX_TOKENS);
     let want = parse(ToolSyntax::Hermes, &["get_weather".into()], &format!("{prefill}{text}"));
-    assert!(want.calls.is_empty(), "the fixture model wrote a valid call: {text:?}");
+    assert_eq!(want.calls.len(), 1, "the forced call completes: {text:?}");
+    let want_calls = json!([{"name": "get_weather", "arguments": want.calls[0].arguments}]);
     let o = &v["openai_tools"];
     assert_eq!(o["prompt_tokens"], prompt.len(), "{o}");
-    assert_eq!(o["content"], want.content.as_str());
-    assert_eq!(o["calls"], json!([]));
-    assert_eq!(
-        o["finish_reason"],
-        if gen.ids.len() == MAX_TOKENS { "length" } else { "stop" }
-    );
+    assert_eq!(o["calls"], want_calls);
+    assert_eq!(o["finish_reason"], "tool_calls");
     let a = &v["anthropic_tools"];
     let read = a["input_tokens"].as_u64().unwrap() + a["cache_read_input_tokens"].as_u64().unwrap();
     assert_eq!(read, prompt.len() as u64, "{a}");
-    assert_eq!(a["text"], want.content.as_str());
-    assert_eq!(a["calls"], json!([]));
+    assert_eq!(a["calls"], want_calls);
+
+    // Structured output through the SDK: the masked greedy answer.
+    let s = &v["openai_structured"];
+    let verdict = json!({"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no", "maybe"]},
+                         "score": {"type": "integer", "minimum": 0, "maximum": 9}},
+                         "required": ["answer", "score"], "additionalProperties": false});
+    let q = codec
+        .encode_chat(&[Message::new("user", "Is the sky green? Answer as JSON.")], true, &[])
+        .unwrap();
+    let (_, want_json) = constrained_greedy(&q, &GrammarSpec::JsonSchema(verdict), 48);
+    assert_eq!(s["text"], want_json.as_str());
+
+    // The Responses API: the same greedy answer as chat completions.
+    let r = &v["responses"];
+    let msgs = [Message::new("system", SYSTEM), Message::new("user", USER)];
+    let (prompt, ids, text) = solo_chat(&msgs, MAX_TOKENS);
+    assert_eq!(r["text"], text.as_str());
+    assert_eq!(r["input_tokens"], prompt.len());
+    assert_eq!(r["output_tokens"], ids.len());
+    assert_eq!(
+        r["status"],
+        if ids.len() == MAX_TOKENS {
+            "incomplete"
+        } else {
+            "completed"
+        }
+    );
+    assert_eq!(r["call"]["name"], "get_weather");
 }

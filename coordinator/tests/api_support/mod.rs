@@ -459,3 +459,26 @@ pub fn constrained_greedy(
     let text = codec.decode(&ids, true).unwrap();
     (ids, text)
 }
+
+/// The venv's python, or `None` when this machine has no python3 with pip and venv.
+pub fn sdk_python() -> Option<String> {
+    let has = |args: &[&str]| {
+        std::process::Command::new("python3")
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !has(&["-m", "pip", "--version"]) || !has(&["-m", "venv", "--help"]) {
+        return None;
+    }
+    let out = std::process::Command::new("bash")
+        .arg(repo().join("scripts/sdk_venv.sh"))
+        .output()
+        .expect("run scripts/sdk_venv.sh");
+    assert!(
+        out.status.success(),
+        "scripts/sdk_venv.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(String::from_utf8(out.stdout).unwrap().trim().to_string())
+}
