@@ -153,6 +153,12 @@ impl TextCodec {
         self.encode_with(text, true)
     }
 
+    /// `text`'s ids without the tokenizer's added special tokens (as an
+    /// answer's text continues a rendered prompt).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        self.encode_with(text, false)
+    }
+
     fn encode_with(&self, text: &str, special: bool) -> Result<Vec<u32>, TextError> {
         Ok(self
             .tokenizer

@@ -43,6 +43,7 @@ pub mod scheduler;
 pub mod sse;
 pub mod stop;
 pub mod structured;
+pub mod systemone;
 pub mod tools;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -715,6 +716,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/systemone", post(systemone::decide))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -741,6 +743,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/completions" => "/v1/completions",
         "/v1/messages" => "/v1/messages",
         "/v1/responses" => "/v1/responses",
+        "/v1/systemone" => "/v1/systemone",
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         p if p.starts_with("/assets/") => "/assets",
@@ -1054,6 +1057,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         stop: ask.stop,
         logprobs: ask.logprobs,
         constraint,
+        score: None,
         events: tx,
         arrived: Instant::now(),
     });

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::logprobs::TokenLogprobs;
 use super::scheduler::{Scheduler, Shared};
+use super::systemone::ScoreJob;
 use crate::engine::{Engine, FinishReason, GenStats, GenerateParams};
 use crate::grammar::Constraint;
 use crate::prefix_cache::PrefixCache;
@@ -36,6 +37,9 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The grammar its answer follows, if any.
     pub constraint: Option<Constraint>,
+    /// A System One request: options to score, not text to generate
+    /// (`prompt` is then the questions' shared prefix).
+    pub score: Option<ScoreJob>,
     /// Where the job's events go; closing it cancels the job.
     pub events: mpsc::UnboundedSender<Event>,
     /// When the request arrived.

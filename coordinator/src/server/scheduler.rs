@@ -35,6 +35,7 @@ use super::logprobs::logprobs;
 use super::metrics::{Finished, Metrics, Outcome};
 use super::queue::{Event, Job, Summary, Token};
 use super::stop::StopMatcher;
+use super::systemone;
 use crate::engine::{Engine, FinishReason, GenStats, PhaseTimes};
 use crate::prefix_cache::{PrefixCache, PrefixStats};
 use crate::sampler::Sampler;
@@ -134,6 +135,10 @@ impl<'c> Scheduler<'c> {
         if job.events.is_closed() {
             // The client left while the job waited: nothing to compute.
             self.record(&job, queue_s, None, Outcome::Cancelled, None);
+            return;
+        }
+        if job.score.is_some() {
+            self.score(job, queue_s);
             return;
         }
         let hit = self.prefix.lookup(&job.prompt);
@@ -399,6 +404,48 @@ impl<'c> Scheduler<'c> {
     /// Metrics and the dashboard's request history; the expert service
     /// hears that a request it worked for ended (as after
     /// [`Engine::generate`]).
+    /// A System One job, at once (between two steps of the batch): its
+    /// shared prefix from the prefix cache where it can, the options scored
+    /// ([`systemone::score`]), the shared prefix's cache kept for the next
+    /// question about the same state.
+    fn score(&mut self, mut job: Job, queue_s: f64) {
+        let Some(sj) = job.score.take() else { return };
+        self.shared.board.begin(&job.id, job.api, job.prompt.len(), 0);
+        let before = self.engine.expert_stats();
+        let hit = self.prefix.lookup(&job.prompt);
+        let (cache, cached) = match hit {
+            Some(h) => (h.cache, h.reused),
+            None => (self.engine.model.new_cache(), 0),
+        };
+        let t = Instant::now();
+        let result = systemone::score(&self.engine, &job.prompt, cache, &sj).map(|(scores, cache, logits)| {
+            let checkpoints = logits.map(|l| vec![(job.prompt.len(), l)]).unwrap_or_default();
+            self.prefix.insert(job.prompt.clone(), cache, checkpoints);
+            systemone::Scored {
+                scores,
+                cached_tokens: cached,
+            }
+        });
+        let outcome = match &result {
+            Ok(_) if job.events.is_closed() => Outcome::Cancelled,
+            Ok(_) => Outcome::Stop,
+            Err(_) => Outcome::Error,
+        };
+        if let Some(reply) = sj.reply {
+            let _ = reply.send(result);
+        }
+        *lock(&self.shared.prefix) = self.prefix.stats();
+        let secs = t.elapsed().as_secs_f64();
+        let stats = GenStats {
+            prompt_tokens: job.prompt.len(),
+            cached_prompt_tokens: cached,
+            prefill_tok_s: rate(job.prompt.len() - cached, secs),
+            experts: self.engine.expert_stats().since(&before),
+            ..Default::default()
+        };
+        self.record(&job, queue_s, None, outcome, Some((&[], &stats)));
+    }
+
     fn record(&self, job: &Job, queue_s: f64, ttft_s: Option<f64>, outcome: Outcome, ran: Option<(&[u32], &GenStats)>) {
         if ran.is_some() {
             self.engine.expert_service().end_request();
