@@ -173,12 +173,19 @@ impl Constraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| GrammarError::Matcher(e.to_string()))?;
+        // 32 tokens a word: bit i of word w allows token 32·w + i.
+        let words = allowed.as_slice();
         let mut any = false;
-        for (i, l) in logits.iter_mut().enumerate() {
-            if allowed.is_allowed(i as u32) {
-                any = true;
-            } else {
-                *l = f32::NEG_INFINITY;
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            any |= bits != 0;
+            if bits == u32::MAX {
+                continue;
+            }
+            for (i, l) in chunk.iter_mut().enumerate() {
+                if bits >> i & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         if any {

@@ -67,6 +67,8 @@ struct Seq<'c> {
     /// Logits after the whole prompt, and after everything fed.
     prompt_logits: Option<Vec<f32>>,
     last_logits: Vec<f32>,
+    /// The logits a grammar allows (a buffer reused every step).
+    masked: Vec<f32>,
     decoder: StreamDecoder<'c>,
     stop: StopMatcher,
     first_token: Option<Instant>,
@@ -162,6 +164,7 @@ impl<'c> Scheduler<'c> {
             ids: Vec::new(),
             prompt_logits: pending.clone(),
             last_logits: Vec::new(),
+            masked: Vec::new(),
             first_token: None,
             prefill_done: full.then_some(started),
             decode_error: None,
@@ -492,15 +495,15 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
     let picked = match s.job.constraint.as_mut() {
         None => Ok(s.sampler.sample(&logits)),
         Some(c) => {
-            let mut allowed = logits.clone();
-            c.mask(&mut allowed)
-                .map(|()| s.sampler.sample(&allowed))
-                .and_then(|id| {
-                    if !cfg.eos_token_ids.contains(&id) {
-                        c.accept(id)?;
-                    }
-                    Ok(id)
-                })
+            let allowed = &mut s.masked;
+            allowed.clear();
+            allowed.extend_from_slice(&logits);
+            c.mask(allowed).map(|()| s.sampler.sample(allowed)).and_then(|id| {
+                if !cfg.eos_token_ids.contains(&id) {
+                    c.accept(id)?;
+                }
+                Ok(id)
+            })
         }
     };
     s.prof.sample_ms += t.elapsed().as_secs_f64() * 1e3;
