@@ -428,6 +428,15 @@ function addMsg(role, text) {
   return div;
 }
 
+/// The tools typed into the chat's tools box (an empty box: none).
+function chatTools() {
+  const raw = $("chat-tools").value.trim();
+  if (!raw) return null;
+  const tools = JSON.parse(raw);
+  if (!Array.isArray(tools)) throw new Error("tools must be a JSON list");
+  return tools;
+}
+
 async function sendChat(ev) {
   ev.preventDefault();
   const input = $("chat-input");
@@ -436,21 +445,29 @@ async function sendChat(ev) {
   input.value = "";
   state.history.push({ role: "user", content: text });
   addMsg("user", text);
-  const out = addMsg("assistant", "");
   $("chat-send").disabled = true;
-  const body = {
-    model: state.model ? state.model.id : undefined,
-    messages: state.history,
-    max_tokens: Number($("chat-max").value) || 64,
-    temperature: Number($("chat-temp").value) || 0,
-    stream: true,
-    stream_options: { include_usage: true },
-  };
   const t0 = performance.now();
   let first = null;
   let usage = null;
   let reply = "";
+  let thought = "";
+  let out = null; // the answer's text element, made when text comes
+  let thinking = null; // the reasoning element, made when reasoning comes
+  const calls = []; // streamed tool calls by index: {id, name, arguments, el}
   try {
+    const body = {
+      model: state.model ? state.model.id : undefined,
+      messages: state.history,
+      max_tokens: Number($("chat-max").value) || 64,
+      temperature: Number($("chat-temp").value) || 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    };
+    const tools = chatTools();
+    if (tools) {
+      body.tools = tools;
+      body.tool_choice = $("chat-tool-choice").value;
+    }
     const resp = await fetch("/v1/chat/completions", {
       method: "POST",
       headers: headers({ "Content-Type": "application/json" }),
@@ -466,15 +483,42 @@ async function sendChat(ev) {
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
       for (const c of chunk.choices || []) {
-        const piece = c.delta && c.delta.content;
-        if (piece) {
+        const d = c.delta || {};
+        if (d.reasoning_content || d.content || d.tool_calls) {
           if (first === null) first = performance.now();
-          reply += piece;
+        }
+        if (d.reasoning_content) {
+          thought += d.reasoning_content;
+          if (!thinking) thinking = addMsg("reasoning", "");
+          thinking.textContent = thought;
+        }
+        if (d.content) {
+          reply += d.content;
+          if (!out) out = addMsg("assistant", "");
           out.textContent = reply;
+        }
+        for (const t of d.tool_calls || []) {
+          let call = calls[t.index];
+          if (!call) {
+            call = calls[t.index] = { id: t.id, name: "", arguments: "", el: addMsg("call", "") };
+          }
+          if (t.function && t.function.name) call.name += t.function.name;
+          if (t.function && t.function.arguments) call.arguments += t.function.arguments;
+          call.el.textContent = `${call.name}(${call.arguments})`;
         }
       }
     });
-    state.history.push({ role: "assistant", content: reply });
+    if (!out && !calls.length) out = addMsg("assistant", "");
+    const turn = { role: "assistant", content: reply };
+    if (thought) turn.reasoning_content = thought;
+    if (calls.length) {
+      turn.tool_calls = calls.map((c) => ({
+        id: c.id,
+        type: "function",
+        function: { name: c.name, arguments: c.arguments },
+      }));
+    }
+    state.history.push(turn);
     const end = performance.now();
     const n = usage ? usage.completion_tokens : 0;
     const rate = first !== null && n > 1 && end > first ? ((n - 1) * 1000) / (end - first) : null;
@@ -483,8 +527,7 @@ async function sendChat(ev) {
       `${rate === null ? "n/a" : rate.toFixed(1)} tok/s · ${n} tokens`;
     $("chat-stats").dataset.done = "1";
   } catch (e) {
-    out.className = "msg error";
-    out.textContent = "error: " + e.message;
+    addMsg("error", "error: " + e.message);
     state.history.pop();
   } finally {
     $("chat-send").disabled = false;

@@ -3,6 +3,9 @@
 //! in-process worker, its chat streams an answer (the engine's own greedy
 //! answer, with TTFT and tok/s shown), and the expert grid changes — both
 //! its routed-row count (exactly what the request routed) and its pixels.
+//! With tools typed in and `required` chosen, the chat shows the forced
+//! call; against a template that opens a `<think>` block, it shows the
+//! reasoning apart from the answer (both the engine's own, split).
 //! A screenshot is kept as `target/test-artifacts/dashboard.png`.
 //!
 //! Needs `chromium` and `chromedriver` (Debian: `chromium chromium-driver`,
@@ -220,6 +223,32 @@ fn dashboard_shows_the_worker_chats_and_lights_the_grid() {
         |v| v.as_u64() >= Some(1),
     );
 
+    // Tools: a forced call shows as a tool call, held to its schema.
+    d.js("document.getElementById('chat-tools-box').open = true;
+          document.getElementById('chat-tools').value = JSON.stringify([{type: 'function', function: {name: 'get_weather',
+            parameters: {type: 'object', properties: {city: {enum: ['Paris', 'Lagos']}}, required: ['city'],
+                         additionalProperties: false}}}]);
+          document.getElementById('chat-tool-choice').value = 'required';
+          document.getElementById('chat-stats').dataset.done = '';
+          return null;");
+    d.call(
+        "POST",
+        &format!("/element/{input}/value"),
+        &json!({"text": "Weather in Paris?"}),
+    );
+    d.call("POST", &format!("/element/{send}/click"), &json!({}));
+    d.wait_for(
+        "the tool call",
+        "return document.getElementById('chat-stats').dataset.done || null;",
+        |v| v == "1",
+    );
+    let call = d.js("const m = document.querySelectorAll('#chat-log .msg.call'); return m.length ? m[m.length - 1].textContent : null;");
+    let call = call.as_str().unwrap_or_else(|| panic!("no tool call shown: {call}"));
+    assert!(
+        call == r#"get_weather({"city":"Paris"})"# || call == r#"get_weather({"city":"Lagos"})"#,
+        "{call}"
+    );
+
     // Let the white flashes fade so the screenshot shows the heat colours.
     std::thread::sleep(Duration::from_millis(1000));
     let png_b64 = d.call("GET", "/screenshot", &json!({}));
@@ -229,6 +258,61 @@ fn dashboard_shows_the_worker_chats_and_lights_the_grid() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("dashboard.png"), &png).unwrap();
     eprintln!("screenshot: {}", dir.join("dashboard.png").display());
+
+    // Reasoning: a template that opens a <think> block in the prompt (as
+    // DeepSeek-R1's and the Qwen3 thinking models' do) makes the answer
+    // reasoning until it closes; the page shows it as thinking.
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = chat_fixture();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::os::unix::fs::symlink(fixture.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer_config.json")).unwrap()).unwrap();
+    cfg["chat_template"] = json!("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}");
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let (served, info) = engine();
+    let thinker = server_with(served, &info, |c| c.model_dir = dir.path().to_path_buf());
+    d.call("POST", "/url", &json!({"url": thinker.url()}));
+    d.wait_for(
+        "the live feed",
+        "return document.getElementById('conn').textContent;",
+        |v| v == "live",
+    );
+    let input = d.element("#chat-input");
+    d.call("POST", &format!("/element/{input}/value"), &json!({"text": MESSAGE}));
+    let send = d.element("#chat-send");
+    d.call("POST", &format!("/element/{send}/click"), &json!({}));
+    d.wait_for(
+        "the thinking answer",
+        "return document.getElementById('chat-stats').dataset.done || null;",
+        |v| v == "1",
+    );
+    let codec = charm_coordinator::TextCodec::load(dir.path()).unwrap();
+    let (engine, _) = engine();
+    let prompt = codec.encode_chat(&[Message::new("user", MESSAGE)], true, &[]).unwrap();
+    let params = charm_coordinator::GenerateParams {
+        max_tokens: 64,
+        sampling: Default::default(),
+        ignore_eos: false,
+    };
+    let gen = engine
+        .generate(&mut engine.session(), &prompt, &params, |_| true)
+        .unwrap();
+    let text = codec.decode(&gen.ids, true).unwrap();
+    let (reasoning, answer) = charm_coordinator::server::reasoning::split(true, &text);
+    let shown = d.js(
+        "const m = document.querySelectorAll('#chat-log .msg.reasoning'); return m.length ? m[0].textContent : null;",
+    );
+    assert_eq!(shown, reasoning.as_str(), "the page shows the reasoning");
+    assert!(!reasoning.is_empty());
+    let answered = d.js("const m = document.querySelectorAll('#chat-log .msg.assistant'); return m.length ? m[m.length - 1].textContent : null;");
+    assert_eq!(answered, answer.as_str());
 }
 
 /// Standard base64 (the WebDriver screenshot encoding).

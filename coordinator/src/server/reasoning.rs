@@ -30,10 +30,10 @@ use super::error::ApiError;
 pub const OPEN: &str = "<think>";
 pub const CLOSE: &str = "</think>";
 
-/// Whether a chat template writes thinking blocks (its source mentions the
-/// closing tag).
+/// Whether a chat template writes thinking blocks (its source mentions
+/// either tag).
 pub fn template_thinks(source: &str) -> bool {
-    source.contains(CLOSE)
+    source.contains(OPEN) || source.contains(CLOSE)
 }
 
 /// Whether a rendered prompt's tail leaves a `<think>` block open (the
