@@ -1,7 +1,8 @@
 //! What a JSON-schema constraint costs per decoded token.
 //!
 //! For each model given (a Hugging Face directory, a container or a GGUF
-//! file), greedy decoding of one chat prompt, alternating rounds: plain,
+//! file), greedy decoding of one prompt (through the chat template when the
+//! model has one), alternating rounds: plain,
 //! then under a JSON schema ([`charm_coordinator::grammar`]). Reports the
 //! grammar compiler's build time (the vocabulary's token trie, once per
 //! model), the mask's time per token (compute the allowed set, apply it to
@@ -100,9 +101,13 @@ fn main() {
         let (engine, _) = Engine::load(m, &EngineOptions::default()).expect("load the model");
         let codec = TextCodec::for_model(m).expect("the model's tokenizer");
         let cfg = engine.config().clone();
-        let prompt = codec
-            .encode_chat(&[Message::new("user", "Plan a weather report as JSON.")], true, &[])
-            .expect("a chat template");
+        let ask = "Plan a weather report as JSON.";
+        let prompt = if codec.has_template() {
+            codec.encode_chat(&[Message::new("user", ask)], true, &[])
+        } else {
+            codec.encode(ask)
+        }
+        .expect("tokenize the prompt");
         let t = Instant::now();
         let grammars = Grammars::new(&codec, cfg.vocab_size, &cfg.eos_token_ids).expect("grammar compiler");
         let build_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -622,20 +622,9 @@ fn bad_anthropic_tool_requests_are_400s() {
 fn a_template_without_tools_gets_them_in_the_generic_shape() {
     // The fixture's model and tokenizer, with a plain ChatML template that
     // knows no tools (as the demo model's).
-    let dir = tempfile::tempdir().unwrap();
-    let fixture = chat_fixture();
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "tokenizer.json",
-    ] {
-        std::os::unix::fs::symlink(fixture.join(f), dir.path().join(f)).unwrap();
-    }
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer_config.json")).unwrap()).unwrap();
-    cfg["chat_template"] = json!("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
-    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let dir = fixture_with_template(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    );
     let (engine, info) = engine();
     let path = dir.path().to_path_buf();
     let srv = server_with(engine, &info, |c| {

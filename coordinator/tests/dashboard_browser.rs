@@ -262,20 +262,9 @@ fn dashboard_shows_the_worker_chats_and_lights_the_grid() {
     // Reasoning: a template that opens a <think> block in the prompt (as
     // DeepSeek-R1's and the Qwen3 thinking models' do) makes the answer
     // reasoning until it closes; the page shows it as thinking.
-    let dir = tempfile::tempdir().unwrap();
-    let fixture = chat_fixture();
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "tokenizer.json",
-    ] {
-        std::os::unix::fs::symlink(fixture.join(f), dir.path().join(f)).unwrap();
-    }
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer_config.json")).unwrap()).unwrap();
-    cfg["chat_template"] = json!("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}");
-    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let dir = fixture_with_template(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
+    );
     let (served, info) = engine();
     let thinker = server_with(served, &info, |c| c.model_dir = dir.path().to_path_buf());
     d.call("POST", "/url", &json!({"url": thinker.url()}));

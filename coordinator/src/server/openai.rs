@@ -341,17 +341,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
     let choice = parse_choice(req.tool_choice)?;
     let format = structured::response_format(req.response_format)?.map(|g| (g, "response_format"));
     let grammar = structured::grammar(req.grammar)?;
-    let thinking_on = match req.reasoning_effort.as_deref() {
-        None => None,
-        Some("none") => Some(false),
-        Some("minimal" | "low" | "medium" | "high") => Some(true),
-        Some(other) => {
-            return Err(ApiError::invalid_param(
-                "reasoning_effort",
-                format!("reasoning_effort {other:?} is not one of none, minimal, low, medium, high"),
-            ))
-        }
-    };
+    let thinking_on = reasoning::effort_switch(req.reasoning_effort.as_deref(), "reasoning_effort")?;
     let template_kwargs = reasoning::template_kwargs(req.chat_template_kwargs, thinking_on, "chat_template_kwargs")?;
     let mut messages = Vec::with_capacity(req.messages.len());
     let mut call_ids = CallIds::default();

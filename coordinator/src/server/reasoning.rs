@@ -84,6 +84,21 @@ pub fn template_kwargs(
     Ok(out)
 }
 
+/// An OpenAI reasoning effort as the `enable_thinking` switch (`param`:
+/// the field, for the 400): `none` turns thinking off, the others leave it
+/// on, no effort leaves the template's default.
+pub fn effort_switch(effort: Option<&str>, param: &'static str) -> Result<Option<bool>, ApiError> {
+    match effort {
+        None => Ok(None),
+        Some("none") => Ok(Some(false)),
+        Some("minimal" | "low" | "medium" | "high") => Ok(Some(true)),
+        Some(other) => Err(ApiError::invalid_param(
+            param,
+            format!("{param} {other:?} is not one of none, minimal, low, medium, high"),
+        )),
+    }
+}
+
 /// A piece of the split text (never empty).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Part {

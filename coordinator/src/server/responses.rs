@@ -375,17 +375,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
         .as_ref()
         .and_then(|r| r.get("effort"))
         .and_then(Value::as_str);
-    let thinking_on = match effort {
-        None => None,
-        Some("none") => Some(false),
-        Some("minimal" | "low" | "medium" | "high") => Some(true),
-        Some(other) => {
-            return Err(ApiError::invalid_param(
-                "reasoning.effort",
-                format!("reasoning.effort {other:?} is not one of none, minimal, low, medium, high"),
-            ))
-        }
-    };
+    let thinking_on = reasoning::effort_switch(effort, "reasoning.effort")?;
     let template_kwargs = reasoning::template_kwargs(None, thinking_on, "reasoning")?;
 
     // The conversation: a stored one first, then the instructions and input.

@@ -482,3 +482,23 @@ pub fn sdk_python() -> Option<String> {
     );
     Some(String::from_utf8(out.stdout).unwrap().trim().to_string())
 }
+
+/// The chat fixture's model and tokenizer with another chat template, in a
+/// temporary directory (symlinks, and a rewritten `tokenizer_config.json`).
+pub fn fixture_with_template(template: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = chat_fixture();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::os::unix::fs::symlink(fixture.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("tokenizer_config.json")).unwrap()).unwrap();
+    cfg["chat_template"] = Value::String(template.to_string());
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
