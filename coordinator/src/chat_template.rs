@@ -105,8 +105,10 @@ impl ChatTemplate {
     /// run string tests on the content (Qwen3's `'</think>' in
     /// message.content`) fail on none, and get `""` instead.
     fn takes_null_content(&self) -> bool {
+        // Arguments as JSON text: templates that paste them into their
+        // own call syntax (DeepSeek's) take text; the others take either.
         let call = serde_json::json!({"id": "call_0", "type": "function",
-            "function": {"name": "probe", "arguments": {}}});
+            "function": {"name": "probe", "arguments": "{}"}});
         let msgs = [
             Message::new("user", "probe"),
             Message::assistant_calls("", vec![call]),

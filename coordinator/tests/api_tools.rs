@@ -684,3 +684,79 @@ fn a_template_without_tools_gets_them_in_the_generic_shape() {
                       "tool_choice": "none", "max_tokens": 2});
     assert_eq!(post(srv.addr(), CHAT, &body).status, 200);
 }
+
+#[test]
+fn deepseek_templates_get_deepseek_calls() {
+    // The fixture's random model behind DeepSeek-V3's real tokenizer and
+    // chat template (its vocabulary fits in the model's 151,936 logits).
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = chat_fixture();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::os::unix::fs::symlink(fixture.join(f), dir.path().join(f)).unwrap();
+    }
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        let src = repo().join("tests/material/deepseek_v3").join(f);
+        assert!(src.exists(), "{}: run scripts/fetch_test_material.sh", src.display());
+        std::os::unix::fs::symlink(src, dir.path().join(f)).unwrap();
+    }
+    let (engine, info) = engine();
+    let path = dir.path().to_path_buf();
+    let srv = server_with(engine, &info, |c| {
+        c.model_dir = path.clone();
+        c.prefix_cache_bytes = Some(0);
+    });
+    let codec = TextCodec::load(&path).unwrap();
+    assert_eq!(
+        ToolSyntax::detect(codec.template().unwrap().source()),
+        Some(ToolSyntax::DeepSeek)
+    );
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}}, "required": ["city"],
+                       "additionalProperties": false}}}]);
+    let msgs = vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![
+                json!({"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}),
+            ],
+        ),
+        Message::tool_result("c1", "18 C"),
+        Message::new("user", "And in Lima?"),
+    ];
+    // The template writes the earlier call and its result in DeepSeek's tokens.
+    let conv = tools::deepseek_conversation(msgs.clone(), tools.as_array().unwrap());
+    let text = codec.render_chat(&conv, true, &[]).unwrap();
+    assert!(
+        text.contains("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>"),
+        "{text}"
+    );
+    assert!(
+        text.contains("<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>18 C<｜tool▁output▁end｜>"),
+        "{text}"
+    );
+    assert!(text.contains("## Tools"), "the tools are shown: {text}");
+
+    // A forced call through the API: DeepSeek's prefill, the call parsed back.
+    let body = json!({"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+            {"role": "user", "content": "And in Lima?"}],
+        "tools": tools, "tool_choice": "required", "max_tokens": 40, "temperature": 0});
+    let r = post(srv.addr(), CHAT, &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let prefill = ToolSyntax::DeepSeek.prefill(None);
+    let want_prompt = codec.encode_chat_prefilled(&conv, true, &[], &prefill).unwrap().len();
+    assert_eq!(v["usage"]["prompt_tokens"], want_prompt);
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args == json!({"city": "Paris"}) || args == json!({"city": "Lima"}),
+        "{args}"
+    );
+}

@@ -41,13 +41,34 @@ pub enum ToolSyntax {
     /// results into user turns ([`generic_conversation`]), so any chat
     /// model can be offered tools (as the demo model is).
     Generic,
+    /// DeepSeek-V3 / R1's own tokens: `<｜tool▁calls▁begin｜>`, then per
+    /// call `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` + a json fence
+    /// with the arguments + `<｜tool▁call▁end｜>`, then
+    /// `<｜tool▁calls▁end｜>`. The template renders earlier calls (their
+    /// arguments as JSON text) and results itself but not the tools, so
+    /// charm writes them into the system message ([`deepseek_conversation`]).
+    DeepSeek,
+}
+
+/// DeepSeek's tool-call tokens (added tokens, not special: they decode as
+/// text).
+pub mod deepseek {
+    pub const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+    pub const CALLS_END: &str = "<｜tool▁calls▁end｜>";
+    pub const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+    pub const CALL_END: &str = "<｜tool▁call▁end｜>";
+    pub const SEP: &str = "<｜tool▁sep｜>";
 }
 
 impl ToolSyntax {
     /// The syntax a chat template's source uses for tool calls, if charm
     /// knows it (other families can add theirs here).
     pub fn detect(template: &str) -> Option<ToolSyntax> {
-        (template.contains("<tool_call>") && template.contains("tools")).then_some(ToolSyntax::Hermes)
+        if template.contains(deepseek::CALL_BEGIN) {
+            Some(ToolSyntax::DeepSeek)
+        } else {
+            (template.contains("<tool_call>") && template.contains("tools")).then_some(ToolSyntax::Hermes)
+        }
     }
 
     /// The syntax for a chat template: its own, else [`ToolSyntax::Generic`].
@@ -58,12 +79,22 @@ impl ToolSyntax {
     fn open(self) -> &'static str {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic => "<tool_call>",
+            ToolSyntax::DeepSeek => deepseek::CALL_BEGIN,
         }
     }
 
     fn close(self) -> &'static str {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic => "</tool_call>",
+            ToolSyntax::DeepSeek => deepseek::CALL_END,
+        }
+    }
+
+    /// Markers around a run of calls, dropped from the text.
+    fn frame(self) -> &'static [&'static str] {
+        match self {
+            ToolSyntax::Hermes | ToolSyntax::Generic => &[],
+            ToolSyntax::DeepSeek => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
         }
     }
 
@@ -71,9 +102,12 @@ impl ToolSyntax {
     /// `Some(name)`: that tool (the model continues with the arguments);
     /// `None`: any tool (the model continues with the name).
     pub fn prefill(self, name: Option<&str>) -> String {
-        match name {
-            Some(n) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
-            None => "<tool_call>\n{\"name\": \"".to_string(),
+        use deepseek::{CALLS_BEGIN, CALL_BEGIN, SEP};
+        match (self, name) {
+            (ToolSyntax::DeepSeek, Some(n)) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}{n}\n```json\n"),
+            (ToolSyntax::DeepSeek, None) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"),
+            (_, Some(n)) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
+            (_, None) => "<tool_call>\n{\"name\": \"".to_string(),
         }
     }
 
@@ -89,18 +123,24 @@ impl ToolSyntax {
             Some(n) => {
                 let t = tools.iter().find(|t| t.name == n);
                 let body = t.map_or_else(|| "%json {\"type\": \"object\"}".to_string(), args);
-                GrammarSpec::Lark(format!("start: {body} \"}}\"\n"))
+                // What closes the call after its arguments.
+                let end = match self {
+                    ToolSyntax::DeepSeek => "\"\\n```\"",
+                    _ => "\"}\"",
+                };
+                GrammarSpec::Lark(format!("start: {body} {end}\n"))
             }
             None => {
                 let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
                 let mut g = format!("start: {}\n", alternatives.join(" | "));
                 for (i, t) in tools.iter().enumerate() {
                     // Names are letters, digits, '_', '-', '.' ([`check_name`]).
-                    g.push_str(&format!(
-                        "call{i}: \"{}\\\", \\\"arguments\\\": \" {} \"}}\"\n",
-                        t.name,
-                        args(t)
-                    ));
+                    g.push_str(&match self {
+                        ToolSyntax::DeepSeek => {
+                            format!("call{i}: \"{}\\n```json\\n\" {} \"\\n```\"\n", t.name, args(t))
+                        }
+                        _ => format!("call{i}: \"{}\\\", \\\"arguments\\\": \" {} \"}}\"\n", t.name, args(t)),
+                    });
                 }
                 GrammarSpec::Lark(g)
             }
@@ -109,6 +149,9 @@ impl ToolSyntax {
 
     /// One block's inner text as a call.
     fn parse_block(self, inner: &str) -> Result<ToolCall, String> {
+        if self == ToolSyntax::DeepSeek {
+            return parse_deepseek_block(inner);
+        }
         let v: Value = serde_json::from_str(inner.trim()).map_err(|e| format!("not valid JSON ({e})"))?;
         let Value::Object(mut obj) = v else {
             return Err("not a JSON object".into());
@@ -130,6 +173,37 @@ impl ToolSyntax {
         };
         Ok(ToolCall { name, arguments })
     }
+}
+
+/// `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (the closing fence may be
+/// missing at the end of a cut answer).
+fn parse_deepseek_block(inner: &str) -> Result<ToolCall, String> {
+    let Some((kind, rest)) = inner.split_once(deepseek::SEP) else {
+        return Err(format!("no {}", deepseek::SEP));
+    };
+    if kind.trim() != "function" {
+        return Err(format!("a call of type {:?}, not function", kind.trim()));
+    }
+    let (name, body) = rest.split_once('\n').unwrap_or((rest, ""));
+    let name = name.trim();
+    if name.is_empty() {
+        return Err("no function name".into());
+    }
+    let body = body.trim();
+    let body = body
+        .strip_prefix("```json")
+        .or_else(|| body.strip_prefix("```"))
+        .unwrap_or(body);
+    let body = body.trim_end().strip_suffix("```").unwrap_or(body);
+    let arguments = match serde_json::from_str::<Value>(body.trim()) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err("the arguments are not a JSON object".into()),
+        Err(e) => return Err(format!("the arguments are not valid JSON ({e})")),
+    };
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
 }
 
 /// A call the model made.
@@ -250,7 +324,16 @@ impl ToolStream {
     }
 
     fn text(&mut self, t: &str, out: &mut Vec<Piece>) {
+        let framed;
         let mut t = t;
+        if self.syntax.frame().iter().any(|m| t.contains(m)) {
+            framed = self
+                .syntax
+                .frame()
+                .iter()
+                .fold(t.to_string(), |acc, m| acc.replace(m, ""));
+            t = &framed;
+        }
         if self.after_call {
             t = t.trim_start();
             if t.is_empty() {
@@ -307,7 +390,7 @@ fn push_text(out: &mut Vec<Piece>, s: String) {
 fn held_prefix(s: &str, tag: &str) -> usize {
     (1..tag.len())
         .rev()
-        .find(|&k| k <= s.len() && s.is_char_boundary(s.len() - k) && s.ends_with(&tag[..k]))
+        .find(|&k| k <= s.len() && tag.is_char_boundary(k) && s.ends_with(&tag[..k]))
         .unwrap_or(0)
 }
 
@@ -546,8 +629,49 @@ pub fn prepare(
     let rendered = plan.map(|p| p.rendered.clone()).unwrap_or_default();
     match syntax {
         Some(ToolSyntax::Generic) => (generic_conversation(messages, &rendered), Vec::new()),
+        Some(ToolSyntax::DeepSeek) => (deepseek_conversation(messages, &rendered), Vec::new()),
         _ => (messages, rendered),
     }
+}
+
+/// A conversation for DeepSeek's template: each call's arguments as JSON
+/// text (the template writes them as they are), and the tools (which the
+/// template does not render) in a section of the system message that shows
+/// the call syntax.
+pub fn deepseek_conversation(messages: Vec<Message>, rendered: &[Value]) -> Vec<Message> {
+    use deepseek::{CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP};
+    let mut out: Vec<Message> = messages
+        .into_iter()
+        .map(|mut m| {
+            if let Some(calls) = &mut m.tool_calls {
+                for c in calls.iter_mut() {
+                    let args = crate::chat_template::py_json(&c["function"]["arguments"]);
+                    c["function"]["arguments"] = Value::String(args);
+                }
+            }
+            m
+        })
+        .collect();
+    if !rendered.is_empty() {
+        let mut section =
+            String::from("## Tools\n\nYou can call these functions; their arguments follow the JSON schemas given:");
+        for t in rendered {
+            section.push('\n');
+            section.push_str(&crate::chat_template::py_json(t));
+        }
+        section.push_str(&format!(
+            "\n\nTo call functions, answer with {CALLS_BEGIN}, then for each call \
+             {CALL_BEGIN}function{SEP}<function name>\n```json\n{{<arguments>}}\n```{CALL_END}, then {CALLS_END}."
+        ));
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content.push_str("\n\n");
+                first.content.push_str(&section);
+            }
+            _ => out.insert(0, Message::new("system", &section)),
+        }
+    }
+    out
 }
 
 /// A conversation with tools for a template that knows none: the tools
@@ -957,5 +1081,83 @@ mod tests {
             "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
         );
         assert_eq!(p.calls.len(), 1);
+    }
+
+    #[test]
+    fn deepseek_calls_parse_whole_and_streamed() {
+        use super::deepseek::*;
+        let names = vec!["get_weather".to_string(), "clock".to_string()];
+        let text = format!(
+            "Checking.{CALLS_BEGIN}{CALL_BEGIN}function{SEP}get_weather\n```json\n{{\"city\": \"Paris\"}}\n```{CALL_END}\n\
+             {CALL_BEGIN}function{SEP}clock\n```json\n{{}}\n```{CALL_END}{CALLS_END}"
+        );
+        let whole = parse(ToolSyntax::DeepSeek, &names, &text);
+        assert_eq!(whole.content, "Checking.");
+        assert_eq!(whole.calls.len(), 2, "{whole:?}");
+        assert_eq!(whole.calls[0].arguments_json(), r#"{"city":"Paris"}"#);
+        assert_eq!(whole.calls[1].name, "clock");
+        assert!(whole.warnings.is_empty(), "{:?}", whole.warnings);
+        // Token by token (each marker is one token), the same pieces.
+        let mut st = ToolStream::new(ToolSyntax::DeepSeek, &names);
+        let mut pieces = Vec::new();
+        let mut rest = text.as_str();
+        while !rest.is_empty() {
+            let n = [CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP]
+                .iter()
+                .find(|m| rest.starts_with(**m))
+                .map_or_else(|| rest.chars().next().unwrap().len_utf8(), |m| m.len());
+            pieces.extend(st.push(&rest[..n]));
+            rest = &rest[n..];
+        }
+        pieces.extend(st.finish());
+        let calls: Vec<&ToolCall> = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Call(c) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0], &whole.calls[0]);
+        let text: String = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, "Checking.");
+        // A forced call cut after its arguments (no closing fence) is whole.
+        let forced = format!(
+            "{}{{\"city\": \"Lima\"}}\n```",
+            ToolSyntax::DeepSeek.prefill(Some("get_weather"))
+        );
+        let p = parse(ToolSyntax::DeepSeek, &names, &forced);
+        assert_eq!(p.calls.len(), 1, "{p:?}");
+        assert_eq!(p.content, "");
+        // Not JSON: left as text with a warning.
+        let bad = format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}clock\n```json\nnope\n```{CALL_END}{CALLS_END}");
+        let p = parse(ToolSyntax::DeepSeek, &names, &bad);
+        assert!(p.calls.is_empty() && p.warnings[0].contains("not valid JSON"), "{p:?}");
+    }
+
+    #[test]
+    fn deepseek_conversations_carry_arguments_as_text_and_the_tools_in_the_system_message() {
+        let tools = vec![json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
+        let call = json!({"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}});
+        let out = deepseek_conversation(
+            vec![Message::new("user", "hi"), Message::assistant_calls("", vec![call])],
+            &tools,
+        );
+        assert_eq!(out[0].role, "system");
+        assert!(out[0].content.contains(super::deepseek::CALL_BEGIN));
+        assert_eq!(
+            out[2].tool_calls.as_ref().unwrap()[0]["function"]["arguments"],
+            json!("{\"x\": 1}")
+        );
+        assert_eq!(
+            ToolSyntax::DeepSeek.forced_grammar(&[], Some("f")),
+            GrammarSpec::Lark("start: %json {\"type\": \"object\"} \"\\n```\"\n".into())
+        );
     }
 }
