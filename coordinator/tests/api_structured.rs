@@ -381,3 +381,24 @@ fn bad_constraints_are_400s_naming_the_field() {
     // The server still answers.
     assert_eq!(post(srv.addr(), CHAT, &base).status, 200);
 }
+
+#[test]
+fn ids_without_bytes_are_never_allowed() {
+    // The fixture's 151,936 logits against the tokenizer's 151,669 tokens:
+    // the ids past it decode to nothing; were one allowed, it would fit any
+    // grammar state without advancing it (an answer that never ends).
+    // llguidance's trie allows no token without bytes.
+    let codec = TextCodec::load(&chat_fixture()).unwrap();
+    let (engine, _) = engine();
+    let cfg = engine.config();
+    let grammars = charm_coordinator::grammar::Grammars::new(&codec, cfg.vocab_size, &cfg.eos_token_ids).unwrap();
+    let known = codec.decode(&[151_668], false).unwrap();
+    assert_eq!(known, "</think>", "the tokenizer's last token");
+    for spec in [GrammarSpec::Regex("[a-z]*".into()), GrammarSpec::JsonObject] {
+        let mut c = grammars.compile(&spec).unwrap();
+        let mut logits = vec![0.0f32; cfg.vocab_size];
+        c.mask(&mut logits).unwrap();
+        assert!(logits[151_669..].iter().all(|l| *l == f32::NEG_INFINITY), "{spec:?}");
+        assert!(logits.iter().any(|l| l.is_finite()));
+    }
+}

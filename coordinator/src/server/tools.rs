@@ -48,6 +48,20 @@ pub enum ToolSyntax {
     /// arguments as JSON text) and results itself but not the tools, so
     /// charm writes them into the system message ([`deepseek_conversation`]).
     DeepSeek,
+    /// GLM-4.5 / 4.6 / 4.7's `<tool_call>NAME` + one `<arg_key>K</arg_key>`
+    /// `<arg_value>V</arg_value>` pair per argument + `</tool_call>` (blank
+    /// lines between the parts or not): a value is JSON, or the text as it
+    /// stands where it is no JSON or the tool's schema makes it a string.
+    /// The template renders the tools, earlier calls and results itself.
+    Glm,
+}
+
+/// GLM's argument tags.
+pub mod glm {
+    pub const KEY: &str = "<arg_key>";
+    pub const KEY_END: &str = "</arg_key>";
+    pub const VALUE: &str = "<arg_value>";
+    pub const VALUE_END: &str = "</arg_value>";
 }
 
 /// DeepSeek's tool-call tokens (added tokens, not special: they decode as
@@ -66,6 +80,8 @@ impl ToolSyntax {
     pub fn detect(template: &str) -> Option<ToolSyntax> {
         if template.contains(deepseek::CALL_BEGIN) {
             Some(ToolSyntax::DeepSeek)
+        } else if template.contains(glm::KEY) && template.contains("<tool_call>") {
+            Some(ToolSyntax::Glm)
         } else {
             (template.contains("<tool_call>") && template.contains("tools")).then_some(ToolSyntax::Hermes)
         }
@@ -78,14 +94,14 @@ impl ToolSyntax {
 
     fn open(self) -> &'static str {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic => "<tool_call>",
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => "<tool_call>",
             ToolSyntax::DeepSeek => deepseek::CALL_BEGIN,
         }
     }
 
     fn close(self) -> &'static str {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic => "</tool_call>",
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => "</tool_call>",
             ToolSyntax::DeepSeek => deepseek::CALL_END,
         }
     }
@@ -93,7 +109,7 @@ impl ToolSyntax {
     /// Markers around a run of calls, dropped from the text.
     fn frame(self) -> &'static [&'static str] {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic => &[],
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => &[],
             ToolSyntax::DeepSeek => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
         }
     }
@@ -106,6 +122,8 @@ impl ToolSyntax {
         match (self, name) {
             (ToolSyntax::DeepSeek, Some(n)) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}{n}\n```json\n"),
             (ToolSyntax::DeepSeek, None) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"),
+            (ToolSyntax::Glm, Some(n)) => format!("<tool_call>{n}\n"),
+            (ToolSyntax::Glm, None) => "<tool_call>".to_string(),
             (_, Some(n)) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
             (_, None) => "<tool_call>\n{\"name\": \"".to_string(),
         }
@@ -115,6 +133,9 @@ impl ToolSyntax {
     /// rest of one call to `name` (or to any of `tools`), its arguments
     /// valid for the tool's schema, closed where the call's JSON closes.
     pub fn forced_grammar(self, tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+        if self == ToolSyntax::Glm {
+            return glm_grammar(tools, name);
+        }
         let args = |t: &ToolDef| {
             let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
             format!("%json {}", json_layout(schema))
@@ -147,10 +168,13 @@ impl ToolSyntax {
         }
     }
 
-    /// One block's inner text as a call.
-    fn parse_block(self, inner: &str) -> Result<ToolCall, String> {
-        if self == ToolSyntax::DeepSeek {
-            return parse_deepseek_block(inner);
+    /// One block's inner text as a call (`strings`: the (tool, argument)
+    /// pairs whose schema is a string, for syntaxes that write values bare).
+    fn parse_block(self, inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
+        match self {
+            ToolSyntax::DeepSeek => return parse_deepseek_block(inner),
+            ToolSyntax::Glm => return parse_glm_block(inner, strings),
+            _ => {}
         }
         let v: Value = serde_json::from_str(inner.trim()).map_err(|e| format!("not valid JSON ({e})"))?;
         let Value::Object(mut obj) = v else {
@@ -173,6 +197,142 @@ impl ToolSyntax {
         };
         Ok(ToolCall { name, arguments })
     }
+}
+
+/// `NAME` + `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs, blank
+/// space between the parts allowed (GLM-4.5 writes newlines, 4.7 none).
+fn parse_glm_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
+    use glm::{KEY, KEY_END, VALUE, VALUE_END};
+    let (name, mut rest) = match inner.find(KEY) {
+        Some(i) => (inner[..i].trim(), &inner[i..]),
+        None => (inner.trim(), ""),
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("no single function name before the arguments ({name:?})"));
+    }
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after_key = rest
+            .strip_prefix(KEY)
+            .ok_or_else(|| format!("text where {KEY} should be: {rest:?}"))?;
+        let (key, after) = after_key
+            .split_once(KEY_END)
+            .ok_or_else(|| format!("an unclosed {KEY}"))?;
+        let after = after.trim_start();
+        let after_value = after
+            .strip_prefix(VALUE)
+            .ok_or_else(|| format!("{key:?} has no {VALUE}"))?;
+        let (value, after) = after_value
+            .split_once(VALUE_END)
+            .ok_or_else(|| format!("an unclosed {VALUE}"))?;
+        let key = key.trim().to_string();
+        let is_string = strings.iter().any(|(t, k)| t == name && *k == key);
+        let v = match serde_json::from_str::<Value>(value) {
+            Ok(v) if !is_string => v,
+            _ => Value::String(value.to_string()),
+        };
+        if arguments.insert(key.clone(), v).is_some() {
+            return Err(format!("the argument {key:?} is given twice"));
+        }
+        rest = after;
+    }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// GLM's forced call after its prefill: the name (when any tool may be
+/// called), then the schema's properties as key / value pairs in their
+/// order (required ones always, the others optionally): string values
+/// bare (an enum's values, or text without `<`, up to `maxLength`), others
+/// as JSON for their schema; then `</tool_call>`. A tool without declared
+/// properties takes any keys with bare values.
+fn glm_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    use glm::{KEY, KEY_END, VALUE, VALUE_END};
+    let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut rules = Vec::new();
+    let body = |i: usize, t: &ToolDef, rules: &mut Vec<String>| -> String {
+        let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+        let props = schema.get("properties").and_then(Value::as_object);
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let Some(props) = props.filter(|p| !p.is_empty()) else {
+            return format!(
+                "({} /[^<]+/ {} {} /[^<]*/ {})*",
+                lit(KEY),
+                lit(&format!("{KEY_END}\n")),
+                lit(VALUE),
+                lit(&format!("{VALUE_END}\n"))
+            );
+        };
+        let mut parts = Vec::new();
+        for (j, (key, ps)) in props.iter().enumerate() {
+            let value = match (
+                ps.get("enum").and_then(Value::as_array),
+                ps.get("type").and_then(Value::as_str),
+            ) {
+                (Some(e), _) if e.iter().all(Value::is_string) => e
+                    .iter()
+                    .map(|v| lit(v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+                (_, Some("string")) => match ps.get("maxLength").and_then(Value::as_u64) {
+                    Some(n) => format!("/[^<]{{0,{n}}}/"),
+                    None => "/[^<]*/".to_string(),
+                },
+                _ => format!("%json {}", json_layout(ps.clone())),
+            };
+            let rule = format!("t{i}p{j}");
+            rules.push(format!(
+                "{rule}: {} ({value}) {}",
+                lit(&format!("{KEY}{key}{KEY_END}\n{VALUE}")),
+                lit(&format!("{VALUE_END}\n"))
+            ));
+            parts.push(if required.contains(&key.as_str()) {
+                rule
+            } else {
+                format!("{rule}?")
+            });
+        }
+        parts.join(" ")
+    };
+    let start = match name {
+        Some(n) => {
+            let i = tools.iter().position(|t| t.name == n);
+            let b = i.map_or_else(String::new, |i| body(i, &tools[i], &mut rules));
+            format!("start: {b} {}", lit("</tool_call>"))
+        }
+        None => {
+            let alts: Vec<String> = tools
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    format!(
+                        "({} {} {})",
+                        lit(&format!("{}\n", t.name)),
+                        body(i, t, &mut rules),
+                        lit("</tool_call>")
+                    )
+                })
+                .collect();
+            format!("start: {}", alts.join(" | "))
+        }
+    };
+    let mut g = start;
+    for r in rules {
+        g.push('\n');
+        g.push_str(&r);
+    }
+    g.push('\n');
+    GrammarSpec::Lark(g)
 }
 
 /// `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (the closing fence may be
@@ -247,12 +407,15 @@ pub struct ToolStream {
     after_call: bool,
     calls: usize,
     warnings: Vec<String>,
+    /// (tool, argument) pairs whose schema is a string.
+    strings: Vec<(String, String)>,
 }
 
 impl ToolStream {
     /// A parser for `syntax` that accepts calls of `names`.
     pub fn new(syntax: ToolSyntax, names: &[String]) -> Self {
         ToolStream {
+            strings: Vec::new(),
             syntax,
             names: names.to_vec(),
             buf: String::new(),
@@ -262,6 +425,23 @@ impl ToolStream {
             calls: 0,
             warnings: Vec::new(),
         }
+    }
+
+    /// The tools' schemas (as templates get them): arguments declared as
+    /// strings stay strings in syntaxes that write values bare.
+    pub fn with_schemas(mut self, rendered: &[Value]) -> Self {
+        for t in rendered {
+            let f = &t["function"];
+            let (Some(name), Some(props)) = (f["name"].as_str(), f["parameters"]["properties"].as_object()) else {
+                continue;
+            };
+            for (k, v) in props {
+                if v.get("type").and_then(Value::as_str) == Some("string") {
+                    self.strings.push((name.to_string(), k.clone()));
+                }
+            }
+        }
+        self
     }
 
     /// Calls parsed so far.
@@ -355,7 +535,7 @@ impl ToolStream {
     }
 
     fn block(&mut self, inner: &str, raw: String, out: &mut Vec<Piece>) {
-        let parsed = self.syntax.parse_block(inner).and_then(|c| {
+        let parsed = self.syntax.parse_block(inner, &self.strings).and_then(|c| {
             if self.names.contains(&c.name) {
                 Ok(c)
             } else {
@@ -408,8 +588,12 @@ pub fn parse(syntax: ToolSyntax, names: &[String], text: &str) -> Parsed {
     let mut s = ToolStream::new(syntax, names);
     let mut pieces = s.push(text);
     pieces.extend(s.finish());
+    collect(s.warnings, pieces)
+}
+
+fn collect(warnings: Vec<String>, pieces: Vec<Piece>) -> Parsed {
     let mut p = Parsed {
-        warnings: s.warnings,
+        warnings,
         ..Default::default()
     };
     for piece in pieces {
@@ -542,12 +726,15 @@ pub struct ToolPlan {
 impl ToolPlan {
     /// The answer parsed (`text`: what the model generated after the prefill).
     pub fn parse(&self, text: &str) -> Parsed {
-        parse(self.syntax, &self.names, &format!("{}{text}", self.prefill))
+        let mut s = self.stream();
+        let mut pieces = s.push(text);
+        pieces.extend(s.finish());
+        collect(s.warnings, pieces)
     }
 
     /// A streaming parser, already fed the prefill.
     pub fn stream(&self) -> ToolStream {
-        let mut s = ToolStream::new(self.syntax, &self.names);
+        let mut s = ToolStream::new(self.syntax, &self.names).with_schemas(&self.rendered);
         let none = s.push(&self.prefill);
         debug_assert!(none.is_empty(), "a prefill opens a call block");
         s
@@ -1159,5 +1346,42 @@ mod tests {
             ToolSyntax::DeepSeek.forced_grammar(&[], Some("f")),
             GrammarSpec::Lark("start: %json {\"type\": \"object\"} \"\\n```\"\n".into())
         );
+    }
+
+    #[test]
+    fn glm_calls_parse_with_or_without_newlines_and_keep_string_arguments_strings() {
+        let names = vec!["get_weather".to_string()];
+        let text = "Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n\
+                    <arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
+        let p = parse(ToolSyntax::Glm, &names, text);
+        assert_eq!(p.content, "Let me look.");
+        assert_eq!(p.calls[0].arguments_json(), r#"{"city":"Paris","days":3}"#);
+        let tight = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Lima</arg_value></tool_call>";
+        assert_eq!(
+            parse(ToolSyntax::Glm, &names, tight).calls[0].arguments["city"],
+            json!("Lima")
+        );
+        // A string argument that looks like JSON stays a string when its schema says so.
+        let zip = "<tool_call>get_weather<arg_key>zip</arg_key><arg_value>75001</arg_value></tool_call>";
+        assert_eq!(
+            parse(ToolSyntax::Glm, &names, zip).calls[0].arguments["zip"],
+            json!(75001)
+        );
+        let rendered = vec![json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"zip": {"type": "string"}}}}})];
+        let mut st = ToolStream::new(ToolSyntax::Glm, &names).with_schemas(&rendered);
+        let mut pieces = st.push(zip);
+        pieces.extend(st.finish());
+        assert_eq!(pieces, vec![Piece::Call(call("get_weather", json!({"zip": "75001"})))]);
+        // Malformed: text where a key should be, a key twice, no name.
+        for bad in [
+            "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value>junk</tool_call>",
+            "<tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2</arg_value></tool_call>",
+            "<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>",
+        ] {
+            let p = parse(ToolSyntax::Glm, &["f".into()], bad);
+            assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
+        }
+        assert_eq!(ToolSyntax::Glm.prefill(Some("f")), "<tool_call>f\n");
     }
 }
