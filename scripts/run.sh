@@ -12,8 +12,14 @@
 #      demo MoE, then serves the OpenAI/Anthropic API and the dashboard on
 #      http://127.0.0.1:8000 (Ctrl-C stops it).
 #
+# With CLUSTER=N (N ≥ 2), the demo runs as a cluster on this machine: the
+# container is split into N partial copies by the placement plan
+# (`coordinator split`), N workers start on 127.0.0.1 (each holding only its
+# part), and the coordinator answers and serves over them, so the
+# dashboard's cluster view shows real workers, links and placement.
+#
 # Later runs reuse the demo model (in ${CHARM_HOME:-~/.cache/charm}).
-# Usage: bash scripts/run.sh   [MODEL=path] [PROMPT="..."] [NO_SERVE=1]
+# Usage: bash scripts/run.sh   [MODEL=path] [PROMPT="..."] [NO_SERVE=1] [CLUSTER=N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,10 +75,41 @@ PY
     MODEL="$DEMO"
 fi
 
-echo "== coordinator --local --model $MODEL generate --chat --prompt \"$PROMPT\""
-"$BIN" --local --model "$MODEL" generate --chat --prompt "$PROMPT" --max-tokens 64
+WHERE=(--local)
+if [[ -n "${CLUSTER:-}" ]]; then
+    [[ "$CLUSTER" =~ ^[0-9]+$ && "$CLUSTER" -ge 2 ]] || { echo "error: CLUSTER must be a number of workers, 2 or more" >&2; exit 1; }
+    [[ -f "$MODEL/manifest.json" ]] || { echo "error: CLUSTER needs a charm container as MODEL" >&2; exit 1; }
+    KEY="$HOME_DIR/cluster.key"
+    [[ -f "$KEY" ]] || "$BIN" keygen --out "$KEY"
+    PARTS="$MODEL.parts-$CLUSTER"
+    if [[ ! -d "$PARTS" ]]; then
+        echo "== splitting $MODEL into $CLUSTER partial copies"
+        "$BIN" --model "$MODEL" split --out "$PARTS" --parts "$CLUSTER"
+    fi
+    LOGS="$(mktemp -d)"
+    PIDS=()
+    trap 'kill "${PIDS[@]}" 2>/dev/null; rm -rf "$LOGS"' EXIT
+    ADDRS=()
+    for ((i = 0; i < CLUSTER; i++)); do
+        target/release/worker --model "$PARTS/part-$i" --cluster-key-file "$KEY" --listen 127.0.0.1:0 --no-mdns \
+            >"$LOGS/worker-$i.out" 2>"$LOGS/worker-$i.log" &
+        PIDS+=($!)
+        for _ in $(seq 100); do
+            grep -q '^listening on ' "$LOGS/worker-$i.out" 2>/dev/null && break
+            sleep 0.1
+        done
+        addr="$(sed -n 's/^listening on //p' "$LOGS/worker-$i.out")"
+        [[ -n "$addr" ]] || { echo "error: worker $i did not start:" >&2; cat "$LOGS/worker-$i.log" >&2; exit 1; }
+        echo "== worker $i on $addr holds $PARTS/part-$i"
+        ADDRS+=("$addr")
+    done
+    WHERE=(--cluster-key-file "$KEY" --workers "$(IFS=,; echo "${ADDRS[*]}")")
+fi
+
+echo "== coordinator ${WHERE[*]} --model $MODEL generate --chat --prompt \"$PROMPT\""
+"$BIN" "${WHERE[@]}" --model "$MODEL" generate --chat --prompt "$PROMPT" --max-tokens 64
 
 if [[ -z "${NO_SERVE:-}" ]] && "$BIN" serve --help >/dev/null 2>&1; then
     echo "== serving the API and dashboard on http://127.0.0.1:8000 (Ctrl-C to stop)"
-    exec "$BIN" --local --model "$MODEL" serve --host 127.0.0.1 --port 8000
+    "$BIN" "${WHERE[@]}" --model "$MODEL" serve --host 127.0.0.1 --port 8000
 fi

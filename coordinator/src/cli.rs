@@ -110,6 +110,25 @@ pub enum Command {
     Keygen(crate::cluster::cli::KeygenArgs),
     /// Connect to the cluster's workers and print the expert placement.
     Plan(crate::cluster::cli::PlanArgs),
+    /// Cut a container into partial copies, one per machine, by the placement plan.
+    Split(SplitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SplitArgs {
+    /// Output directory (must not exist): part-0, part-1, … inside.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// That many machines, whose RAM together holds every expert once.
+    #[arg(long, conflicts_with = "ram_gb")]
+    pub parts: Option<usize>,
+    /// Each machine's RAM for the expert cache, in GiB (one value a machine):
+    /// where it has room beyond its share, the hottest experts get replicas.
+    #[arg(long, value_delimiter = ',')]
+    pub ram_gb: Vec<f64>,
+    /// Each machine's disk for its part, in GiB (one value a machine).
+    #[arg(long, value_delimiter = ',')]
+    pub disk_gb: Vec<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -248,6 +267,9 @@ pub fn run(cli: Cli) -> Result<()> {
     if let Command::Convert(args) = &cli.command {
         return convert_cmd(&dir, args);
     }
+    if let Command::Split(a) = &cli.command {
+        return split_cmd(&dir, cli.state_dir.as_deref(), a);
+    }
     if let Command::Upcycle(a) = &cli.command {
         let opts = crate::upcycle::UpcycleOptions {
             experts: a.experts,
@@ -286,7 +308,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Chat(args) => chat(&engine, &dir, args),
         Command::Serve(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, false)?),
         Command::Web(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, true)?),
-        Command::Convert(_) | Command::Upcycle(_) | Command::Keygen(_) | Command::Plan(_) => {
+        Command::Convert(_) | Command::Upcycle(_) | Command::Keygen(_) | Command::Plan(_) | Command::Split(_) => {
             unreachable!("handled above")
         }
     }
@@ -348,6 +370,66 @@ fn start_line(info: &LoadInfo) -> String {
             _ => "pread",
         }
     )
+}
+
+fn split_cmd(dir: &std::path::Path, state_dir: Option<&std::path::Path>, a: &SplitArgs) -> Result<()> {
+    let manifest = charm_common::container::Manifest::open(dir)
+        .with_context(|| format!("{}: split takes a charm container", dir.display()))?;
+    let all: u64 = manifest.records.iter().map(|r| r.padded_len()).sum();
+    let gib = |what: &str, v: f64| -> Result<u64> {
+        if v.is_finite() && v > 0.0 {
+            Ok((v * (1u64 << 30) as f64) as u64)
+        } else {
+            bail!("--{what} values must be more than 0, got {v}")
+        }
+    };
+    let ram: Vec<u64> = match (a.parts, a.ram_gb.is_empty()) {
+        (Some(0), _) => bail!("--parts must be at least 1"),
+        (Some(n), _) => vec![all.div_ceil(n as u64); n],
+        (None, false) => a.ram_gb.iter().map(|&v| gib("ram-gb", v)).collect::<Result<_>>()?,
+        (None, true) => bail!("give --parts N or --ram-gb R1,R2,... (one value a machine)"),
+    };
+    if !a.disk_gb.is_empty() && a.disk_gb.len() != ram.len() {
+        bail!("--disk-gb has {} values for {} machines", a.disk_gb.len(), ram.len());
+    }
+    let machines: Vec<crate::split::Machine> = ram
+        .iter()
+        .enumerate()
+        .map(|(i, &ram_bytes)| {
+            Ok(crate::split::Machine {
+                ram_bytes,
+                disk_bytes: a.disk_gb.get(i).map(|&v| gib("disk-gb", v)).transpose()?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    // The routing this model learned here, if any: replicas go to the hottest experts.
+    let layers = manifest.records.iter().map(|r| r.layer as usize + 1).max().unwrap_or(0);
+    let experts = manifest
+        .records
+        .iter()
+        .map(|r| r.expert as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let heat = charm_worker::sysmem::state_file(dir, state_dir, "routing-history.json", Some(&manifest.fingerprint))
+        .map(|p| {
+            let (h, warning) = charm_worker::history::RoutingHistory::load(&p, &manifest.fingerprint, layers, experts);
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            h.counts
+        })
+        .unwrap_or_default();
+    let parts = crate::split::split(dir, &a.out, &machines, &heat)?;
+    for p in &parts {
+        eprintln!(
+            "{}: owns {} experts, {} replicas, {}",
+            p.path.display(),
+            p.owns,
+            p.replicas,
+            human(p.expert_bytes)
+        );
+    }
+    Ok(())
 }
 
 fn convert_cmd(dir: &std::path::Path, args: &ConvertArgs) -> Result<()> {

@@ -19,6 +19,8 @@
 //!   thread that steps every running request together (continuous batching).
 //! - [`prefix_cache`]: earlier requests' sequence caches under a RAM budget
 //!   (and optionally on disk), so a prompt computes only its new tokens.
+//! - [`split`]: a container cut into partial copies, one per machine, by
+//!   the placement plan.
 //! - [`upcycle`]: a dense GGUF model rebuilt as an MoE (the demo model).
 //! - [`convert_gguf`]: a `.gguf` file → a container, expert blocks copied
 //!   verbatim into one record per expert.
@@ -39,6 +41,7 @@ pub mod grammar;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod server;
+pub mod split;
 pub mod text;
 pub mod upcycle;
 

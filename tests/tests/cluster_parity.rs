@@ -16,6 +16,11 @@
 //!   holding half of a bf16 container's experts; the placement follows what
 //!   each holds, logits and ids equal the whole container run locally, and
 //!   the workers' stores report reads and read-aheads.
+//! - `a_split_model_serves_from_its_parts`: `coordinator split --parts 2`
+//!   cuts a container into two partial copies (each about half the expert
+//!   bytes, together every expert once); two workers on them give the
+//!   whole container's logits and ids; a part sized beyond its machine's
+//!   disk, a part of a part, and no machines are refused with one line.
 //! - `a_worker_joining_between_requests_is_used_without_restart`: a worker
 //!   started after the service is found on its next retry and given work.
 
@@ -229,4 +234,101 @@ fn a_worker_joining_between_requests_is_used_without_restart() {
         .find(|w| w.address == b.spec())
         .map_or(0, |w| w.experts_served);
     assert!(served_by_b > 0, "{:?}", after.workers);
+}
+
+#[test]
+fn a_split_model_serves_from_its_parts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let full = convert_bf16(&fixture("olmoe"), tmp.path(), "olmoe-bf16");
+    let parts = tmp.path().join("parts");
+    let o = coordinator(&[
+        "--model",
+        full.to_str().unwrap(),
+        "split",
+        "--out",
+        parts.to_str().unwrap(),
+        "--parts",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let whole = charm_common::container::Manifest::open(&full).unwrap();
+    let p0 = charm_common::container::Manifest::open(&parts.join("part-0")).unwrap();
+    let p1 = charm_common::container::Manifest::open(&parts.join("part-1")).unwrap();
+    assert_eq!(p0.fingerprint, whole.fingerprint);
+    assert_eq!(
+        p0.records.len() + p1.records.len(),
+        whole.records.len(),
+        "each expert once"
+    );
+    for r in &whole.records {
+        let held = [&p0, &p1]
+            .iter()
+            .filter(|p| p.record(r.layer, r.expert).is_some())
+            .count();
+        assert_eq!(held, 1, "layer {} expert {}", r.layer, r.expert);
+    }
+    assert_eq!(
+        p0.records.len(),
+        whole.records.len() / 2,
+        "even shares for equal machines"
+    );
+    assert_eq!(p0.experts_len + p1.experts_len, whole.experts_len);
+    let a = Worker::start(&parts.join("part-0"), &key, &["--expert-cache-gb", "1"]);
+    let b = Worker::start(&parts.join("part-1"), &key, &["--expert-cache-gb", "1"]);
+    let r = Reference::load("olmoe");
+    let seq = r.full_sequence();
+    let local = Engine::local(&full).unwrap();
+    let svc = service(&full, &key, &[a.addr, b.addr], TIMEOUT, false);
+    svc.wait_for_workers(2, TIMEOUT).unwrap();
+    assert!(svc.placement().uncovered.is_empty());
+    let e = engine(&full, svc.clone());
+    assert_eq!(
+        bits(&e.logits_all(&seq).unwrap()),
+        bits(&local.logits_all(&seq).unwrap()),
+        "logits"
+    );
+    assert_eq!(greedy(&e, &r.prompt_ids, 16), greedy(&local, &r.prompt_ids, 16), "ids");
+
+    // Refusals, each in one line.
+    let refused = |args: &[&str], needle: &str| {
+        let o = coordinator(args);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{needle}: {err}");
+    };
+    let out = |n: &str| tmp.path().join(n).to_str().unwrap().to_string();
+    let f = full.to_str().unwrap();
+    refused(
+        &[
+            "--model",
+            f,
+            "split",
+            "--out",
+            &out("x"),
+            "--ram-gb",
+            "1,1",
+            "--disk-gb",
+            "0.000001,1",
+        ],
+        "disk",
+    );
+    refused(
+        &[
+            "--model",
+            parts.join("part-0").to_str().unwrap(),
+            "split",
+            "--out",
+            &out("y"),
+            "--parts",
+            "2",
+        ],
+        "partial copy",
+    );
+    refused(&["--model", f, "split", "--out", &out("z")], "--parts N or --ram-gb");
+    refused(
+        &["--model", f, "split", "--out", parts.to_str().unwrap(), "--parts", "2"],
+        "already exists",
+    );
+    assert!(!tmp.path().join("x").exists() && !tmp.path().join("x.partial").exists());
 }
