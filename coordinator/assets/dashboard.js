@@ -9,7 +9,7 @@ const KEY_STORE = "charm-api-key";
 const PLACES = {
   ram: { rgb: [79, 195, 161], label: "in-process worker · RAM (memory-mapped)" },
   disk: { rgb: [224, 160, 64], label: "in-process worker · disk store (RAM cache in front)" },
-  remote: { rgb: [91, 141, 239], label: "cluster workers (per-expert placement not reported yet)" },
+  remote: { rgb: [91, 141, 239], label: "cluster workers (not placed yet)" },
   dense: { rgb: [60, 66, 76], label: "dense layer (no routed experts)" },
 };
 // Profile phases: [key, label, colour].
@@ -26,9 +26,24 @@ const PHASES = [
   ["other", "other", "#3a4350"],
 ];
 
+// One colour per cluster worker (the grid shows which worker owns each expert).
+const WORKER_RGB = [
+  [91, 141, 239],
+  [224, 160, 64],
+  [79, 195, 161],
+  [217, 138, 201],
+  [201, 201, 107],
+  [224, 96, 96],
+  [124, 199, 232],
+  [167, 123, 234],
+];
+const UNPLACED_RGB = [110, 116, 126];
+
 const state = {
   model: null,
   heat: [],
+  owners: null, // cluster mode: each cell's owner, an index into workers (-1: none)
+  workers: [],
   flash: new Map(), // cell index -> time it was routed
   recent: [],
   lastDisk: new Map(), // worker address -> [bytes, time] for disk read/s
@@ -150,6 +165,10 @@ function drawWorkers(workers, queue, prefix) {
     }
     if (tbody.children[n] !== row) tbody.insertBefore(row, tbody.children[n] || null);
     cells.forEach((c, i) => (row.children[i].textContent = c));
+    // In cluster mode the address wears the worker's grid colour.
+    row.children[0].style.borderLeft = state.owners
+      ? `6px solid rgb(${WORKER_RGB[n % WORKER_RGB.length].join(",")})`
+      : "";
     row.children[1].className = w.status === "up" ? "up" : "down";
   });
   for (const r of Array.from(tbody.children)) {
@@ -173,12 +192,34 @@ function drawActive(running) {
 
 // ---- expert grid -----------------------------------------------------------
 
+// The grid fits its panel: the longer of layers and experts runs across
+// (a 30 × 4 model is 4 rows of 30 layers, a 48 × 128 one 48 rows of 128
+// experts), at most a third of the window high, cells square.
 function gridGeometry() {
   const m = state.model;
   const canvas = $("grid");
-  const width = canvas.clientWidth || 600;
-  const cell = Math.max(2, Math.min(32, Math.floor(width / m.experts)));
-  return { cell, w: cell * m.experts, h: cell * m.layers };
+  const width = (canvas.parentElement && canvas.parentElement.clientWidth) || 600;
+  const height = Math.max(120, Math.floor(window.innerHeight / 3));
+  const across = m.layers > m.experts; // layers as columns
+  const cols = across ? m.layers : m.experts;
+  const rows = across ? m.experts : m.layers;
+  const cell = Math.max(1, Math.min(32, Math.floor(Math.min(width / cols, height / rows))));
+  return { cell, across, cols, rows, w: cell * cols, h: cell * rows };
+}
+
+// The cell at (layer, expert) in the canvas.
+function cellAt(g, l, e) {
+  return g.across ? [l * g.cell, e * g.cell] : [e * g.cell, l * g.cell];
+}
+
+function cellColour(l, e) {
+  const m = state.model;
+  if (!m.moe_layers[l]) return PLACES.dense.rgb;
+  if (state.owners) {
+    const w = state.owners[l * m.experts + e];
+    return w >= 0 ? WORKER_RGB[w % WORKER_RGB.length] : UNPLACED_RGB;
+  }
+  return (PLACES[m.placement] || PLACES.ram).rgb;
 }
 
 function drawGrid() {
@@ -197,13 +238,12 @@ function drawGrid() {
   const now = performance.now();
   const gap = g.cell > 4 ? 1 : 0;
   for (let l = 0; l < m.layers; l++) {
-    const place = m.moe_layers[l] ? PLACES[m.placement] || PLACES.ram : PLACES.dense;
     for (let e = 0; e < m.experts; e++) {
       const i = l * m.experts + e;
       const heat = state.heat[i] || 0;
       // Brightness: log-scaled routing heat, with a floor so cold cells show their colour.
       const b = m.moe_layers[l] ? 0.18 + 0.82 * (Math.log1p(heat) / Math.log1p(max)) : 0.5;
-      let [r, gr, bl] = place.rgb.map((c) => Math.round(c * b));
+      let [r, gr, bl] = cellColour(l, e).map((c) => Math.round(c * b));
       const t = state.flash.get(i);
       if (t !== undefined) {
         const f = Math.max(0, 1 - (now - t) / 700);
@@ -213,26 +253,57 @@ function drawGrid() {
         bl = Math.round(bl + (255 - bl) * f);
       }
       ctx.fillStyle = `rgb(${r},${gr},${bl})`;
-      ctx.fillRect(e * g.cell, l * g.cell, g.cell - gap, g.cell - gap);
+      const [x, y] = cellAt(g, l, e);
+      ctx.fillRect(x, y, g.cell - gap, g.cell - gap);
     }
   }
   if (state.flash.size) requestAnimationFrame(drawGrid);
 }
 
+// Hovering a cell names it: layer, expert, rows routed, owner.
+function gridHover(ev) {
+  const m = state.model;
+  if (!m) return;
+  const g = gridGeometry();
+  const rect = $("grid").getBoundingClientRect();
+  const c = Math.floor((ev.clientX - rect.left) / g.cell);
+  const r = Math.floor((ev.clientY - rect.top) / g.cell);
+  const [l, e] = g.across ? [c, r] : [r, c];
+  if (l < 0 || e < 0 || l >= m.layers || e >= m.experts) return;
+  const i = l * m.experts + e;
+  let who = "";
+  if (state.owners) {
+    const w = state.owners[i];
+    who = w >= 0 && state.workers[w] ? ` · ${state.workers[w].address}` : " · not placed";
+  }
+  $("grid").title = m.moe_layers[l]
+    ? `layer ${l}, expert ${e}: ${state.heat[i] || 0} rows routed${who}`
+    : `layer ${l}: dense`;
+}
+
 function drawGridLegend() {
   const m = state.model;
-  const used = [m.placement, ...(m.moe_layers.every(Boolean) ? [] : ["dense"])];
   $("grid-legend").innerHTML = "";
-  for (const p of used) {
+  const swatch = (rgb, label) => {
     const span = document.createElement("span");
     const i = document.createElement("i");
-    i.style.background = `rgb(${PLACES[p].rgb.join(",")})`;
+    i.style.background = `rgb(${rgb.join(",")})`;
     span.appendChild(i);
-    span.appendChild(document.createTextNode(PLACES[p].label));
+    span.appendChild(document.createTextNode(label));
     $("grid-legend").appendChild(span);
+  };
+  if (state.owners) {
+    state.workers.forEach((w, n) => swatch(WORKER_RGB[n % WORKER_RGB.length], w.address));
+    if (state.owners.some((w) => w < 0)) swatch(UNPLACED_RGB, "not placed yet");
+  } else {
+    swatch(PLACES[m.placement].rgb, PLACES[m.placement].label);
   }
+  if (!m.moe_layers.every(Boolean)) swatch(PLACES.dense.rgb, PLACES.dense.label);
+  const g = gridGeometry();
   const note = document.createElement("span");
-  note.textContent = "brightness = rows routed · white flash = routed just now";
+  note.textContent =
+    (g.across ? "columns = layers, rows = experts" : "rows = layers, columns = experts") +
+    " · brightness = rows routed · white flash = routed just now";
   $("grid-legend").appendChild(note);
   $("grid-dims").textContent = `${m.layers} layers × ${m.experts} experts, top-${m.top_k}`;
 }
@@ -366,8 +437,14 @@ function drawTrend() {
 // ---- state and live feed ---------------------------------------------------
 
 function applyLive(f) {
-  drawWorkers(f.workers || [f.worker], f.queue, f.prefix_cache);
+  state.workers = f.workers || [f.worker];
+  drawWorkers(state.workers, f.queue, f.prefix_cache);
   drawActive(f.active);
+  if (f.owners !== undefined) {
+    state.owners = f.owners;
+    drawGridLegend();
+    requestAnimationFrame(drawGrid);
+  }
 }
 
 async function loadState() {
@@ -376,9 +453,16 @@ async function loadState() {
     needKey();
     return false;
   }
-  const s = await resp.json();
+  showState(await resp.json());
+  return true;
+}
+
+// Draws a whole `/api/state` snapshot (the tests hand it synthetic ones).
+function showState(s) {
   state.model = s.model;
   state.heat = s.heat;
+  state.owners = s.owners || null;
+  state.workers = s.workers || [s.worker];
   state.routedTotal = s.heat.reduce((a, b) => a + b, 0);
   state.recent = s.recent;
   $("model-name").textContent = `${s.model.id} · ${s.model.family} · context ${s.model.context}`;
@@ -386,9 +470,9 @@ async function loadState() {
   drawGrid();
   showTotal();
   drawProfile();
-  applyLive(s);
-  return true;
+  applyLive(Object.assign({}, s, { owners: undefined }));
 }
+window.charmShow = showState;
 
 async function follow() {
   for (;;) {
@@ -553,6 +637,7 @@ function setup() {
     follow();
   });
   window.addEventListener("resize", () => drawGrid());
+  $("grid").addEventListener("mousemove", gridHover);
   drawProfileLegend();
   follow();
 }

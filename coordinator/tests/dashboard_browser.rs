@@ -6,7 +6,11 @@
 //! With tools typed in and `required` chosen, the chat shows the forced
 //! call; against a template that opens a `<think>` block, it shows the
 //! reasoning apart from the answer (both the engine's own, split).
-//! A screenshot is kept as `target/test-artifacts/dashboard.png`.
+//! Synthetic snapshots at the demo's 30 × 4 and at 48 × 128 over three
+//! workers show the grid fits its panel and a third of the window, each
+//! worker's experts in its colour.
+//! Screenshots are kept in `target/test-artifacts/` (`dashboard.png`,
+//! `dashboard-30x4.png`, `dashboard-48x128.png`).
 //!
 //! Needs `chromium` and `chromedriver` (Debian: `chromium chromium-driver`,
 //! installed by `scripts/test.sh`). Without them the test is skipped with a
@@ -258,6 +262,75 @@ fn dashboard_shows_the_worker_chats_and_lights_the_grid() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("dashboard.png"), &png).unwrap();
     eprintln!("screenshot: {}", dir.join("dashboard.png").display());
+
+    // Real shapes fit one screen (synthetic snapshots): the demo's 30 × 4
+    // and a Qwen3-30B-A3B-sized 48 × 128 over three workers, each expert
+    // in its owner's colour.
+    for (layers, experts, workers, name) in [
+        (30usize, 4usize, 1usize, "dashboard-30x4.png"),
+        (48, 128, 3, "dashboard-48x128.png"),
+    ] {
+        let cells = layers * experts;
+        let owners: Vec<i64> = (0..cells).map(|i| (i % experts % workers) as i64).collect();
+        let heat: Vec<u64> = (0..cells as u64).map(|i| (i * 7919) % 97).collect();
+        let worker_rows: Vec<Value> = (0..workers)
+            .map(|w| json!({"address": format!("10.0.0.{}:7411", w + 1), "status": "up", "experts_owned": cells / workers,
+                            "experts_served": 10, "cache_bytes": 1u64 << 30, "cache_budget_bytes": null, "hit_rate": 0.9,
+                            "rtt_ms": 1.5, "compute_ms": 0.5, "disk_bytes_read": 0, "network_bytes_sent": 0,
+                            "network_bytes_received": 0, "round_trips": 5, "failures": 0, "failovers": 0, "hedges": 0}))
+            .collect();
+        let snapshot = json!({
+            "model": {"id": "synthetic", "path": "synthetic", "family": "Qwen3MoeForCausalLM", "layers": layers,
+                      "experts": experts, "top_k": 8, "moe_layers": vec![true; layers], "context": 4096,
+                      "placement": if workers > 1 { "remote" } else { "disk" }},
+            "heat": heat, "owners": if workers > 1 { json!(owners) } else { Value::Null },
+            "workers": worker_rows, "worker": worker_rows[0],
+            "queue": {"queued": 0, "running": 0, "capacity": 16, "max_batch": 4}, "prefix_cache": null,
+            "active": [], "recent": [], "recent_seq": 0, "steps": 0, "uptime_s": 1.0
+        });
+        d.js(&format!("window.charmShow({snapshot}); return null;"));
+        let fit = d.js("const c = document.getElementById('grid').getBoundingClientRect();
+             const p = document.getElementById('grid').parentElement.getBoundingClientRect();
+             return {top: c.top, bottom: c.bottom, left: c.left, right: c.right, width: c.width, height: c.height,
+                     panelRight: p.right, viewport: window.innerHeight};");
+        let f = |k: &str| fit[k].as_f64().unwrap();
+        assert!(f("width") > 0.0 && f("height") > 0.0, "{name}: {fit}");
+        assert!(
+            f("right") <= f("panelRight") + 0.5,
+            "{name}: the grid overflows its panel: {fit}"
+        );
+        assert!(
+            f("height") <= f("viewport") / 3.0 + 0.5,
+            "{name}: the grid is over a third of the window: {fit}"
+        );
+        assert!(
+            f("bottom") <= f("viewport"),
+            "{name}: the grid runs below the fold: {fit}"
+        );
+        if workers > 1 {
+            // Cells of different owners are drawn in different colours.
+            let hues = d.js(&format!(
+                "const c = document.getElementById('grid'); const x = c.getContext('2d');
+                 const cell = c.width / {experts};
+                 const px = (e) => Array.from(x.getImageData(Math.floor((e + 0.5) * cell), Math.floor(cell / 2), 1, 1).data.slice(0, 3));
+                 return [px(0), px(1), px(2)].map(p => p.indexOf(Math.max(...p)));"
+            ));
+            let h = hues.as_array().unwrap();
+            assert!(
+                h[0] != h[1] || h[1] != h[2],
+                "{name}: one colour for every worker: {hues}"
+            );
+            let legend = d.js("return document.getElementById('grid-legend').textContent;");
+            for w in 1..=workers {
+                assert!(
+                    legend.as_str().unwrap().contains(&format!("10.0.0.{w}:7411")),
+                    "{legend}"
+                );
+            }
+        }
+        let png = base64_decode(d.call("GET", "/screenshot", &json!({})).as_str().unwrap());
+        std::fs::write(dir.join(name), &png).unwrap();
+    }
 
     // Reasoning: a template that opens a <think> block in the prompt (as
     // DeepSeek-R1's and the Qwen3 thinking models' do) makes the answer

@@ -37,6 +37,13 @@ pub trait ExpertService: Send + Sync {
     fn computes_in_process(&self) -> bool {
         true
     }
+
+    /// Who runs each routed expert now, for a service that places experts
+    /// on several workers: `((layer, expert), address)` as in
+    /// [`WorkerReport::address`]. Empty for a single in-process worker.
+    fn owners(&self) -> Vec<((u16, u32), String)> {
+        Vec::new()
+    }
 }
 
 /// Expert store counters, cumulative since start (`cache_bytes` is current).

@@ -6,7 +6,8 @@
 //!   `/metrics` has a series per worker address (`up` 1, experts owned,
 //!   experts served, round trips, network bytes both ways, mean rtt, no
 //!   failures) and no aggregate `cluster` or `in-process` series;
-//!   `/api/state` lists both workers with the same numbers, their owned
+//!   `/api/state` lists both workers with the same numbers (and each
+//!   expert's owner for the grid), their owned
 //!   experts covering the model. Then one worker is killed: after the next
 //!   request its series says `up` 0 with its request re-sent (a hedge or a
 //!   failover counted), and the dashboard row says `down`, while the
@@ -133,6 +134,19 @@ fn metrics_and_dashboard_list_each_cluster_worker() {
         moe_layers * state["model"]["experts"].as_u64().unwrap(),
         "every routed expert has one owner: {state}"
     );
+    // The grid's owners: each routed expert's cell names its worker (an
+    // index into `workers`), as many cells per worker as it owns.
+    let owners = state["owners"].as_array().expect("owners in cluster mode");
+    let experts = state["model"]["experts"].as_u64().unwrap() as usize;
+    let list = state["workers"].as_array().unwrap();
+    for (i, w) in list.iter().enumerate() {
+        let cells = owners.iter().filter(|o| o.as_i64() == Some(i as i64)).count() as u64;
+        assert_eq!(cells, w["experts_owned"].as_u64().unwrap(), "{}: {state}", w["address"]);
+    }
+    for (i, o) in owners.iter().enumerate() {
+        let moe = state["model"]["moe_layers"][i / experts].as_bool() == Some(true);
+        assert_eq!(o.as_i64().unwrap() >= 0, moe, "cell {i}: {o}");
+    }
 
     // A lost worker stays listed, down, with the failure counted; the other
     // one carries on.

@@ -126,6 +126,11 @@ impl Plan {
         self.holders(key).first().copied()
     }
 
+    /// Every placed expert with its owner (in no particular order).
+    pub fn owners(&self) -> impl Iterator<Item = (Key, Holder)> + '_ {
+        self.holders.iter().filter_map(|(k, hs)| hs.first().map(|h| (*k, *h)))
+    }
+
     /// The holders that keep `key` cached (owner, then replica), best first.
     pub fn warm_holders(&self, key: Key) -> &[Holder] {
         let hs = self.holders(key);

@@ -912,6 +912,21 @@ impl ExpertService for ClusterService {
         false
     }
 
+    /// The current placement's owners (as placed last; reading them
+    /// does not re-plan).
+    fn owners(&self) -> Vec<((u16, u32), String)> {
+        let plan = self.plan.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        plan.owners()
+            .map(|(k, h)| {
+                let who = match h {
+                    Holder::Worker(a) => a.to_string(),
+                    Holder::Local => LOCAL.to_string(),
+                };
+                (k, who)
+            })
+            .collect()
+    }
+
     fn end_request(&self) {
         if let Some(svc) = self.local.as_ref().and_then(Local::built) {
             svc.end_request();

@@ -278,6 +278,30 @@ fn live(st: &AppState) -> serde_json::Value {
     })
 }
 
+/// Each grid cell's owner in cluster mode: an index into `workers` (the
+/// order [`live`] lists them), or -1 for an expert no worker owns (a dense
+/// layer, or nobody placed yet); `null` for one in-process worker.
+fn owners(st: &AppState) -> serde_json::Value {
+    if st.config.worker == super::IN_PROCESS {
+        return serde_json::Value::Null;
+    }
+    let workers = st.experts.stats().workers;
+    let index: std::collections::HashMap<&str, i64> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.address.as_str(), i as i64))
+        .collect();
+    let m = &st.model;
+    let mut cells = vec![-1i64; m.layers * m.experts];
+    for ((l, e), who) in st.experts.owners() {
+        let i = l as usize * m.experts + e as usize;
+        if let (Some(c), Some(&w)) = (cells.get_mut(i), index.get(who.as_str())) {
+            *c = w;
+        }
+    }
+    json!(cells)
+}
+
 /// `GET /api/state`: everything the page draws, once.
 pub async fn state(State(st): State<Arc<AppState>>) -> Response {
     let m = &st.model;
@@ -295,6 +319,7 @@ pub async fn state(State(st): State<Arc<AppState>>) -> Response {
         "placement": m.placement,
     });
     body["heat"] = json!(st.board.heat());
+    body["owners"] = owners(&st);
     body["active"] = json!(st.board.active());
     body["recent"] = json!(recent);
     body["recent_seq"] = json!(last);
@@ -308,6 +333,7 @@ pub async fn events(State(st): State<Arc<AppState>>) -> Response {
     let (writer, resp) = SseWriter::channel();
     tokio::spawn(async move {
         let mut seen = st.board.heat();
+        let mut placed = owners(&st);
         let (mut seq, _) = st.board.history_after(0);
         let mut interval = tokio::time::interval(TICK);
         loop {
@@ -327,6 +353,12 @@ pub async fn events(State(st): State<Arc<AppState>>) -> Response {
             frame["heat_delta"] = json!(delta);
             frame["active"] = json!(st.board.active());
             frame["finished"] = json!(finished);
+            // The placement, when it changed.
+            let now = owners(&st);
+            if now != placed {
+                frame["owners"] = now.clone();
+                placed = now;
+            }
             if !writer.event("tick", &frame).await {
                 break;
             }
