@@ -693,6 +693,12 @@ fn summary(s: &GenStats) -> String {
             100.0 * s.prefetch_accuracy,
             e.cache_bytes as f64 / (1 << 20) as f64
         ));
+        if e.prefetch_stand_downs > 0 {
+            line.push_str(&format!(
+                "; read-ahead stood down {} times ({} layer steps: {} wasted, {} evictions read again)",
+                e.prefetch_stand_downs, e.prefetch_paused_steps, e.prefetch_wasted, e.prefetch_harm
+            ));
+        }
     }
     if e.round_trips > 0 {
         line.push_str(&format!(

@@ -526,6 +526,10 @@ fn convert_then_generate_from_the_container_with_store_stats() {
             "io_wait_ms",
             "prefetch_hits",
             "prefetch_issued",
+            "prefetch_wasted",
+            "prefetch_harm",
+            "prefetch_paused_steps",
+            "prefetch_stand_downs",
             "cache_bytes",
         ] {
             assert!(s[k].is_number(), "stats.{k} missing: {s}");

@@ -62,6 +62,14 @@ pub struct ExpertStats {
     pub prefetch_hits: u64,
     /// Prefetch reads issued.
     pub prefetch_issued: u64,
+    /// Experts read ahead that left the cache unused (in-process store).
+    pub prefetch_wasted: u64,
+    /// Demand reads of experts a read-ahead had evicted (in-process store).
+    pub prefetch_harm: u64,
+    /// Layer steps at which read-ahead stood down, having lost (in-process store).
+    pub prefetch_paused_steps: u64,
+    /// Times read-ahead stood down (in-process store).
+    pub prefetch_stand_downs: u64,
     /// Bytes of experts held in RAM now.
     pub cache_bytes: u64,
     /// Of the experts a step needed, how many the one-layer-ahead
@@ -189,6 +197,10 @@ impl ExpertStats {
             io_wait_ms: self.io_wait_ms - before.io_wait_ms,
             prefetch_hits: self.prefetch_hits - before.prefetch_hits,
             prefetch_issued: self.prefetch_issued - before.prefetch_issued,
+            prefetch_wasted: self.prefetch_wasted - before.prefetch_wasted,
+            prefetch_harm: self.prefetch_harm - before.prefetch_harm,
+            prefetch_paused_steps: self.prefetch_paused_steps - before.prefetch_paused_steps,
+            prefetch_stand_downs: self.prefetch_stand_downs - before.prefetch_stand_downs,
             cache_bytes: self.cache_bytes,
             predicted_correct: self.predicted_correct - before.predicted_correct,
             predicted_total: self.predicted_total - before.predicted_total,

@@ -84,6 +84,18 @@ impl ExpertCache {
     /// experts outside `protect` until it fits. Returns `false` (and holds
     /// nothing new) when it cannot fit.
     pub fn insert(&mut self, key: Key, ffn: Arc<SwiGlu>, bytes: u64, protect: &HashSet<Key>) -> bool {
+        self.insert_evicting(key, ffn, bytes, protect, &mut Vec::new())
+    }
+
+    /// [`ExpertCache::insert`], adding the keys it evicted to `evicted`.
+    pub fn insert_evicting(
+        &mut self,
+        key: Key,
+        ffn: Arc<SwiGlu>,
+        bytes: u64,
+        protect: &HashSet<Key>,
+        evicted: &mut Vec<Key>,
+    ) -> bool {
         if self.entries.contains_key(&key) {
             return true;
         }
@@ -101,6 +113,7 @@ impl ExpertCache {
                 Some(k) => {
                     let e = self.entries.remove(&k).expect("victim exists");
                     self.used -= e.bytes;
+                    evicted.push(k);
                 }
                 None => return false,
             }

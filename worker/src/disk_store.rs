@@ -19,6 +19,10 @@
 //! can be read at any time. Experts some running step needs are never
 //! evicted to make room.
 //!
+//! Read-ahead measures its own payoff ([`PrefetchPolicy`]): experts read
+//! ahead and used, against those that left unused and the evictions it
+//! caused that came back as reads; it stands down while it loses.
+//!
 //! Routing counts are recorded per expert; at the end of every request the
 //! history is saved and the hottest experts (up to half the budget) are
 //! pinned, so the store gets faster the more it is used.
@@ -36,6 +40,7 @@ use charm_proto::PrefetchHint;
 use crate::cache::{ExpertCache, Key};
 use crate::history::RoutingHistory;
 use crate::io::{Backend, DiskReader, ReadDone, ReadRequest, ReaderOptions};
+use crate::prefetch_policy::PrefetchPolicy;
 use crate::store::{ExpertStore, Ready};
 
 /// Share of the cache budget the pinned hot set may fill.
@@ -94,6 +99,8 @@ struct State {
     stats: ExpertStats,
     /// The last prediction, checked when its layer runs.
     prediction: Option<(u16, HashSet<u32>)>,
+    /// Whether reading ahead pays ([`PrefetchPolicy`]).
+    policy: PrefetchPolicy,
 }
 
 struct Inflight {
@@ -157,6 +164,7 @@ impl DiskStore {
                 cache: ExpertCache::new(opts.cache_bytes),
                 inflight: HashMap::new(),
                 prefetched: HashSet::new(),
+                policy: PrefetchPolicy::default(),
                 needed: HashMap::new(),
                 protect: HashSet::new(),
                 history,
@@ -334,12 +342,25 @@ impl Inner {
                 if let Ok((ffn, bytes)) = &decoded {
                     st.stats.expert_bytes_read += bytes;
                     let State { cache, protect, .. } = &mut *st;
-                    let cached = cache.insert(k, ffn.clone(), *bytes, protect);
+                    let mut evicted = Vec::new();
+                    let cached = cache.insert_evicting(k, ffn.clone(), *bytes, protect, &mut evicted);
                     let read_ahead = entry
                         .as_ref()
                         .is_some_and(|e| e.origin == Origin::Prefetch && e.waiters.is_empty());
+                    for v in evicted {
+                        // A read-ahead that leaves unused was wasted; a
+                        // victim of a read-ahead may come back as harm.
+                        if st.prefetched.remove(&v) {
+                            st.policy.wasted();
+                        }
+                        if read_ahead {
+                            st.policy.evicted(v);
+                        }
+                    }
                     if cached && read_ahead {
                         st.prefetched.insert(k);
+                    } else if read_ahead {
+                        st.policy.wasted();
                     }
                     st.stats.cache_bytes = st.cache.used();
                 }
@@ -389,6 +410,7 @@ impl ExpertStore for DiskStore {
                     st.stats.expert_hits += 1;
                     if st.prefetched.remove(&k) {
                         st.stats.prefetch_hits += 1;
+                        st.policy.used();
                     }
                     hits.push((i, ffn));
                     continue;
@@ -399,10 +421,14 @@ impl ExpertStore for DiskStore {
                         if f.origin == Origin::Prefetch {
                             st.stats.prefetch_hits += 1;
                             f.origin = Origin::Demand;
+                            st.policy.used();
                         }
                         f.waiters.push(tx.clone());
                     }
-                    None => reads.push(k),
+                    None => {
+                        st.policy.demand_read(k);
+                        reads.push(k);
+                    }
                 }
                 waiting.insert(k, i);
             }
@@ -421,17 +447,21 @@ impl ExpertStore for DiskStore {
             }
             Self::need(st, &keys, false);
 
-            // Read ahead the predicted next layer, behind this step's reads.
+            // Read ahead the predicted next layer, behind this step's reads,
+            // unless read-ahead is standing down (the prediction is still
+            // checked then).
             if let (true, Some(h)) = (self.prefetch && st.cache.budget() > 0, next) {
-                let ahead: Vec<Key> = h
-                    .experts
-                    .iter()
-                    .map(|&e| (h.layer, e))
-                    .filter(|&k| self.holds(k.0, k.1) && !st.cache.contains(k) && !st.inflight.contains_key(&k))
-                    .collect();
-                let n = ahead.len() as u64;
-                if self.read_ahead(st, ahead, Origin::Prefetch) {
-                    st.stats.prefetch_issued += n;
+                if st.policy.allows() {
+                    let ahead: Vec<Key> = h
+                        .experts
+                        .iter()
+                        .map(|&e| (h.layer, e))
+                        .filter(|&k| self.holds(k.0, k.1) && !st.cache.contains(k) && !st.inflight.contains_key(&k))
+                        .collect();
+                    let n = ahead.len() as u64;
+                    if self.read_ahead(st, ahead, Origin::Prefetch) {
+                        st.stats.prefetch_issued += n;
+                    }
                 }
                 st.prediction = Some((h.layer, h.experts.iter().copied().collect()));
             }
@@ -480,6 +510,10 @@ impl ExpertStore for DiskStore {
         let st = self.inner.lock();
         let mut s = st.stats.clone();
         s.cache_bytes = st.cache.used();
+        s.prefetch_wasted = st.policy.total_wasted;
+        s.prefetch_harm = st.policy.total_harm;
+        s.prefetch_paused_steps = st.policy.paused_steps;
+        s.prefetch_stand_downs = st.policy.stand_downs;
         s
     }
 

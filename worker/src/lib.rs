@@ -9,6 +9,8 @@
 //!   from disk into a RAM cache with a budget, read-ahead of the predicted
 //!   next layer, and a pinned hot set learned from routing history.
 //! - [`cache`]: the byte-budgeted cache (pinned set + LRU).
+//! - [`prefetch_policy`]: whether read-ahead pays (used against wasted
+//!   reads and the evictions it caused); it stands down while it loses.
 //! - [`history`]: routing counts, persisted and checked against the model
 //!   fingerprint.
 //! - [`io`]: the disk reader: io_uring on Linux, a pread thread pool
@@ -33,6 +35,7 @@ pub mod executor;
 pub mod history;
 pub mod io;
 pub mod net;
+pub mod prefetch_policy;
 pub mod server;
 pub mod store;
 pub mod sysmem;

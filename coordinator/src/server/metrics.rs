@@ -441,6 +441,21 @@ impl Metrics {
                 e.prefetch_issued as f64,
             ),
             (
+                "charm_prefetch_wasted_total",
+                "Experts read ahead that left the cache unused.",
+                e.prefetch_wasted as f64,
+            ),
+            (
+                "charm_prefetch_harm_total",
+                "Demand reads of experts a read-ahead had evicted.",
+                e.prefetch_harm as f64,
+            ),
+            (
+                "charm_prefetch_paused_steps_total",
+                "Layer steps at which read-ahead stood down, having lost.",
+                e.prefetch_paused_steps as f64,
+            ),
+            (
                 "charm_prefetch_hits_total",
                 "Prefetched experts a later step used.",
                 e.prefetch_hits as f64,
