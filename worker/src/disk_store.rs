@@ -19,9 +19,9 @@
 //! can be read at any time. Experts some running step needs are never
 //! evicted to make room.
 //!
-//! Read-ahead measures its own payoff ([`PrefetchPolicy`]): experts read
-//! ahead and used, against those that left unused and the evictions it
-//! caused that came back as reads; it stands down while it loses.
+//! Read-ahead measures its own payoff ([`PrefetchPolicy`]): epochs with
+//! and without it, compared by what the steps waited for reads; it stands
+//! down while it loses.
 //!
 //! Routing counts are recorded per expert; at the end of every request the
 //! history is saved and the hottest experts (up to half the budget) are
@@ -393,6 +393,8 @@ impl ExpertStore for DiskStore {
         let (tx, rx) = channel::<Delivery>();
         let mut hits: Ready = Vec::new();
         let mut waiting: HashMap<Key, usize> = HashMap::new();
+        // Whether this step counts toward the read-ahead policy's measure.
+        let mut measured = false;
         {
             let mut guard = self.inner.lock();
             let st = &mut *guard;
@@ -410,7 +412,6 @@ impl ExpertStore for DiskStore {
                     st.stats.expert_hits += 1;
                     if st.prefetched.remove(&k) {
                         st.stats.prefetch_hits += 1;
-                        st.policy.used();
                     }
                     hits.push((i, ffn));
                     continue;
@@ -421,7 +422,6 @@ impl ExpertStore for DiskStore {
                         if f.origin == Origin::Prefetch {
                             st.stats.prefetch_hits += 1;
                             f.origin = Origin::Demand;
-                            st.policy.used();
                         }
                         f.waiters.push(tx.clone());
                     }
@@ -451,6 +451,7 @@ impl ExpertStore for DiskStore {
             // unless read-ahead is standing down (the prediction is still
             // checked then).
             if let (true, Some(h)) = (self.prefetch && st.cache.budget() > 0, next) {
+                measured = true;
                 if st.policy.allows() {
                     let ahead: Vec<Key> = h
                         .experts
@@ -501,6 +502,9 @@ impl ExpertStore for DiskStore {
         Self::need(&mut st, &keys, true);
         if let Ok(ms) = &result {
             st.stats.io_wait_ms += ms;
+            if measured {
+                st.policy.step(*ms, wanted.len() as u64);
+            }
         }
         st.stats.cache_bytes = st.cache.used();
         result.map(|_| ())

@@ -1,15 +1,20 @@
 //! Whether reading ahead pays, measured as it runs.
 //!
-//! A read-ahead of the predicted next layer pays when a step then uses the
-//! expert (a demand read saved). It costs when the expert leaves the cache
-//! unused (its read took disk time from demand reads: **wasted**), and
-//! when making room for it evicted an expert that a later step then had
-//! to read again (**harm**: the victim is remembered until demanded or
-//! forgotten). Over every [`WINDOW`] outcomes the policy compares the two
-//! sides in expert reads: read-ahead stays on while `used > wasted + harm`,
-//! and stands down otherwise. Standing down, it lets [`RETRY_STEPS`] layer
-//! steps pass, then tries again (the routing, the cache pressure or the
-//! prompt may have changed), measuring afresh.
+//! Reading the predicted next layer ahead pays when the disk would
+//! otherwise sit idle while experts compute; it loses when the disk is
+//! already the bottleneck and its reads only add bytes: experts read ahead
+//! that leave the cache unused (**wasted**), and evictions it caused that a
+//! later step has to read again (**harm**). Which of the two happens
+//! depends on the cache budget, the disk and the routing, so the policy
+//! measures it instead of guessing: it runs [`EPOCH`] layer steps with
+//! read-ahead and [`EPOCH`] without, compares what the steps waited for
+//! reads per routed expert, keeps the better for [`SETTLE`] epochs, then
+//! measures again (the routing, the cache pressure or the prompt may have
+//! changed). Waiting is the store's whole cost: a read-ahead that saves a
+//! demand read shortens it, and one that delays a demand read behind its
+//! own lengthens it.
+//!
+//! Wasted reads and harm are counted too, for the stats.
 //!
 //! The decision changes only speed: an expert is computed from the same
 //! bytes whether it was read ahead, read on demand or cached.
@@ -18,39 +23,50 @@ use std::collections::HashSet;
 
 use crate::cache::Key;
 
-/// Outcomes weighed per decision.
-pub const WINDOW: u64 = 64;
-/// Layer steps read-ahead stays off after it lost, before it is tried again.
-pub const RETRY_STEPS: u64 = 512;
+/// Layer steps (with a prediction) per measured epoch.
+pub const EPOCH: u64 = 64;
+/// Epochs the better setting is kept before measuring again.
+pub const SETTLE: u64 = 8;
 /// Evicted experts remembered for harm, at most.
 const GHOSTS: usize = 4096;
+
+/// Where the policy is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    /// Measuring with read-ahead on.
+    MeasureOn,
+    /// Measuring with it off, after `on` (wait per expert with it on).
+    MeasureOff { on: f64 },
+    /// Keeping a setting for `epochs_left` more epochs.
+    Settled { on: bool, epochs_left: u64 },
+}
 
 /// The policy's state and counters.
 #[derive(Debug)]
 pub struct PrefetchPolicy {
-    on: bool,
-    used: u64,
-    wasted: u64,
-    harm: u64,
-    /// Layer steps left before read-ahead is tried again.
-    off_for: u64,
+    phase: Phase,
+    /// The current epoch: layer steps, read waits (ms) and routed experts.
+    steps: u64,
+    wait_ms: f64,
+    experts: u64,
     /// Experts a read-ahead evicted, not demanded since.
     ghosts: HashSet<Key>,
     /// Totals since start.
     pub total_wasted: u64,
     pub total_harm: u64,
+    /// Layer steps at which read-ahead was off because it lost.
     pub paused_steps: u64,
+    /// Times a measurement turned read-ahead off.
     pub stand_downs: u64,
 }
 
 impl Default for PrefetchPolicy {
     fn default() -> Self {
         PrefetchPolicy {
-            on: true,
-            used: 0,
-            wasted: 0,
-            harm: 0,
-            off_for: 0,
+            phase: Phase::MeasureOn,
+            steps: 0,
+            wait_ms: 0.0,
+            experts: 0,
             ghosts: HashSet::new(),
             total_wasted: 0,
             total_harm: 0,
@@ -61,35 +77,60 @@ impl Default for PrefetchPolicy {
 }
 
 impl PrefetchPolicy {
-    /// A layer step with a prediction: whether to read it ahead.
-    pub fn allows(&mut self) -> bool {
-        if self.on {
-            return true;
+    /// Whether this layer step reads its prediction ahead.
+    pub fn allows(&self) -> bool {
+        match self.phase {
+            Phase::MeasureOn => true,
+            Phase::MeasureOff { .. } => false,
+            Phase::Settled { on, .. } => on,
         }
-        self.paused_steps += 1;
-        self.off_for = self.off_for.saturating_sub(1);
-        if self.off_for == 0 {
-            self.on = true;
-        }
-        self.on
     }
 
-    /// Whether read-ahead is standing down now.
+    /// Whether read-ahead is off because it lost the last measurement.
     pub fn paused(&self) -> bool {
-        !self.on
+        matches!(self.phase, Phase::Settled { on: false, .. })
     }
 
-    /// A step used an expert that was read ahead.
-    pub fn used(&mut self) {
-        self.used += 1;
-        self.settle();
+    /// A layer step with a prediction ended: it waited `wait_ms` for reads
+    /// of its `experts` routed experts.
+    pub fn step(&mut self, wait_ms: f64, experts: u64) {
+        if self.paused() {
+            self.paused_steps += 1;
+        }
+        self.steps += 1;
+        self.wait_ms += wait_ms;
+        self.experts += experts;
+        if self.steps < EPOCH {
+            return;
+        }
+        let per = self.wait_ms / self.experts.max(1) as f64;
+        self.steps = 0;
+        self.wait_ms = 0.0;
+        self.experts = 0;
+        self.phase = match self.phase {
+            Phase::MeasureOn => Phase::MeasureOff { on: per },
+            Phase::MeasureOff { on } => {
+                // Read-ahead stays only if it made the steps wait less.
+                let keep = on < per;
+                if !keep {
+                    self.stand_downs += 1;
+                }
+                Phase::Settled {
+                    on: keep,
+                    epochs_left: SETTLE,
+                }
+            }
+            Phase::Settled { on, epochs_left } if epochs_left > 1 => Phase::Settled {
+                on,
+                epochs_left: epochs_left - 1,
+            },
+            Phase::Settled { .. } => Phase::MeasureOn,
+        };
     }
 
     /// An expert read ahead left the cache unused.
     pub fn wasted(&mut self) {
-        self.wasted += 1;
         self.total_wasted += 1;
-        self.settle();
     }
 
     /// A read-ahead's insert evicted `victim`.
@@ -103,25 +144,8 @@ impl PrefetchPolicy {
     /// A step had to read `k` from disk: harm if a read-ahead evicted it.
     pub fn demand_read(&mut self, k: Key) {
         if self.ghosts.remove(&k) {
-            self.harm += 1;
             self.total_harm += 1;
-            self.settle();
         }
-    }
-
-    fn settle(&mut self) {
-        if self.used + self.wasted + self.harm < WINDOW {
-            return;
-        }
-        if self.on && self.used <= self.wasted + self.harm {
-            self.on = false;
-            self.off_for = RETRY_STEPS;
-            self.stand_downs += 1;
-            self.ghosts.clear();
-        }
-        self.used = 0;
-        self.wasted = 0;
-        self.harm = 0;
     }
 }
 
@@ -129,52 +153,65 @@ impl PrefetchPolicy {
 mod tests {
     use super::*;
 
-    #[test]
-    fn read_ahead_that_pays_stays_on() {
-        let mut p = PrefetchPolicy::default();
-        for _ in 0..1000 {
-            assert!(p.allows());
-            p.used();
-            p.used();
-            p.wasted();
+    /// Runs one measurement (an epoch on, an epoch off) with these waits.
+    fn measure(p: &mut PrefetchPolicy, wait_on: f64, wait_off: f64) {
+        assert!(p.allows());
+        for _ in 0..EPOCH {
+            p.step(wait_on, 8);
         }
+        assert!(!p.allows(), "the second epoch runs without read-ahead");
+        for _ in 0..EPOCH {
+            p.step(wait_off, 8);
+        }
+    }
+
+    #[test]
+    fn read_ahead_that_shortens_the_waits_stays_on() {
+        let mut p = PrefetchPolicy::default();
+        measure(&mut p, 1.0, 3.0);
+        assert!(p.allows() && !p.paused());
         assert_eq!(p.stand_downs, 0);
     }
 
     #[test]
-    fn read_ahead_that_loses_stands_down_then_tries_again() {
+    fn read_ahead_that_lengthens_the_waits_stands_down_then_is_measured_again() {
         let mut p = PrefetchPolicy::default();
-        // Each read-ahead is wasted and evicts an expert the next step reads again.
-        for i in 0..(WINDOW as u32) {
-            p.evicted((0, i));
-            p.demand_read((0, i));
-            p.wasted();
-            if p.paused() {
-                break;
-            }
-        }
-        assert!(p.paused());
+        measure(&mut p, 3.0, 2.0);
+        assert!(p.paused() && !p.allows());
         assert_eq!(p.stand_downs, 1);
-        assert!(p.total_harm > 0 && p.total_wasted > 0);
-        for _ in 0..RETRY_STEPS - 1 {
+        for _ in 0..SETTLE * EPOCH {
             assert!(!p.allows());
+            p.step(2.0, 8);
         }
-        assert!(p.allows(), "tried again after {RETRY_STEPS} steps");
-        assert_eq!(p.paused_steps, RETRY_STEPS);
-        // A demand read of an expert no read-ahead evicted is no harm.
-        let harm = p.total_harm;
-        p.demand_read((9, 9));
-        assert_eq!(p.total_harm, harm);
+        assert_eq!(p.paused_steps, SETTLE * EPOCH);
+        // Measured again: this time it pays.
+        measure(&mut p, 1.0, 2.0);
+        assert!(p.allows());
+        assert_eq!(p.stand_downs, 1);
     }
 
     #[test]
-    fn a_tie_is_a_loss_and_the_ghosts_stay_bounded() {
+    fn waits_are_compared_per_routed_expert_and_a_tie_turns_it_off() {
         let mut p = PrefetchPolicy::default();
-        for _ in 0..WINDOW / 2 {
-            p.used();
-            p.wasted();
+        // Twice the wait for twice the experts: the same per expert.
+        for _ in 0..EPOCH {
+            p.step(2.0, 16);
         }
-        assert!(p.paused(), "as many wasted as used: no gain for the disk time");
+        for _ in 0..EPOCH {
+            p.step(1.0, 8);
+        }
+        assert!(p.paused(), "no gain for the bytes read ahead");
+    }
+
+    #[test]
+    fn harm_is_a_demand_read_of_an_evicted_expert_and_ghosts_stay_bounded() {
+        let mut p = PrefetchPolicy::default();
+        p.evicted((0, 1));
+        p.demand_read((0, 2));
+        assert_eq!(p.total_harm, 0);
+        p.demand_read((0, 1));
+        p.demand_read((0, 1));
+        assert_eq!(p.total_harm, 1);
         for i in 0..(GHOSTS as u32 * 2) {
             p.evicted((1, i));
         }
