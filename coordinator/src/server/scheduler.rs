@@ -404,9 +404,6 @@ impl<'c> Scheduler<'c> {
         }
     }
 
-    /// Metrics and the dashboard's request history; the expert service
-    /// hears that a request it worked for ended (as after
-    /// [`Engine::generate`]).
     /// A System One job, at once (between two steps of the batch): its
     /// shared prefix from the prefix cache where it can, the options scored
     /// ([`systemone::score`]), the shared prefix's cache kept for the next
@@ -449,6 +446,9 @@ impl<'c> Scheduler<'c> {
         self.record(&job, queue_s, None, outcome, Some((&[], &stats)));
     }
 
+    /// Metrics and the dashboard's request history; the expert service
+    /// hears that a request it worked for ended (as after
+    /// [`Engine::generate`]).
     fn record(&self, job: &Job, queue_s: f64, ttft_s: Option<f64>, outcome: Outcome, ran: Option<(&[u32], &GenStats)>) {
         if ran.is_some() {
             self.engine.expert_service().end_request();
