@@ -887,7 +887,8 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// The tool-call syntax of the model's chat template, if it has one charm knows.
+/// The tool-call syntax for the model's chat template: its own where charm
+/// knows it, else the generic shape; `None` without a chat template.
 fn tool_syntax(st: &AppState) -> Option<tools::ToolSyntax> {
     st.codec.template().map(|t| tools::ToolSyntax::for_template(t.source()))
 }
