@@ -20,7 +20,9 @@
 //!   cuts a container into two partial copies (each about half the expert
 //!   bytes, together every expert once); two workers on them give the
 //!   whole container's logits and ids; a part sized beyond its machine's
-//!   disk, a part of a part, and no machines are refused with one line.
+//!   disk, a part of a part, and no machines are refused with one line;
+//!   machines with RAM beyond their share hold replicas, the hottest
+//!   expert of the learned routing history among them.
 //! - `a_worker_joining_between_requests_is_used_without_restart`: a worker
 //!   started after the service is found on its next retry and given work.
 
@@ -331,4 +333,71 @@ fn a_split_model_serves_from_its_parts() {
         "already exists",
     );
     assert!(!tmp.path().join("x").exists() && !tmp.path().join("x.partial").exists());
+
+    // Machines with RAM beyond their share keep replicas of the hottest
+    // experts (by the routing this model learned here): every expert is
+    // held at least once, the hottest twice.
+    let state = tmp.path().join("state");
+    let o = coordinator(&[
+        "--model",
+        f,
+        "--local",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "generate",
+        "--prompt-ids",
+        "1,2,3,4,5,6,7,8",
+        "--max-tokens",
+        "4",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let per = whole.records[0].padded_len() as f64 / (1u64 << 30) as f64;
+    // Room for 10 of the 16 experts each: 2 × 10 = 20 slots for 16 experts.
+    let ram = format!("{},{}", per * 10.0, per * 10.0);
+    let spare = tmp.path().join("spare");
+    let o = coordinator(&[
+        "--model",
+        f,
+        "--state-dir",
+        state.to_str().unwrap(),
+        "split",
+        "--out",
+        spare.to_str().unwrap(),
+        "--ram-gb",
+        &ram,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let q0 = charm_common::container::Manifest::open(&spare.join("part-0")).unwrap();
+    let q1 = charm_common::container::Manifest::open(&spare.join("part-1")).unwrap();
+    for r in &whole.records {
+        let held = [&q0, &q1]
+            .iter()
+            .filter(|p| p.record(r.layer, r.expert).is_some())
+            .count();
+        assert!(held >= 1, "layer {} expert {} is held nowhere", r.layer, r.expert);
+    }
+    let copies = q0.records.len() + q1.records.len();
+    assert!(
+        copies > whole.records.len(),
+        "spare RAM holds replicas: {copies} copies of {}",
+        whole.records.len()
+    );
+    assert!(copies <= 20, "no part holds more than its RAM: {copies}");
+    // The most-routed expert of the learned history is among the replicated.
+    let history: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("routing-history.json")).unwrap()).unwrap();
+    let counts = history["counts"].as_array().unwrap();
+    let (mut hot, mut most) = ((0u16, 0u32), 0u64);
+    for (l, row) in counts.iter().enumerate() {
+        for (e, c) in row.as_array().unwrap().iter().enumerate() {
+            if c.as_u64().unwrap() > most {
+                (hot, most) = ((l as u16, e as u32), c.as_u64().unwrap());
+            }
+        }
+    }
+    assert!(most > 0, "the generate run taught a routing history");
+    assert!(
+        q0.record(hot.0, hot.1).is_some() && q1.record(hot.0, hot.1).is_some(),
+        "the hottest expert {hot:?} ({most} rows) has a replica"
+    );
 }
