@@ -821,6 +821,18 @@ pub fn prepare(
     }
 }
 
+/// Appends `section` to the conversation's system message, or starts the
+/// conversation with one that holds it.
+fn add_system_section(messages: &mut Vec<Message>, section: &str) {
+    match messages.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content.push_str("\n\n");
+            first.content.push_str(section);
+        }
+        _ => messages.insert(0, Message::new("system", section)),
+    }
+}
+
 /// A conversation for DeepSeek's template: each call's arguments as JSON
 /// text (the template writes them as they are), and the tools (which the
 /// template does not render) in a section of the system message that shows
@@ -850,13 +862,7 @@ pub fn deepseek_conversation(messages: Vec<Message>, rendered: &[Value]) -> Vec<
             "\n\nTo call functions, answer with {CALLS_BEGIN}, then for each call \
              {CALL_BEGIN}function{SEP}<function name>\n```json\n{{<arguments>}}\n```{CALL_END}, then {CALLS_END}."
         ));
-        match out.first_mut() {
-            Some(first) if first.role == "system" => {
-                first.content.push_str("\n\n");
-                first.content.push_str(&section);
-            }
-            _ => out.insert(0, Message::new("system", &section)),
-        }
+        add_system_section(&mut out, &section);
     }
     out
 }
@@ -910,13 +916,7 @@ pub fn generic_conversation(messages: Vec<Message>, rendered: &[Value]) -> Vec<M
              function's name and its arguments:\n<tool_call>\n{\"name\": \"<function name>\", \"arguments\": \
              {<arguments>}}\n</tool_call>\nEach result comes back in a <tool_response> block.",
         );
-        match out.first_mut() {
-            Some(first) if first.role == "system" => {
-                first.content.push_str("\n\n");
-                first.content.push_str(&section);
-            }
-            _ => out.insert(0, Message::new("system", &section)),
-        }
+        add_system_section(&mut out, &section);
     }
     out
 }
