@@ -229,12 +229,7 @@ fn parse_choice(v: Option<Value>) -> Result<Choice, ApiError> {
     };
     match v {
         None | Some(Value::Null) => Ok(Choice::Auto),
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => Ok(Choice::Auto),
-            "none" => Ok(Choice::None),
-            "required" => Ok(Choice::Required),
-            _ => Err(bad()),
-        },
+        Some(Value::String(s)) => Choice::from_word(&s).ok_or_else(bad),
         Some(Value::Object(o)) => match (o.get("type").and_then(Value::as_str), o.get("function")) {
             (Some("function"), Some(f)) => match f.get("name").and_then(Value::as_str) {
                 Some(n) => Ok(Choice::Named(n.to_string())),

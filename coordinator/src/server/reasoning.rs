@@ -242,6 +242,11 @@ pub fn split(inside: bool, text: &str) -> (String, String) {
     let mut s = ThinkSplit::new(inside);
     let mut parts = s.push(text);
     parts.extend(s.finish());
+    join(parts)
+}
+
+/// Parts joined: (reasoning, answer).
+fn join(parts: Vec<Part>) -> (String, String) {
     let (mut r, mut a) = (String::new(), String::new());
     for p in parts {
         match p {
@@ -309,14 +314,7 @@ mod tests {
                 i = j;
             }
             parts.extend(s.finish());
-            let (mut r, mut a) = (String::new(), String::new());
-            for p in parts {
-                match p {
-                    Part::Reasoning(t) => r.push_str(&t),
-                    Part::Answer(t) => a.push_str(&t),
-                }
-            }
-            assert_eq!((r, a), whole, "pieces of {size} bytes");
+            assert_eq!(join(parts), whole, "pieces of {size} bytes");
         }
         assert_eq!(whole, ("step one\n\nstep two".into(), "The answer: <b>yes</b>".into()));
     }

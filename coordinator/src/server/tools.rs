@@ -686,6 +686,19 @@ pub enum Choice {
     Named(String),
 }
 
+impl Choice {
+    /// The OpenAI words (chat completions and Responses): `auto`, `none`,
+    /// `required`.
+    pub fn from_word(word: &str) -> Option<Choice> {
+        match word {
+            "auto" => Some(Choice::Auto),
+            "none" => Some(Choice::None),
+            "required" => Some(Choice::Required),
+            _ => None,
+        }
+    }
+}
+
 /// Checks a tool name: 1 to [`MAX_TOOL_NAME`] letters, digits, `_`, `-`
 /// or `.` (it is written into JSON and the call prefill as it is).
 pub fn check_name(name: &str) -> Result<(), String> {
