@@ -186,6 +186,9 @@ from transformers import (
     GlmMoeDsaConfig,
     GlmMoeDsaForCausalLM,
     GenerationConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
+    Mxfp4Config,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     Glm4MoeLiteConfig,
@@ -1884,6 +1887,189 @@ def make_tool_cases():
     print(f"tokenizers: qwen3_tool_cases.json ({len(cases)} conversations)")
 
 
+# --------------------------------------------------------------------------------------------
+# gpt-oss
+
+GPTOSS_LIMIT = 1.0  # swiglu_limit: low enough that the clamp triggers at this weight scale
+
+
+def gptoss_config():
+    return GptOssConfig(
+        hidden_size=64,
+        num_hidden_layers=4,  # sliding, full, sliding, full
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=32,  # a multiple of 32: MXFP4 blocks run along it in down_proj
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,  # far below the 40-token prompt: sliding layers drop keys
+        swiglu_limit=GPTOSS_LIMIT,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+        tie_word_embeddings=False,
+        **COMMON,
+    )
+
+
+def randomize_gptoss(model, std, embed_std, router_std, seed):
+    """`randomize`, with gpt-oss's names: the router is `mlp.router`, the fused expert biases end in
+    `_bias` (N(0, 0.1) like every bias) and the attention sinks are N(0, 1) (their init is constant)."""
+    randomize(model, std, embed_std, router_std, seed)
+    g = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.router.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * router_std)
+            elif name.endswith("_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif name.endswith(".sinks"):
+                p.copy_(torch.randn(p.shape, generator=g))
+
+
+@torch.no_grad()
+def gptoss_clamps(model, ids):
+    """How many (row, unit) pairs of every expert call the clamp changed, over a forward of `ids`."""
+    counts = {"gate": 0, "up": 0, "pairs": 0}
+    limit = model.config.swiglu_limit
+    originals = []
+    for layer in model.model.layers:
+        experts = layer.mlp.experts
+        orig = experts._apply_gate
+
+        def counted(gate_up, orig=orig):
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            counts["gate"] += int((gate > limit).sum())
+            counts["up"] += int((up.abs() > limit).sum())
+            counts["pairs"] += gate.numel()
+            return orig(gate_up)
+
+        experts._apply_gate = counted
+        originals.append((experts, orig))
+    model(torch.tensor([ids]))
+    for experts, orig in originals:
+        experts._apply_gate = orig
+    return counts
+
+
+def gptoss_extra(model, prompt_ids, ref, out_dir):
+    counts = gptoss_clamps(model, list(prompt_ids) + ref["greedy_ids"])
+    assert counts["gate"] > 0 and counts["up"] > 0, counts
+    return {"clamp_counts": counts, "sliding_window": model.config.sliding_window,
+            "layer_types": model.config.layer_types}
+
+
+def make_gptoss():
+    return build("gptoss", GptOssForCausalLM, gptoss_config(), "gpt_oss", "float32", TINY_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("gptoss", DS_PROMPT_LEN),
+                 randomizer=randomize_gptoss, extra=gptoss_extra)
+
+
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def mxfp4_quantize(w):
+    """MXFP4 of `w` (rows × cols, cols a multiple of 32) in the hub layout: blocks (rows, cols/32,
+    16) uint8 (byte j: element 2j in the low nibble, 2j + 1 in the high one) and scales
+    (rows, cols/32) uint8 (E8M0, value = FP4 × 2^(scale - 127)); and its dequantization."""
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // 32, 32)
+    amax = g.abs().amax(dim=-1).clamp(min=1e-30)
+    exp = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = g / torch.pow(2.0, exp)[..., None]
+    lut = torch.tensor(FP4_VALUES)
+    idx = (scaled[..., None] - lut).abs().argmin(dim=-1)  # nearest; ties to the lower index
+    deq = lut[idx] * torch.pow(2.0, exp)[..., None]
+    blocks = (idx[..., 0::2] | (idx[..., 1::2] << 4)).to(torch.uint8)
+    scales = (exp + 127).to(torch.uint8)
+    return blocks, scales, deq.reshape(rows, cols)
+
+
+def make_gptoss_mxfp4():
+    """gptoss's shapes with every expert matrix rounded to MXFP4, saved as the hub checkpoints store
+    it (experts.*_blocks / *_scales, quantization_config mxfp4) and referenced by transformers'
+    own dequantization of that checkpoint (Mxfp4Config(dequantize=True)). Its own seed search:
+    the rounding moves margins."""
+    from safetensors.torch import load_file, save_file
+
+    config = gptoss_config()
+    eos_ids = {TINY_SPECIAL["eos_token_id"]}
+    prompt_ids = tiny_prompt("gptoss", DS_PROMPT_LEN)
+    for seed in range(MAX_SEEDS):
+        torch.manual_seed(seed)
+        model = GptOssForCausalLM(config).eval()
+        randomize_gptoss(model, *TINY_STDS, seed)
+        packed = {}
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                    # (E, in, out) as x @ w; MXFP4 rows are the outputs
+                    per_expert = [mxfp4_quantize(p[e].t().contiguous()) for e in range(p.shape[0])]
+                    packed[name + "_blocks"] = torch.stack([b for b, _, _ in per_expert])
+                    packed[name + "_scales"] = torch.stack([s for _, s, _ in per_expert])
+                    p.copy_(torch.stack([d.t() for _, _, d in per_expert]))
+        ref, problems = analyse(model, prompt_ids, eos_ids, config.num_experts_per_tok)
+        if ref["min_margin"] < 1e-2:
+            problems.append(f"min margin {ref['min_margin']:.2e}")
+        if ref["min_router_gap"] < 1e-3:
+            problems.append(f"min router gap {ref['min_router_gap']:.2e}")
+        if len(set(ref["greedy_ids"])) < MIN_DISTINCT_GREEDY:
+            problems.append("too few distinct greedy ids")
+        if min(ref["distinct_experts_per_layer"]) < 4:
+            problems.append(f"distinct experts {ref['distinct_experts_per_layer']}")
+        if not problems:
+            break
+        print(f"  gptoss-mxfp4: seed {seed} rejected: {'; '.join(problems)}")
+    else:
+        sys.exit(f"gptoss-mxfp4: no seed < {MAX_SEEDS} satisfies the thresholds")
+
+    out_dir = FIXTURES / "gptoss-mxfp4"
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    model.generation_config = GenerationConfig(**TINY_SPECIAL)
+    model.save_pretrained(out_dir)
+    tensors = load_file(out_dir / "model.safetensors")
+    for name in packed:
+        tensors.pop(name[: -len("_blocks")], None)
+    tensors.update(packed)
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((out_dir / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+    # transformers' own reading of the MXFP4 checkpoint: the same logits as the rounded model
+    reread = GptOssForCausalLM.from_pretrained(out_dir, dtype=torch.float32, attn_implementation="eager",
+                                               quantization_config=Mxfp4Config(dequantize=True)).float().eval()
+    ids = list(prompt_ids) + ref["greedy_ids"]
+    with torch.no_grad():
+        got = [float(x) for x in reread(torch.tensor([ids])).logits[0, -1]]
+    assert got == ref["last_logits"], "transformers' dequantized MXFP4 checkpoint differs from the rounded model"
+    counts = gptoss_clamps(reread, ids)
+    assert counts["gate"] > 0 and counts["up"] > 0, counts
+    reference = {
+        "family": "gpt_oss",
+        "stored_dtype": "float32 with MXFP4 experts",
+        "seed": seed,
+        "prompt_ids": prompt_ids,
+        "greedy_ids": ref["greedy_ids"],
+        "teacher_forced_argmax": ref["teacher_forced_argmax"],
+        "last_logits": ref["last_logits"],
+        "min_margin": ref["min_margin"],
+        "min_router_gap": ref["min_router_gap"],
+        "distinct_experts_per_layer": ref["distinct_experts_per_layer"],
+        "clamp_counts": counts,
+        "transformers_version": transformers.__version__,
+    }
+    (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    print(f"gptoss-mxfp4: seed {seed}, min_margin {ref['min_margin']:.4g}, "
+          f"min_router_gap {ref['min_router_gap']:.4g}")
+
+
 MAKERS = {
     "olmoe": make_olmoe,
     "qwen3moe": make_qwen3moe,
@@ -1905,6 +2091,8 @@ MAKERS = {
     "glm4moelite": make_glm4moelite,
     "deepseekv32": make_deepseekv32,
     "glmmoedsa": make_glmmoedsa,
+    "gptoss": make_gptoss,
+    "gptoss-mxfp4": make_gptoss_mxfp4,
 }
 
 

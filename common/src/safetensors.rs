@@ -17,6 +17,13 @@
 //! `mlp.experts.{e}.{gate,up,down}_proj.weight` the other families use: each
 //! is a contiguous byte range of the fused one, so nothing is copied.
 //!
+//! gpt-oss stores its experts fused the other way round, as the product
+//! `x @ W` reads them (`mlp.experts.gate_up_proj` `[E, H, 2I]` with gate
+//! and up in alternate columns, `down_proj` `[E, I, H]`, and biases
+//! `gate_up_proj_bias` `[E, 2I]`, `down_proj_bias` `[E, H]`): those are
+//! seen as the same per-expert names with `.weight` and `.bias`, each copied
+//! out (transposed, the columns picked) when read.
+//!
 //! Block-scaled FP8 matrices (`F8_E4M3` with a `{name}_scale_inv` grid, the
 //! block from `config.json`'s `quantization_config.weight_block_size`,
 //! default 128 × 128) are read as their bf16 dequantization ([`crate::fp8`]);
@@ -47,9 +54,67 @@ struct Entry {
     file: usize,
     dtype: StDtype,
     shape: Vec<usize>,
-    /// Absolute byte range in the mapped file.
+    /// Absolute byte range in the mapped file (of the fused source tensor
+    /// when `derive` is set).
     start: usize,
     end: usize,
+    /// A per-expert view computed from a fused tensor (gpt-oss's layout).
+    derive: Option<Derive>,
+}
+
+/// How a per-expert tensor is computed from gpt-oss's fused expert tensors
+/// (see the module docs); `shape` of its [`Entry`] is the result's.
+#[derive(Clone, Copy, Debug)]
+enum Derive {
+    /// `out[r][c] = src[expert][c][first + r * step]` of a `[E, a, b]`
+    /// tensor: a transposed selection of columns.
+    Columns {
+        expert: usize,
+        a: usize,
+        b: usize,
+        first: usize,
+        step: usize,
+    },
+    /// `out[r] = src[expert][first + r * step]` of a `[E, b]` tensor.
+    Strided {
+        expert: usize,
+        b: usize,
+        first: usize,
+        step: usize,
+    },
+}
+
+impl Derive {
+    /// The derived tensor's bytes, `size` bytes per element, from the
+    /// source tensor's bytes.
+    fn compute(self, src: &[u8], shape: &[usize], size: usize) -> Vec<u8> {
+        let n: usize = shape.iter().product();
+        let mut out = Vec::with_capacity(n * size);
+        let mut copy = |el: usize| out.extend_from_slice(&src[el * size..(el + 1) * size]);
+        match self {
+            Derive::Columns {
+                expert,
+                a,
+                b,
+                first,
+                step,
+            } => {
+                let (rows, cols) = (shape[0], shape[1]);
+                debug_assert_eq!(cols, a);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        copy(expert * a * b + c * b + first + r * step);
+                    }
+                }
+            }
+            Derive::Strided { expert, b, first, step } => {
+                for r in 0..n {
+                    copy(expert * b + first + r * step);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// All tensors of a model directory, by name.
@@ -125,6 +190,7 @@ impl TensorFiles {
         }
         out.as_language_model();
         out.split_fused_experts();
+        out.split_gpt_oss_experts();
         Ok(out)
     }
 
@@ -158,6 +224,7 @@ impl TensorFiles {
                 shape: vec![rows, cols],
                 start: base.start + start_el * size,
                 end: base.start + (start_el + rows * cols) * size,
+                derive: None,
             };
             for x in 0..e {
                 let at = x * i2 * h;
@@ -170,6 +237,87 @@ impl TensorFiles {
             }
             self.entries.remove(&gate_up);
             self.entries.remove(&down);
+        }
+    }
+
+    /// Per-expert tensors from gpt-oss's fused experts (see the module
+    /// docs): `experts.gate_up_proj` `[E, H, 2I]` (gate in even columns, up
+    /// in odd ones) with `gate_up_proj_bias` `[E, 2I]`, and `down_proj`
+    /// `[E, I, H]` with `down_proj_bias` `[E, H]`, become
+    /// `experts.{e}.{gate,up,down}_proj.{weight,bias}` in the `Linear`
+    /// layout, copied out when read. Tensors of unexpected shapes are left
+    /// as they are (the model then fails naming the per-expert tensor).
+    fn split_gpt_oss_experts(&mut self) {
+        let fused: Vec<String> = self
+            .entries
+            .keys()
+            .filter_map(|k| k.strip_suffix("gate_up_proj_bias"))
+            .filter(|p| p.ends_with(".experts."))
+            .map(str::to_string)
+            .collect();
+        for prefix in fused {
+            let get = |n: &str| self.entries.get(&format!("{prefix}{n}")).cloned();
+            let (Some(gu), Some(gub), Some(d), Some(db)) = (
+                get("gate_up_proj"),
+                get("gate_up_proj_bias"),
+                get("down_proj"),
+                get("down_proj_bias"),
+            ) else {
+                continue;
+            };
+            let (&[e, h, i2], &[e2, i2b], &[e3, i, h2], &[e4, h3]) = (
+                gu.shape.as_slice(),
+                gub.shape.as_slice(),
+                d.shape.as_slice(),
+                db.shape.as_slice(),
+            ) else {
+                continue;
+            };
+            let sizes_ok = [(&gu, e * h * i2), (&gub, e * i2), (&d, e * i * h), (&db, e * h)]
+                .iter()
+                .all(|(t, n)| t.end - t.start == n * (t.dtype.bitsize() / 8) && t.dtype.bitsize() >= 16);
+            if [e2, e3, e4] != [e; 3] || [h2, h3] != [h; 2] || i2b != i2 || i2 != 2 * i || !sizes_ok {
+                continue;
+            }
+            let view = |base: &Entry, shape: Vec<usize>, derive: Derive| Entry {
+                shape,
+                derive: Some(derive),
+                ..base.clone()
+            };
+            for x in 0..e {
+                let columns = |first, step| Derive::Columns {
+                    expert: x,
+                    a: h,
+                    b: i2,
+                    first,
+                    step,
+                };
+                let strided = |b, first, step| Derive::Strided {
+                    expert: x,
+                    b,
+                    first,
+                    step,
+                };
+                let mut add = |name: &str, entry: Entry| {
+                    self.entries.insert(format!("{prefix}{x}.{name}"), entry);
+                };
+                add("gate_proj.weight", view(&gu, vec![i, h], columns(0, 2)));
+                add("up_proj.weight", view(&gu, vec![i, h], columns(1, 2)));
+                add("gate_proj.bias", view(&gub, vec![i], strided(i2, 0, 2)));
+                add("up_proj.bias", view(&gub, vec![i], strided(i2, 1, 2)));
+                let down = Derive::Columns {
+                    expert: x,
+                    a: i,
+                    b: h,
+                    first: 0,
+                    step: 1,
+                };
+                add("down_proj.weight", view(&d, vec![h, i], down));
+                add("down_proj.bias", view(&db, vec![h], strided(h, 0, 1)));
+            }
+            for n in ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"] {
+                self.entries.remove(&format!("{prefix}{n}"));
+            }
         }
     }
 
@@ -242,6 +390,7 @@ impl TensorFiles {
                     shape: info.shape.clone(),
                     start,
                     end,
+                    derive: None,
                 },
             );
         }
@@ -285,6 +434,31 @@ impl TensorFiles {
             name: name.to_string(),
         })?;
         let f = &self.files[e.file];
+        if let Some(derive) = e.derive {
+            let dtype = match e.dtype {
+                StDtype::F32 => DType::F32,
+                StDtype::BF16 => DType::BF16,
+                StDtype::F16 => DType::F16,
+                other => {
+                    return Err(LoadError::UnsupportedDtype {
+                        path: f.path.clone(),
+                        name: name.to_string(),
+                        dtype: format!("{other:?}"),
+                    })
+                }
+            };
+            let owned = derive.compute(&f.map[e.start..e.end], &e.shape, dtype.size());
+            return Ok(TensorRef {
+                name,
+                path: &f.path,
+                dtype,
+                shape: &e.shape,
+                map: &f.map,
+                start: e.start,
+                end: e.end,
+                owned: Some(Arc::new(owned)),
+            });
+        }
         let dtype = match e.dtype {
             StDtype::F32 => DType::F32,
             StDtype::BF16 => DType::BF16,
@@ -391,7 +565,8 @@ impl<'a> TensorRef<'a> {
     }
 
     /// The tensor's little-endian bytes in [`TensorRef::dtype`] (an FP8
-    /// matrix's dequantization).
+    /// matrix's dequantization, a per-expert copy out of gpt-oss's fused
+    /// experts).
     pub fn bytes(&self) -> &[u8] {
         match &self.owned {
             Some(v) => v,
@@ -400,7 +575,7 @@ impl<'a> TensorRef<'a> {
     }
 
     /// [`TensorRef::bytes`] borrowed from the map for the files' lifetime;
-    /// `None` for a dequantized FP8 matrix.
+    /// `None` for a dequantized FP8 matrix or a per-expert copy.
     pub fn mapped_bytes(&self) -> Option<&'a [u8]> {
         let map: &'a Mmap = self.map;
         self.owned.is_none().then(|| &map[self.start..self.end])
@@ -409,7 +584,12 @@ impl<'a> TensorRef<'a> {
     /// The tensor's elements, mapped in place when suitably aligned.
     pub fn data(&self) -> WeightData {
         if let Some(v) = &self.owned {
-            return WeightData::BF16(Buf::shared(v.clone(), 0, v.len() / 2));
+            let n = v.len() / self.dtype.size();
+            return match self.dtype {
+                DType::F32 => WeightData::F32(Buf::shared(v.clone(), 0, n)),
+                DType::BF16 => WeightData::BF16(Buf::shared(v.clone(), 0, n)),
+                DType::F16 => WeightData::F16(Buf::shared(v.clone(), 0, n)),
+            };
         }
         let n = (self.end - self.start) / self.dtype.size();
         match self.dtype {

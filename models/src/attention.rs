@@ -10,6 +10,7 @@ use serde::Serialize;
 use std::time::Instant;
 
 use crate::config::{ModelConfig, QkNorm};
+use crate::ffn::add_rows;
 use crate::kv_cache::LayerKv;
 use crate::rope::Rope;
 
@@ -47,6 +48,10 @@ pub struct Attention {
     o_proj: Weight,
     /// `[q_dim]`, `[kv_dim]`, `[kv_dim]` when the family has biases.
     qkv_bias: Option<[Vec<f32>; 3]>,
+    /// `[hidden]`, `o_proj`'s bias when the family has one.
+    o_bias: Option<Vec<f32>>,
+    /// `[heads]`: each head's learned sink logit, when the layer has them.
+    sinks: Option<Vec<f32>>,
     /// `[q_dim]`/`[kv_dim]` (full) or `[head_dim]` (per head).
     qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     qk_norm_kind: QkNorm,
@@ -88,6 +93,16 @@ impl Attention {
             v_proj: files.matrix(&format!("{p}.v_proj.weight"), kv, h)?,
             o_proj: files.matrix(&format!("{p}.o_proj.weight"), h, q)?,
             qkv_bias,
+            o_bias: if cfg.o_proj_bias {
+                Some(files.vector(&format!("{p}.o_proj.bias"), h)?)
+            } else {
+                None
+            },
+            sinks: if cfg.attn_sinks[layer] {
+                Some(files.vector(&format!("{p}.sinks"), cfg.num_heads)?)
+            } else {
+                None
+            },
             qk_norm,
             qk_norm_kind: cfg.qk_norm,
             clip_qkv: cfg.clip_qkv,
@@ -170,6 +185,9 @@ impl Attention {
         times.heads_ms += ms(started);
         let started = Instant::now();
         self.o_proj.matmul(&ctx, n, out);
+        if let Some(b) = &self.o_bias {
+            add_rows(out, b);
+        }
         times.o_proj_ms += ms(started);
     }
 
@@ -263,10 +281,32 @@ impl Attention {
             for s in &mut scores {
                 *s *= scale;
             }
-            softmax(&mut scores);
+            match &self.sinks {
+                // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
+                // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
+                Some(sinks) => softmax_with_sink(&mut scores, sinks[h]),
+                None => softmax(&mut scores),
+            }
             o.fill(0.0);
             kv.values(h / group, start, pos + 1).add_weighted(&scores, o);
         });
+    }
+}
+
+/// Softmax over `scores` and one more logit, `sink`, whose probability is
+/// then dropped: the scores sum to less than one. The max is taken over
+/// both, as transformers subtracts it
+/// (`combined_logits - combined_logits.max(dim=-1, keepdim=True).values`).
+pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
+    let max = scores.iter().copied().fold(sink, f32::max);
+    let mut sum = (sink - max).exp();
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    for s in scores.iter_mut() {
+        *s *= inv;
     }
 }
 
@@ -295,14 +335,6 @@ pub(crate) fn deinterleave_heads(xs: &mut [f32], head_dim: usize) {
             tmp[half + i] = head[2 * i + 1];
         }
         head.copy_from_slice(&tmp);
-    }
-}
-
-fn add_rows(xs: &mut [f32], bias: &[f32]) {
-    for row in xs.chunks_exact_mut(bias.len()) {
-        for (x, b) in row.iter_mut().zip(bias) {
-            *x += b;
-        }
     }
 }
 

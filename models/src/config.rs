@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::error::ModelError;
 use crate::family::Family;
+use crate::ffn::GluAct;
 
 /// How queries and keys are normalized before RoPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +247,21 @@ pub struct ModelConfig {
     /// The config is a vision-language wrapper's: only its language model
     /// runs (image input is not supported).
     pub vision_ignored: bool,
+    /// Per layer: attention has a learned sink logit per head
+    /// (`self_attn.sinks`), an extra softmax entry that takes weight from
+    /// every key and adds nothing (gpt-oss; MiMo-V2-Flash's sliding layers).
+    pub attn_sinks: Vec<bool>,
+    /// `o_proj` carries a bias (gpt-oss's `attention_bias`).
+    pub o_proj_bias: bool,
+    /// The router's logits carry a bias (`mlp.router.bias`).
+    pub router_bias: bool,
+    /// The router takes the top-k logits first and softmaxes only those
+    /// (gpt-oss) instead of a softmax over every expert.
+    pub router_softmax_after_topk: bool,
+    /// How routed experts gate ([`GluAct`]).
+    pub expert_act: GluAct,
+    /// Routed experts' projections carry biases.
+    pub expert_bias: bool,
 }
 
 impl ModelConfig {
@@ -309,6 +325,7 @@ impl ModelConfig {
         if self.moe_layers.len() != self.num_layers
             || self.sliding_window.len() != self.num_layers
             || self.mixers.len() != self.num_layers
+            || self.attn_sinks.len() != self.num_layers
         {
             return Err("per-layer settings do not cover every layer".into());
         }
@@ -567,6 +584,12 @@ impl RawConfig {
             attn_output_gate: false,
             zero_centred_norms: false,
             vision_ignored: false,
+            attn_sinks: vec![false; num_layers],
+            o_proj_bias: false,
+            router_bias: false,
+            router_softmax_after_topk: false,
+            expert_act: GluAct::Silu,
+            expert_bias: false,
         })
     }
 

@@ -131,6 +131,7 @@ impl Model {
                     None => None,
                 };
                 let scoring = match cfg.group_routing {
+                    None if cfg.router_softmax_after_topk => Scoring::TopKSoftmax,
                     None => Scoring::Softmax {
                         renormalize: cfg.norm_topk_prob,
                     },
@@ -152,6 +153,11 @@ impl Model {
                 Mlp::Moe {
                     router: Router {
                         weight: files.matrix(&names.router(l), cfg.num_experts, h)?,
+                        bias: if cfg.router_bias {
+                            Some(files.vector(&names.router_logit_bias(l), cfg.num_experts)?)
+                        } else {
+                            None
+                        },
                         top_k: cfg.top_k,
                         scoring,
                     },

@@ -9,8 +9,11 @@
 use charm_proto::{ExpertBatch, ExpertGroup, ExpertOutputs, GroupOutput};
 use serde::Serialize;
 
+use charm_common::{LoadError, Weight, WeightSource};
+
+use crate::config::ModelConfig;
 use crate::error::ExpertError;
-use crate::ffn::SwiGlu;
+use crate::ffn::{FfnBias, SwiGlu};
 
 /// Runs the routed experts of one layer step.
 ///
@@ -226,6 +229,35 @@ impl ExpertStats {
             self.predicted_correct as f64 / self.predicted_total as f64
         }
     }
+}
+
+/// Loads routed expert `expert` of `layer` from `files` as the family
+/// computes it: its projections, their biases when the family has them,
+/// and the family's gating ([`ModelConfig::expert_act`]).
+pub fn load_expert(
+    files: &dyn WeightSource,
+    cfg: &ModelConfig,
+    layer: usize,
+    expert: usize,
+) -> Result<SwiGlu, LoadError> {
+    let names = cfg.family.moe_names().expert(layer, expert);
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let bias = if cfg.expert_bias {
+        Some(SwiGlu::load_bias(files, &names, h, i)?)
+    } else {
+        None
+    };
+    let ffn = SwiGlu::load(files, &names, h, i)?;
+    Ok(routed_expert(cfg, ffn.gate, ffn.up, ffn.down, bias))
+}
+
+/// A routed expert of `cfg`'s family from its projections (read from a
+/// store) and biases.
+pub fn routed_expert(cfg: &ModelConfig, gate: Weight, up: Weight, down: Weight, bias: Option<FfnBias>) -> SwiGlu {
+    let mut ffn = SwiGlu::new(gate, up, down);
+    ffn.bias = bias.map(Box::new);
+    ffn.act = cfg.expert_act;
+    ffn
 }
 
 /// Computes one expert's weighted outputs for the rows that chose it:

@@ -3,8 +3,8 @@
 use crate::config::{ModelConfig, RawConfig};
 use crate::error::ModelError;
 use crate::{
-    deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, llama, minimax_m2, mixtral, olmoe, qwen2_moe, qwen3_5_moe,
-    qwen3_moe, qwen3_next,
+    deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax_m2, mixtral, olmoe, qwen2_moe,
+    qwen3_5_moe, qwen3_moe, qwen3_next,
 };
 
 /// A supported architecture.
@@ -33,6 +33,8 @@ pub enum Family {
     /// GLM-5.x: latent attention with sparse attention whose selection
     /// some layers share, the DeepSeek MoE.
     GlmMoeDsa,
+    /// gpt-oss: sinks, alternating sliding windows, clamped biased experts.
+    GptOss,
 }
 
 /// Tensor naming of a family's MoE block.
@@ -41,6 +43,8 @@ pub struct MoeNames {
     /// Module holding router and experts under `model.layers.N.`
     /// (`mlp` or `block_sparse_moe`).
     pub block: &'static str,
+    /// The router module under the block (`gate`, or gpt-oss's `router`).
+    pub router: &'static str,
     /// Projection names of one expert: gate, up, down.
     pub proj: [&'static str; 3],
     /// The sigmoid router's selection bias under the block.
@@ -49,7 +53,7 @@ pub struct MoeNames {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 13] = [
+    pub const ALL: [Family; 14] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -63,6 +67,7 @@ impl Family {
         Family::MiniMaxM2,
         Family::DeepseekV32,
         Family::GlmMoeDsa,
+        Family::GptOss,
     ];
 
     /// The `architectures` entry of this family.
@@ -81,6 +86,7 @@ impl Family {
             Family::MiniMaxM2 => "MiniMaxM2ForCausalLM",
             Family::DeepseekV32 => "DeepseekV32ForCausalLM",
             Family::GlmMoeDsa => "GlmMoeDsaForCausalLM",
+            Family::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -129,6 +135,7 @@ impl Family {
             "minimax_m2" => Family::MiniMaxM2,
             "deepseek_v32" => Family::DeepseekV32,
             "glm_moe_dsa" => Family::GlmMoeDsa,
+            "gpt_oss" => Family::GptOss,
             _ => {
                 return Err(ModelError::UnknownArchitecture {
                     name: format!("(no architectures; model_type {model_type:?})"),
@@ -155,6 +162,7 @@ impl Family {
             Family::MiniMaxM2 => minimax_m2::parse(raw),
             Family::DeepseekV32 => deepseek_v32::parse(raw, Family::DeepseekV32),
             Family::GlmMoeDsa => deepseek_v32::parse(raw, Family::GlmMoeDsa),
+            Family::GptOss => gpt_oss::parse(raw),
         }
     }
 
@@ -172,8 +180,10 @@ impl Family {
             | Family::Glm4Moe
             | Family::Glm4MoeLite
             | Family::DeepseekV32
-            | Family::GlmMoeDsa => MoeNames {
+            | Family::GlmMoeDsa
+            | Family::GptOss => MoeNames {
                 block: "mlp",
+                router: if self == Family::GptOss { "router" } else { "gate" },
                 proj: ["gate_proj", "up_proj", "down_proj"],
                 router_bias: "gate.e_score_correction_bias",
             },
@@ -182,9 +192,14 @@ impl Family {
 }
 
 impl MoeNames {
-    /// `model.layers.{layer}.{block}.gate.weight`, the router.
+    /// `model.layers.{layer}.{block}.{router}.weight`, the router.
     pub fn router(&self, layer: usize) -> String {
-        format!("model.layers.{layer}.{}.gate.weight", self.block)
+        format!("model.layers.{layer}.{}.{}.weight", self.block, self.router)
+    }
+
+    /// `model.layers.{layer}.{block}.{router}.bias`, the router's logit bias.
+    pub fn router_logit_bias(&self, layer: usize) -> String {
+        format!("model.layers.{layer}.{}.{}.bias", self.block, self.router)
     }
 
     /// `model.layers.{layer}.{block}.{router_bias}`, the sigmoid router's

@@ -15,6 +15,7 @@ use crate::family::{Family, MoeNames};
 /// Mixtral's router / expert tensor names.
 pub const MOE_NAMES: MoeNames = MoeNames {
     block: "block_sparse_moe",
+    router: "gate",
     proj: ["w1", "w3", "w2"],
     router_bias: "e_score_correction_bias",
 };

@@ -14,6 +14,8 @@ use crate::group_router::SigmoidGroup;
 pub struct Router {
     /// `[num_experts, hidden]`
     pub weight: Weight,
+    /// `[num_experts]`, added to the logits (gpt-oss's `router.bias`).
+    pub bias: Option<Vec<f32>>,
     pub top_k: usize,
     pub scoring: Scoring,
 }
@@ -25,6 +27,8 @@ pub enum Scoring {
     Softmax { renormalize: bool },
     /// Sigmoid scores, selection-only bias, group-limited top-k, scaled.
     SigmoidGroup(SigmoidGroup),
+    /// Top-k of the logits, then a softmax over those k (gpt-oss).
+    TopKSoftmax,
 }
 
 /// The experts one row chose, with their gate weights, in router rank order.
@@ -36,11 +40,15 @@ impl Router {
         let e = self.weight.rows();
         let mut logits = vec![0.0; n * e];
         self.weight.matmul(xs, n, &mut logits);
+        if let Some(b) = &self.bias {
+            crate::ffn::add_rows(&mut logits, b);
+        }
         logits
             .chunks_exact_mut(e)
             .map(|row| match &self.scoring {
                 Scoring::Softmax { renormalize } => softmax_top_k(row, self.top_k, *renormalize),
                 Scoring::SigmoidGroup(g) => g.choose(row, self.top_k),
+                Scoring::TopKSoftmax => top_k_softmax(row, self.top_k),
             })
             .collect()
     }
@@ -57,6 +65,15 @@ fn softmax_top_k(probs: &mut [f32], k: usize, renormalize: bool) -> Choice {
         let s: f32 = w.iter().sum();
         w.iter_mut().for_each(|v| *v /= s);
     }
+    idx.into_iter().map(|i| i as u32).zip(w).collect()
+}
+
+/// `router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=-1)`
+/// `router_top_value = torch.nn.functional.softmax(router_top_value, dim=1, dtype=router_top_value.dtype)`
+fn top_k_softmax(logits: &[f32], k: usize) -> Choice {
+    let idx = top_k(logits, k);
+    let mut w: Vec<f32> = idx.iter().map(|&i| logits[i]).collect();
+    softmax(&mut w);
     idx.into_iter().map(|i| i as u32).zip(w).collect()
 }
 
@@ -117,6 +134,7 @@ mod tests {
         let w = Weight::from_f32(4, 2, vec![1.0, 0.0, 0.0, 1.0, 0.5, 0.5, -1.0, 0.0]);
         let r = Router {
             weight: w,
+            bias: None,
             top_k: 2,
             scoring: Scoring::Softmax { renormalize: true },
         };
@@ -128,5 +146,21 @@ mod tests {
             ..r
         };
         assert!(r.route(&[2.0, 1.0], 1)[0].iter().map(|x| x.1).sum::<f32>() < 1.0);
+    }
+
+    #[test]
+    fn biased_top_k_softmaxes_only_the_chosen_logits() {
+        // Logits [2, 1, 1, -2] plus bias [0, 0, 0.5, 0] = [2, 1, 1.5, -2].
+        let w = Weight::from_f32(4, 2, vec![1.0, 0.0, 0.0, 1.0, 0.0, 1.0, -1.0, 0.0]);
+        let r = Router {
+            weight: w,
+            bias: Some(vec![0.0, 0.0, 0.5, 0.0]),
+            top_k: 2,
+            scoring: Scoring::TopKSoftmax,
+        };
+        let c = &r.route(&[2.0, 1.0], 1)[0];
+        assert_eq!(c.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 2]);
+        let e = (-0.5f32).exp();
+        assert!((c[0].1 - 1.0 / (1.0 + e)).abs() < 1e-6 && (c[1].1 - e / (1.0 + e)).abs() < 1e-6);
     }
 }

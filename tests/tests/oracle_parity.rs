@@ -349,3 +349,14 @@ fn deepseekv32() {
 fn glmmoedsa() {
     check_family("glmmoedsa");
 }
+
+/// gpt-oss: attention sinks, sliding windows of 4 over a 56-token run,
+/// YaRN, the biased top-k-then-softmax router, and fused experts with
+/// biases whose clamped GLU (limit 1.0) clamps thousands of pairs.
+#[test]
+fn gptoss() {
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("gptoss").join("reference.json")).unwrap()).unwrap();
+    assert!(r["clamp_counts"]["gate"].as_u64().unwrap() > 0 && r["clamp_counts"]["up"].as_u64().unwrap() > 0);
+    check_family("gptoss");
+}

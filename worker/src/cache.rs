@@ -139,11 +139,7 @@ mod tests {
 
     fn ffn() -> Arc<SwiGlu> {
         let w = || Weight::from_f32(1, 1, vec![1.0]);
-        Arc::new(SwiGlu {
-            gate: w(),
-            up: w(),
-            down: w(),
-        })
+        Arc::new(SwiGlu::new(w(), w(), w()))
     }
 
     #[test]

@@ -325,7 +325,7 @@ impl Inner {
         verify_record(&self.path, record, buf.as_slice())?;
         let bytes = buf.len() as u64;
         let [gate, up, down] = record_weights(Arc::new(buf), layout, self.quant)?;
-        Ok((Arc::new(SwiGlu { gate, up, down }), bytes))
+        Ok((Arc::new(SwiGlu::new(gate, up, down)), bytes))
     }
 
     /// The completion thread: verifies and decodes each finished read

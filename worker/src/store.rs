@@ -46,13 +46,12 @@ pub struct ResidentStore {
 impl ResidentStore {
     /// Maps every routed expert named by `cfg` from `files`.
     pub fn open(files: &dyn WeightSource, cfg: &ModelConfig) -> Result<Self, ExpertError> {
-        let names = cfg.family.moe_names();
         let mut experts = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let mut layer = Vec::new();
             if cfg.is_moe_layer(l) {
                 for e in 0..cfg.num_experts {
-                    let ffn = SwiGlu::load(files, &names.expert(l, e), cfg.hidden_size, cfg.moe_intermediate_size)?;
+                    let ffn = charm_models::expert::load_expert(files, cfg, l, e)?;
                     layer.push(Arc::new(ffn));
                 }
             }

@@ -232,6 +232,12 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         // The converter folded the `1 +` of zero-centred norms into the weights.
         zero_centred_norms: false,
         vision_ignored: false,
+        attn_sinks: vec![false; layers],
+        o_proj_bias: false,
+        router_bias: false,
+        router_softmax_after_topk: false,
+        expert_act: crate::ffn::GluAct::Silu,
+        expert_bias: false,
     };
     let mut cfg = cfg;
     if matches!(

@@ -153,7 +153,7 @@ impl Served {
                 bytes,
                 cache_bytes,
                 disk,
-                SwiGlu { gate, up, down },
+                SwiGlu::new(gate, up, down),
             )
         } else {
             let files = TensorFiles::open(dir).map_err(ModelError::from)?;
