@@ -807,7 +807,13 @@ mod tests {
     fn packed_copies_change_no_bit() {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q4_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q6_K,
+            GgmlType::Q4_K,
+            GgmlType::MXFP4,
+        ] {
             let (rows, cols) = (40, 512);
             let bytes: Vec<u8> = (0..rows)
                 .flat_map(|_| gguf::dot::tests::random_row(&mut rng, ty, cols))
@@ -863,11 +869,12 @@ mod tests {
             };
             Weight::try_new(rows, cols, data).unwrap()
         };
-        // Tiled (Q8_0, Q4_0, packed or not) next to untiled (Q4_K) rows.
+        // Tiled (Q8_0, Q4_0, packed or not) next to untiled (Q4_K, MXFP4) rows.
         let ws = [
             make(GgmlType::Q8_0, 24),
             make(GgmlType::Q4_0, 40).pack_for_cpu(),
             make(GgmlType::Q4_K, 17),
+            make(GgmlType::MXFP4, 11),
         ];
         let f = Weight::from_f32(9, cols, (0..9 * cols).map(|i| (i % 13) as f32 * 0.01).collect());
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
@@ -885,7 +892,7 @@ mod tests {
                 .collect();
             let mut got: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; n * w.rows()]).collect();
             let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|o| &mut o[..]).collect();
-            Weight::matmul_many(&[&ws[0], &ws[1], &ws[2]], &xs, n, &mut outs);
+            Weight::matmul_many(&[&ws[0], &ws[1], &ws[2], &ws[3]], &xs, n, &mut outs);
             for (g, w) in got.iter().zip(&want) {
                 assert_eq!(bits(g), bits(w), "n={n}");
             }

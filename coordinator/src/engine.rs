@@ -149,6 +149,11 @@ impl Session {
         &self.tokens
     }
 
+    /// The cache itself (per layer: what each holds).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
     /// Bytes the KV cache holds.
     pub fn kv_bytes(&self) -> usize {
         self.cache.bytes()

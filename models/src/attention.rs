@@ -253,6 +253,7 @@ impl Attention {
     ) {
         let (qd, kvd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         debug_assert_eq!(kv.len(), positions[rows.start], "positions must continue the cache");
+        kv.begin_step();
         let mut kr = vec![0.0; kvd];
         for t in rows {
             rope.apply(&mut q[t * qd..(t + 1) * qd], positions[t]);

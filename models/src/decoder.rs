@@ -202,15 +202,24 @@ impl Model {
     }
 
     /// An empty cache for one sequence: keys and values for attention
-    /// layers, conv and recurrent state for gated DeltaNet layers.
+    /// layers (bounded to the window for sliding ones), conv and recurrent
+    /// state for gated DeltaNet layers.
     pub fn new_cache(&self) -> KvCache {
         KvCache::of(
             self.layers
                 .iter()
-                .map(|l| match &l.mixer {
-                    Mixer::Attention(_) => LayerCache::kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype),
-                    Mixer::GatedDeltaNet(d) => LayerCache::Recurrent(d.new_state()),
-                    Mixer::Mla(_) => LayerCache::latent(self.cfg.mla.map_or(0, |m| m.cache_width()), self.kv_dtype),
+                .zip(&self.cfg.sliding_window)
+                .map(|(l, window)| match (&l.mixer, window) {
+                    (Mixer::Attention(_), Some(w)) => {
+                        LayerCache::sliding_kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype, *w)
+                    }
+                    (Mixer::Attention(_), None) => {
+                        LayerCache::kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype)
+                    }
+                    (Mixer::GatedDeltaNet(d), _) => LayerCache::Recurrent(d.new_state()),
+                    (Mixer::Mla(_), _) => {
+                        LayerCache::latent(self.cfg.mla.map_or(0, |m| m.cache_width()), self.kv_dtype)
+                    }
                 })
                 .collect(),
         )

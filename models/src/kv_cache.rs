@@ -96,6 +96,14 @@ impl Rows {
         }
     }
 
+    /// Drops the first `n` elements.
+    fn drop_front(&mut self, n: usize) {
+        match self {
+            Rows::F32(v) => drop(v.drain(..n)),
+            Rows::F16(v) => drop(v.drain(..n)),
+        }
+    }
+
     fn elements(&self) -> usize {
         match self {
             Rows::F32(v) => v.len(),
@@ -141,23 +149,80 @@ impl CachedRows<'_> {
 /// `len × head_dim` keys (and values) in one contiguous run, so a head's
 /// attention reads its cache front to back instead of striding across
 /// every head's row (a page per position at long contexts).
+///
+/// A sliding-window layer (window `w`) is bounded: positions no later row
+/// can see are dropped from the front ([`LayerKv::begin_step`]) once `w` of
+/// them have gathered, so it holds between `w - 1` and `2w - 2` positions
+/// before a step (plus the step's rows), however long the sequence. The
+/// rows it keeps, and the order attention reads them in, are those of an
+/// unbounded cache: the same bits.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LayerKv {
     k: Vec<Rows>,
     v: Vec<Rows>,
     head_dim: usize,
+    /// Positions seen.
     len: usize,
     dtype: KvDtype,
+    /// The sliding window, when the layer has one.
+    #[serde(default)]
+    window: Option<usize>,
+    /// The first position still held (0 until the window drops some).
+    #[serde(default)]
+    start: usize,
 }
 
 impl LayerKv {
-    fn new(kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
+    fn new(kv_heads: usize, head_dim: usize, dtype: KvDtype, window: Option<usize>) -> Self {
         LayerKv {
             k: (0..kv_heads).map(|_| Rows::new(dtype)).collect(),
             v: (0..kv_heads).map(|_| Rows::new(dtype)).collect(),
             head_dim,
             len: 0,
             dtype,
+            window,
+            start: 0,
+        }
+    }
+
+    /// The sliding window, when the layer has one.
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// The first position still held.
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    /// Positions held now (`len - start`).
+    pub fn held(&self) -> usize {
+        self.len - self.start
+    }
+
+    /// Before a step appends its rows: a sliding layer drops the positions
+    /// no row from `len` on can see (`pos - w + 1` is the first a row at
+    /// `pos` sees) once at least `w` of them have gathered, so the cost is
+    /// one move of `w - 1` rows every `w` positions.
+    pub fn begin_step(&mut self) {
+        let Some(w) = self.window else { return };
+        let first_seen = (self.len + 1).saturating_sub(w);
+        let dead = first_seen.saturating_sub(self.start);
+        if dead >= w.max(1) {
+            for r in self.k.iter_mut().chain(&mut self.v) {
+                r.drop_front(dead * self.head_dim);
+            }
+            self.start = first_seen;
+        }
+    }
+
+    /// Whether the layer can be cut back to `len` positions and go on: a
+    /// sliding layer needs the `w - 1` positions before `len` (an
+    /// unbounded layer can always).
+    fn can_cut_to(&self, len: usize) -> bool {
+        match self.window {
+            Some(w) => len >= self.len || self.start <= (len + 1).saturating_sub(w),
+            None => true,
         }
     }
 
@@ -193,19 +258,30 @@ impl LayerKv {
         self.len += 1;
     }
 
-    /// KV head `h`'s keys of positions `from..to`.
+    /// KV head `h`'s keys of positions `from..to` (at or after [`LayerKv::start`]).
     pub fn keys(&self, h: usize, from: usize, to: usize) -> CachedRows<'_> {
-        self.k[h].view(from * self.head_dim, to * self.head_dim)
+        debug_assert!(from >= self.start, "position {from} was dropped by the window");
+        self.k[h].view((from - self.start) * self.head_dim, (to - self.start) * self.head_dim)
     }
 
-    /// KV head `h`'s values of positions `from..to`.
+    /// KV head `h`'s values of positions `from..to` (at or after [`LayerKv::start`]).
     pub fn values(&self, h: usize, from: usize, to: usize) -> CachedRows<'_> {
-        self.v[h].view(from * self.head_dim, to * self.head_dim)
+        debug_assert!(from >= self.start, "position {from} was dropped by the window");
+        self.v[h].view((from - self.start) * self.head_dim, (to - self.start) * self.head_dim)
     }
 
-    /// Forgets every position from `len` on.
+    /// Forgets every position from `len` on; everything when the window
+    /// already dropped positions that `len` needs ([`LayerKv::can_cut_to`]).
     fn truncate(&mut self, len: usize) {
-        let n = len * self.head_dim;
+        if !self.can_cut_to(len) {
+            for r in self.k.iter_mut().chain(&mut self.v) {
+                r.truncate(0);
+            }
+            self.len = 0;
+            self.start = 0;
+            return;
+        }
+        let n = (len - self.start) * self.head_dim;
         for (k, v) in self.k.iter_mut().zip(&mut self.v) {
             k.truncate(n);
             v.truncate(n);
@@ -327,7 +403,13 @@ pub enum LayerCache {
 impl LayerCache {
     /// An empty key/value cache of `kv_heads` heads of `head_dim` in `dtype`.
     pub fn kv(kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
-        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype))
+        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype, None))
+    }
+
+    /// The same for a sliding-window layer that keeps only what its window
+    /// can still see ([`LayerKv::begin_step`]).
+    pub fn sliding_kv(kv_heads: usize, head_dim: usize, dtype: KvDtype, window: usize) -> Self {
+        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype, Some(window)))
     }
 
     /// An empty latent cache of `width` values per position in `dtype`.
@@ -393,14 +475,17 @@ impl KvCache {
 
     /// Forgets every position from `len` on (reuse of a shared prefix) and
     /// returns how many positions are kept: `len` (or what was cached, if
-    /// less), except that a recurrent layer cannot go back, so with one
-    /// whose state is past `len` the whole cache starts over and 0 is kept.
+    /// less), except that a recurrent layer cannot go back, nor a sliding
+    /// layer past what it still holds, so with one whose state is past
+    /// `len` (or that dropped what `len` needs) the whole cache starts over
+    /// and 0 is kept.
     pub fn truncate(&mut self, len: usize) -> usize {
-        let recurrent_past = self
-            .layers
-            .iter()
-            .any(|l| matches!(l, LayerCache::Recurrent(s) if s.len() > len));
-        let keep = if recurrent_past { 0 } else { len.min(self.len()) };
+        let stuck = self.layers.iter().any(|l| match l {
+            LayerCache::Recurrent(s) => s.len() > len,
+            LayerCache::Kv(kv) => !kv.can_cut_to(len),
+            LayerCache::Latent(_) => false,
+        });
+        let keep = if stuck { 0 } else { len.min(self.len()) };
         for l in &mut self.layers {
             match l {
                 LayerCache::Kv(kv) => kv.truncate(keep),
@@ -418,11 +503,13 @@ impl KvCache {
     }
 
     /// Bytes each further position adds (a recurrent layer adds none; an
-    /// indexer's keys count once the layer has seen a position).
+    /// indexer's keys count once the layer has seen a position; a sliding
+    /// layer counts as [`KvCache::sliding_bytes`], not here).
     pub fn bytes_per_position(&self) -> usize {
         self.layers
             .iter()
             .map(|l| match l {
+                LayerCache::Kv(kv) if kv.window.is_some() => 0,
                 LayerCache::Kv(kv) => 2 * kv.kv_dim() * kv.dtype.size(),
                 LayerCache::Latent(l) => (l.width + l.index_width) * l.dtype.size(),
                 LayerCache::Recurrent(_) => 0,
@@ -430,10 +517,30 @@ impl KvCache {
             .sum()
     }
 
+    /// The most bytes the sliding-window layers hold between steps of one
+    /// row, however long the sequence: `2w - 2` positions each (see
+    /// [`LayerKv`]), plus the row the step appends.
+    pub fn sliding_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Kv(kv) => kv
+                    .window
+                    .map_or(0, |w| (2 * w).saturating_sub(1) * 2 * kv.kv_dim() * kv.dtype.size()),
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Whether [`KvCache::truncate`] can keep any shorter prefix (no
-    /// recurrent layer, whose state cannot go back).
+    /// recurrent layer, whose state cannot go back, and no sliding layer
+    /// that dropped positions).
     pub fn rewinds(&self) -> bool {
-        !self.layers.iter().any(|l| matches!(l, LayerCache::Recurrent(_)))
+        !self.layers.iter().any(|l| match l {
+            LayerCache::Recurrent(_) => true,
+            LayerCache::Kv(kv) => kv.start > 0,
+            LayerCache::Latent(_) => false,
+        })
     }
 
     /// Whether this cache (read back from a file, say) has the layout of
@@ -449,8 +556,14 @@ impl KvCache {
                         && a.head_dim == b.head_dim
                         && a.k.len() == b.k.len()
                         && a.v.len() == b.v.len()
+                        && a.window == b.window
                         && a.len == len
-                        && a.k.iter().chain(&a.v).all(|r| rows_of(r, a.dtype, len * a.head_dim))
+                        && a.start <= len
+                        && (a.start == 0 || a.window.is_some_and(|w| a.start <= (len + 1).saturating_sub(w)))
+                        && a.k
+                            .iter()
+                            .chain(&a.v)
+                            .all(|r| rows_of(r, a.dtype, (len - a.start) * a.head_dim))
                 }
                 (LayerCache::Latent(a), LayerCache::Latent(b)) => {
                     a.dtype == b.dtype
@@ -549,6 +662,48 @@ mod tests {
         // Cutting back cannot rewind the recurrent state: start over.
         assert_eq!(c.truncate(1), 0);
         assert!(c.layers.iter().all(LayerCache::is_empty));
+    }
+
+    /// Pushes positions `from..to` (row `p` filled with `p`) as one step.
+    fn step(l: &mut LayerKv, from: usize, to: usize) {
+        l.begin_step();
+        for p in from..to {
+            let row = vec![p as f32; l.kv_dim()];
+            l.push(&row, &row);
+        }
+    }
+
+    #[test]
+    fn a_sliding_layer_holds_only_what_its_window_can_still_see() {
+        let w = 4;
+        let (mut bounded, mut unbounded) = (
+            LayerKv::new(1, 2, KvDtype::F32, Some(w)),
+            LayerKv::new(1, 2, KvDtype::F32, None),
+        );
+        step(&mut bounded, 0, 6);
+        step(&mut unbounded, 0, 6);
+        for pos in 6..100 {
+            step(&mut bounded, pos, pos + 1);
+            step(&mut unbounded, pos, pos + 1);
+            assert!((w..2 * w).contains(&bounded.held()), "{pos}: {}", bounded.held());
+            assert_eq!(bounded.bytes(), bounded.held() * 2 * 2 * 4);
+            // The window of the last row reads the same rows from both.
+            let (mut a, mut b) = ([0.0; 4], [0.0; 4]);
+            bounded.keys(0, pos + 1 - w, pos + 1).dots(&[1.0, 1.0], &mut a);
+            unbounded.keys(0, pos + 1 - w, pos + 1).dots(&[1.0, 1.0], &mut b);
+            assert_eq!(a, b);
+            assert_eq!(a[3], 2.0 * pos as f32);
+        }
+        assert_eq!(unbounded.held(), 100);
+        // A step of many rows keeps what its first row needs.
+        step(&mut bounded, 100, 110);
+        assert!(bounded.start() <= 100 + 1 - w);
+        // Cutting back within what is held works; further back starts over.
+        let mut c = KvCache::of(vec![LayerCache::Kv(bounded)]);
+        assert!(!c.rewinds());
+        assert_eq!(c.truncate(108), 108);
+        assert_eq!(c.truncate(20), 0);
+        assert!(c.is_empty() && c.rewinds());
     }
 
     #[test]

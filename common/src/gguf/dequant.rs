@@ -13,17 +13,23 @@
 //! | Q4_1, Q5_1 | `(d * q) + m` |
 //! | Q4_K, Q5_K | `(d * sc) * q - (dmin * m)`, `sc`, `m` the 6-bit sub-block scale and min |
 //! | Q6_K | `(d * sc) * q`, `sc` the i8 scale of the 16-element group |
+//! | MXFP4 | `k * d`, `k` = `kvalues_mxfp4[nibble]`, `d` = `2^(e - 128)` (exact) |
 //! | F16 | exact widening, NaN payloads kept as numpy keeps them |
 //! | BF16 | `bits << 16` (exact) |
 //! | F32 | the stored bits |
+//!
+//! MXFP4 has no f16 field: its scale is a power of two and its codes
+//! small integers, so every value is exact (or infinite, for the largest
+//! codes under exponent bytes of 253 and above, as in ggml and the `gguf`
+//! package), for every block.
 //!
 //! Blocks with NaN or infinite scales dequantize to NaN or infinities as
 //! numpy's do, but the payload bits of a NaN produced by arithmetic are not
 //! promised to match (IEEE leaves them open).
 
 use super::types::{
-    f16_bits_to_f32, f16_le, scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8_0, GgmlType, QK, QK_K,
+    e8m0_to_f32_half, f16_bits_to_f32, f16_le, scale_min_k4, BlockMxfp4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, KVALUES_MXFP4, QK, QK_K,
 };
 use super::GgufError;
 
@@ -75,6 +81,7 @@ pub(crate) fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4_K => blocks::<BlockQ4K>(bytes, out),
         GgmlType::Q5_K => blocks::<BlockQ5K>(bytes, out),
         GgmlType::Q6_K => blocks::<BlockQ6K>(bytes, out),
+        GgmlType::MXFP4 => blocks::<BlockMxfp4>(bytes, out),
     }
 }
 
@@ -107,6 +114,7 @@ block_impl! {
     BlockQ4K => QK_K, q4_k;
     BlockQ5K => QK_K, q5_k;
     BlockQ6K => QK_K, q6_k;
+    BlockMxfp4 => QK, mxfp4;
 }
 
 /// Dequantizes every block of `bytes` into its `B::N` outputs.
@@ -250,6 +258,18 @@ fn q6_k(b: &BlockQ6K, out: &mut [f32; QK_K]) {
     }
 }
 
+#[inline(always)]
+fn mxfp4(b: &BlockMxfp4, out: &mut [f32; QK]) {
+    // const float d = GGML_E8M0_TO_FP32_HALF(x[i].e);
+    // y[i*qk + j + 0] = x0*d; y[i*qk + j + qk/2] = x1*d;  (x0, x1 = kvalues_mxfp4[low, high nibble])
+    let d = e8m0_to_f32_half(b.e[0]);
+    let (lo, hi) = out.split_at_mut(16);
+    for j in 0..16 {
+        lo[j] = KVALUES_MXFP4[(b.qs[j] & 0x0f) as usize] as f32 * d;
+        hi[j] = KVALUES_MXFP4[(b.qs[j] >> 4) as usize] as f32 * d;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +311,64 @@ mod tests {
         b[3] = 127;
         let v = dequantize(GgmlType::Q8_0, &b, 32).unwrap();
         assert_eq!((v[0], v[1], v[2]), (-256.0, 254.0, 0.0));
+    }
+
+    #[test]
+    fn mxfp4_blocks_follow_the_definition() {
+        // Byte j holds code j in its low nibble and code 15 - j in its high
+        // one, so the block spells every code in both halves.
+        let e2m1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for e in [0u8, 1, 2, 100, 127, 128, 129, 200, 252, 253, 254, 255] {
+            let mut b = vec![e];
+            b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+            let v = dequantize(GgmlType::MXFP4, &b, 32).unwrap();
+            // value = E2M1(code) * 2^(e - 127), computed in f64 (exact) and rounded once.
+            let want = |code: usize| {
+                let m = e2m1[code & 7] * if code & 8 != 0 { -1.0 } else { 1.0 };
+                (m * 2f64.powi(e as i32 - 127)) as f32
+            };
+            for j in 0..16 {
+                for (i, code) in [(j, j), (16 + j, 15 - j)] {
+                    let (got, w) = (v[i], want(code));
+                    assert!(got == w, "e {e} element {i}: {got} vs {w}");
+                    // Code 8 (E2M1's -0) is ggml's integer 0: +0, never -0.
+                    if code == 8 || code == 0 {
+                        assert_eq!(got.to_bits(), 0, "e {e} element {i}");
+                    } else {
+                        assert_eq!(got.to_bits(), w.to_bits(), "e {e} element {i}");
+                    }
+                }
+            }
+        }
+        // A few values spelled out.
+        let mut b = vec![128u8];
+        b.extend([0x97, 0x8f, 0x21].iter().chain(&[0u8; 13]));
+        let v = dequantize(GgmlType::MXFP4, &b, 32).unwrap();
+        assert_eq!(
+            (v[0], v[16]),
+            (12.0, -1.0),
+            "e = 128 is a scale of 1 on the doubled codes"
+        );
+        assert_eq!((v[1], v[17]), (-12.0, 0.0));
+        assert_eq!((v[2], v[18]), (1.0, 2.0));
+        b[0] = 0;
+        let v = dequantize(GgmlType::MXFP4, &b, 32).unwrap();
+        assert_eq!(v[0], 12.0 * 2f32.powi(-128), "subnormal scale");
+        assert_eq!(v[2].to_bits(), 0x0020_0000, "2^-128, a subnormal");
+        b[0] = 1;
+        let v = dequantize(GgmlType::MXFP4, &b, 32).unwrap();
+        assert_eq!(v[2].to_bits(), 0x0040_0000, "2^-127, a subnormal");
+        b[0] = 254;
+        let v = dequantize(GgmlType::MXFP4, &b, 32).unwrap();
+        assert_eq!((v[0], v[1], v[2]), (f32::INFINITY, f32::NEG_INFINITY, 2f32.powi(126)));
+        assert!(matches!(
+            dequantize(GgmlType::MXFP4, &b[..16], 32),
+            Err(GgufError::DataLength {
+                expected: Some(17),
+                got: 16,
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 use super::dequant::{dequantize_into, Block};
 use super::types::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK_K,
+    BlockMxfp4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK_K,
 };
 
 /// Reference dot product of a row of `ty` (`row`: its bytes, `x.len()`
@@ -60,6 +60,7 @@ pub fn dot_tolerance(ty: GgmlType) -> f32 {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 1e-5,
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 1e-5,
+        GgmlType::MXFP4 => 1e-5,
     }
 }
 
@@ -187,6 +188,7 @@ fn by_type<const AVX2: bool>(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         GgmlType::Q4_K => blocks::<AVX2, BlockQ4K>(row, x),
         GgmlType::Q5_K => blocks::<AVX2, BlockQ5K>(row, x),
         GgmlType::Q6_K => blocks::<AVX2, BlockQ6K>(row, x),
+        GgmlType::MXFP4 => blocks::<AVX2, BlockMxfp4>(row, x),
     }
 }
 
@@ -233,12 +235,13 @@ pub(crate) mod tests {
     use rand_chacha::ChaCha8Rng;
 
     /// `n` random but valid blocks of `ty`: random bytes with finite f16
-    /// scales (small, occasionally zero, negative or subnormal).
+    /// scales (small, occasionally zero, negative or subnormal); MXFP4
+    /// exponents around 1 (2^-10 to 2^2), occasionally tiny or subnormal.
     pub(crate) fn random_row(rng: &mut ChaCha8Rng, ty: GgmlType, cols: usize) -> Vec<u8> {
         let n = ty.row_bytes(cols).expect("whole blocks");
         let mut row: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
         let f16_at: &[usize] = match ty {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => &[],
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::MXFP4 => &[],
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q6_K => &[208],
@@ -254,6 +257,15 @@ pub(crate) mod tests {
             }
         }
         match ty {
+            GgmlType::MXFP4 => {
+                for b in row.chunks_exact_mut(ty.block_bytes()) {
+                    b[0] = match rng.gen_range(0..20) {
+                        0 => rng.gen_range(0..2), // subnormal scale
+                        1 => rng.gen_range(2..100),
+                        _ => rng.gen_range(118..=130),
+                    };
+                }
+            }
             GgmlType::F32 => {
                 for b in row.chunks_exact_mut(4) {
                     b.copy_from_slice(&rng.gen_range(-1.0f32..1.0).to_le_bytes());

@@ -9,7 +9,7 @@ use thiserror::Error;
 use super::types::{ggml_type_name, GgmlType};
 
 /// The weight types charm reads, for error messages.
-const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K";
+const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4";
 
 /// `Q3_K (id 11)` or `unknown type id 99`.
 fn type_desc(id: u32) -> String {

@@ -29,12 +29,15 @@
 //! - [`dot`]: row · f32 activation dot products, reference and fast path.
 //! - [`qdot`]: integer dot products of quantized rows with 8-bit
 //!   activations, what [`Weight`] products of quantized blocks use.
+//! - [`mxfp4`]: Hugging Face (gpt-oss) MXFP4 tensors converted to GGML
+//!   MXFP4 blocks.
 //! - `meta`, `error`: [`MetaValue`], [`GgufError`].
 
 mod dequant;
 pub mod dot;
 mod error;
 mod meta;
+pub mod mxfp4;
 pub mod qdot;
 pub mod types;
 
@@ -50,6 +53,7 @@ pub use dequant::dequantize;
 pub(crate) use dequant::dequantize_into;
 pub use error::GgufError;
 pub use meta::MetaValue;
+pub use mxfp4::{blocks_from_hub, blocks_from_hub_rows, HubMxfp4Error};
 pub use types::GgmlType;
 
 use crate::hugemem::HugeBuf;

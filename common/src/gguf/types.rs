@@ -24,16 +24,18 @@ pub enum GgmlType {
     Q4_K,
     Q5_K,
     Q6_K,
+    MXFP4,
 }
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
-/// Elements per legacy block (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`).
+/// Elements per legacy block (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`)
+/// and per MXFP4 block (`QK_MXFP4`).
 pub const QK: usize = 32;
 
 impl GgmlType {
     /// Every supported type, in ggml id order of their families.
-    pub const ALL: [GgmlType; 11] = [
+    pub const ALL: [GgmlType; 12] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -45,6 +47,7 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::MXFP4,
     ];
 
     /// The type with ggml id `id`, or `None` when charm does not read it
@@ -62,6 +65,7 @@ impl GgmlType {
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
             30 => GgmlType::BF16,
+            39 => GgmlType::MXFP4,
             _ => return None,
         })
     }
@@ -80,6 +84,7 @@ impl GgmlType {
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
+            GgmlType::MXFP4 => 39,
         }
     }
 
@@ -97,6 +102,7 @@ impl GgmlType {
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
+            GgmlType::MXFP4 => "MXFP4",
         }
     }
 
@@ -104,7 +110,7 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => QK,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::MXFP4 => QK,
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
         }
     }
@@ -122,6 +128,7 @@ impl GgmlType {
             GgmlType::Q4_K => size_of::<BlockQ4K>(),
             GgmlType::Q5_K => size_of::<BlockQ5K>(),
             GgmlType::Q6_K => size_of::<BlockQ6K>(),
+            GgmlType::MXFP4 => size_of::<BlockMxfp4>(),
         }
     }
 
@@ -174,7 +181,6 @@ pub fn ggml_type_name(id: u32) -> Option<&'static str> {
         29 => "IQ1_M",
         34 => "TQ1_0",
         35 => "TQ2_0",
-        39 => "MXFP4",
         40 => "NVFP4",
         41 => "Q1_0",
         // 4, 5 (Q4_2, Q4_3) and 31..=33 (Q4_0_4_4, ...) were removed from ggml.
@@ -303,6 +309,37 @@ block!(
     }
 );
 
+block!(
+    /// MXFP4 (OCP microscaling FP4), 32 elements: an E8M0 exponent `e` and
+    /// 4-bit codes, element `j < 16` the low nibble of `qs[j]`, element
+    /// `j + 16` its high nibble (as Q4_0); value
+    /// `kvalues_mxfp4[nibble] * 2^(e - 128)` ([`KVALUES_MXFP4`],
+    /// [`e8m0_to_f32_half`]).
+    BlockMxfp4, 17, {
+        /// E8M0 shared exponent.
+        e: [u8; 1],
+        qs: [u8; 16],
+    }
+);
+
+/// MXFP4's code values (`kvalues_mxfp4` in ggml): the FP4 E2M1 values
+/// `±{0, 0.5, 1, 1.5, 2, 3, 4, 6}` doubled, so they are integers; bit 3 of
+/// the code is the sign (code 8, E2M1's -0, is plain 0 here). The doubling
+/// is undone by the scale, [`e8m0_to_f32_half`].
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half the value of an E8M0 exponent byte, `2^(e - 128)`, exactly (ggml's
+/// `GGML_E8M0_TO_FP32_HALF`; every byte is a finite power of two, 255
+/// included). For `e >= 2` the f32 is normal and `e - 1` is its biased
+/// exponent; `e = 1` and `e = 0` give the subnormals `2^-127` and
+/// `2^-128`.
+#[inline(always)]
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    // if (x < 2) bits = 0x00200000 << x; else bits = (uint32_t)(x - 1) << 23;
+    let e = e as u32;
+    f32::from_bits(if e < 2 { 0x0020_0000 << e } else { (e - 1) << 23 })
+}
+
 /// The 6-bit scale and min of sub-block `j` (0..8) of a Q4_K / Q5_K block
 /// (`get_scale_min_k4` in ggml): bytes 0..4 hold the low 6 bits of scales
 /// 0..4, bytes 4..8 those of mins 0..4, and bytes 8..12 the low 4 bits of
@@ -358,6 +395,7 @@ mod tests {
             (GgmlType::Q5_K, 13, 256, 176),
             (GgmlType::Q6_K, 14, 256, 210),
             (GgmlType::BF16, 30, 1, 2),
+            (GgmlType::MXFP4, 39, 32, 17),
         ];
         for (t, id, elems, bytes) in table {
             assert_eq!(t.id(), id);
@@ -368,11 +406,24 @@ mod tests {
             assert_eq!(t.to_string(), t.name());
         }
         assert_eq!(GgmlType::ALL.len(), table.len());
-        for id in [4, 5, 9, 10, 11, 15, 16, 29, 31, 39, 41, 42, 1000, u32::MAX] {
+        for id in [4, 5, 9, 10, 11, 15, 16, 29, 31, 40, 41, 42, 1000, u32::MAX] {
             assert_eq!(GgmlType::from_id(id), None, "id {id}");
         }
         assert_eq!(ggml_type_name(11), Some("Q3_K"));
         assert_eq!(ggml_type_name(42), None);
+    }
+
+    #[test]
+    fn e8m0_halves_are_exact_powers_of_two() {
+        for e in 0..=255u8 {
+            let want = 2f64.powi(e as i32 - 128) as f32;
+            assert_eq!(e8m0_to_f32_half(e).to_bits(), want.to_bits(), "e = {e}");
+        }
+        assert_eq!(e8m0_to_f32_half(0).to_bits(), 0x0020_0000);
+        assert_eq!(e8m0_to_f32_half(1).to_bits(), 0x0040_0000);
+        assert_eq!(e8m0_to_f32_half(2), f32::MIN_POSITIVE);
+        assert_eq!(e8m0_to_f32_half(128), 1.0);
+        assert_eq!(e8m0_to_f32_half(255), 2f32.powi(127));
     }
 
     #[test]
@@ -383,6 +434,8 @@ mod tests {
         assert_eq!(GgmlType::F32.row_bytes(3), Some(12));
         assert_eq!(GgmlType::F32.row_bytes(usize::MAX), None);
         assert_eq!(GgmlType::Q4_0.row_bytes(0), Some(0));
+        assert_eq!(GgmlType::MXFP4.row_bytes(2880), Some(90 * 17));
+        assert_eq!(GgmlType::MXFP4.row_bytes(48), None);
     }
 
     #[test]

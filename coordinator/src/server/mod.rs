@@ -318,7 +318,8 @@ fn available_memory() -> u64 {
 /// quarter of `available` bytes, between 1 and [`MAX_AUTO_BATCH`].
 fn auto_max_batch(fresh: &KvCache, engine: &Engine, available: u64) -> usize {
     let positions = engine.config().max_position_embeddings.min(4096) as u64;
-    let per_seq = (fresh.bytes_per_position() as u64 * positions + fresh.bytes() as u64).max(1);
+    let per_seq =
+        (fresh.bytes_per_position() as u64 * positions + fresh.bytes() as u64 + fresh.sliding_bytes() as u64).max(1);
     ((available / 4) / per_seq).clamp(1, MAX_AUTO_BATCH as u64) as usize
 }
 

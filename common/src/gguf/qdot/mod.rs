@@ -10,29 +10,34 @@
 //! block `b` of the row (a K-quant super-block is 8 such blocks) yields two
 //! exact integer sums over its halves, `lo = Σ_{i<16} c_i q_i` and
 //! `hi = Σ_{16≤i<32} c_i q_i` (`c` the stored weight code: the nibble, the
-//! 5- or 6-bit code, or Q8_0's signed byte; `q` the activation codes), and
+//! 5- or 6-bit code, Q8_0's signed byte, or MXFP4's `kvalues_mxfp4[nibble]`
+//! in `-12..=12`; `q` the activation codes), and
 //! with `S = a.s16[2b] + a.s16[2b + 1]`, `dx = a.d[b]`, one f32 term:
 //!
 //! | type | term |
 //! |---|---|
 //! | Q8_0 | `(d * dx) * f32(lo + hi)` |
+//! | MXFP4 | `(e8m0_half(e) * dx) * f32(lo + hi)` |
 //! | Q4_0 / Q5_0 | `(d * dx) * f32(lo + hi - 8 S)` / `- 16 S` |
 //! | Q4_1 / Q5_1 | `(d * dx) * f32(lo + hi) + (m * dx) * f32(S)` |
 //! | Q4_K / Q5_K | `(d * dx) * f32(sc (lo + hi)) - (dmin * dx) * f32(mn S)` |
 //! | Q6_K | `(d * dx) * f32(sc₀ (lo - 32 s16[2b]) + sc₁ (hi - 32 s16[2b + 1]))` |
 //!
 //! (`d`, `m`, `dmin` the f16 fields widened; `sc`, `mn` the sub-block's
-//! 6-bit scale and min; `sc₀`, `sc₁` Q6_K's i8 scales of the two halves).
+//! 6-bit scale and min; `sc₀`, `sc₁` Q6_K's i8 scales of the two halves;
+//! `e8m0_half(e)` MXFP4's `2^(e - 128)`, [`super::types::e8m0_to_f32_half`]:
+//! ggml's `GGML_E8M0_TO_FP32_HALF(x[ib].e) * GGML_FP16_TO_FP32(y[ib].d) * sumi`,
+//! with the f32 activation scale in place of the f16 one).
 //! Term `b` is added to lane `b % 8` of eight f32 sums, which are reduced as
 //! `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`.
 //!
 //! # One result on every CPU
 //!
 //! The integer sums are exact whatever the instruction set (no product or
-//! partial sum can saturate: codes are at most 63 or are Q8_0's bytes, and
-//! activation codes at most 127 in magnitude), and the float part is this
-//! module's one [`combine`] routine, inlined into every path, with no fused
-//! multiply-add. So the scalar reference, AVX2, AVX-512 VNNI and NEON give
+//! partial sum can saturate: codes are at most 63 in magnitude or are
+//! Q8_0's bytes, and activation codes at most 127 in magnitude), and the
+//! float part is this module's one [`combine`] routine, inlined into every
+//! path, with no fused multiply-add. So the scalar reference, AVX2, AVX-512 VNNI and NEON give
 //! the same bits, which is what lets an expert run on any machine of a
 //! cluster (DESIGN.md's one rule). Tests hold every path available here to
 //! the scalar reference bit for bit, and the reference to the f64 product of
@@ -60,7 +65,7 @@ pub use acts::Q8Acts;
 
 pub use crate::isa::Isa;
 
-use super::types::{f16_le, scale_min_k4, GgmlType, QK, QK_K};
+use super::types::{e8m0_to_f32_half, f16_le, scale_min_k4, GgmlType, QK, QK_K};
 
 /// Whether `ty` has an integer dot product here (every quantized type).
 pub fn supports(ty: GgmlType) -> bool {
@@ -244,6 +249,12 @@ pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32
                 let (s0, s1) = half(b);
                 let i = raw.lo[b] + raw.hi[b] - off * (s0 + s1);
                 acc[b] += (d * dx[b]) * i as f32;
+            }
+        }
+        GgmlType::MXFP4 => {
+            for b in 0..k {
+                let d = e8m0_to_f32_half(chunk[17 * b]);
+                acc[b] += (d * dx[b]) * (raw.lo[b] + raw.hi[b]) as f32;
             }
         }
         GgmlType::Q4_1 | GgmlType::Q5_1 => {

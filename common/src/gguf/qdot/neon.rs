@@ -1,12 +1,13 @@
 //! AArch64 integer sums: each 16-element half of a block decoded into one
-//! 128-bit register of codes (all below 128, so they are valid `i8`),
-//! multiplied by the activation codes with widening `smull` (i8 × i8 →
-//! i16, never overflowing), pairwise-added into i32 lanes and summed
-//! across the register.
+//! 128-bit register of codes (unsigned codes all below 128, so they are
+//! valid `i8`; Q8_0's bytes and MXFP4's `kvalues_mxfp4`, looked up with
+//! `tbl`, are signed), multiplied by the activation codes with widening
+//! `smull` (i8 × i8 → i16, never overflowing), pairwise-added into i32
+//! lanes and summed across the register.
 
 use std::arch::aarch64::*;
 
-use super::super::types::{GgmlType, QK};
+use super::super::types::{GgmlType, KVALUES_MXFP4, QK};
 use super::{Raw, Sums};
 
 /// Advanced SIMD sums.
@@ -67,6 +68,16 @@ impl Sums for Neon {
                     for b in 0..nblocks {
                         let x = vld1q_u8(c.add(bs * b + at));
                         put(b, vandq_u8(x, low4), vshrq_n_u8::<4>(x));
+                    }
+                }
+                GgmlType::MXFP4 => {
+                    // kvalues_mxfp4[nibble]: a table lookup (`tbl`) per half.
+                    let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
+                    for b in 0..nblocks {
+                        let x = vld1q_u8(c.add(17 * b + 1));
+                        let lo = vqtbl1q_s8(table, vandq_u8(x, low4));
+                        let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(x));
+                        put(b, vreinterpretq_u8_s8(lo), vreinterpretq_u8_s8(hi));
                     }
                 }
                 GgmlType::Q5_0 | GgmlType::Q5_1 => {

@@ -2,7 +2,7 @@
 //! weight codes spelled out one by one ([`codes`]), multiplied by the
 //! activation codes in `i32`.
 
-use super::super::types::{GgmlType, QK};
+use super::super::types::{GgmlType, KVALUES_MXFP4, QK};
 use super::{Raw, Sums};
 
 /// The portable path.
@@ -30,7 +30,8 @@ impl Sums for Scalar {
 
 /// The 32 weight codes of block `b` of a chunk: up to eight blocks of a
 /// 32-element type, or the 8 sub-blocks of one K-quant super-block. The
-/// codes are unsigned (0..=63) except Q8_0's, which are its signed bytes.
+/// codes are unsigned (0..=63) except Q8_0's, which are its signed bytes,
+/// and MXFP4's, `kvalues_mxfp4[nibble]` (-12..=12).
 pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
     let mut c = [0i16; QK];
     let nib = |qs: &[u8], c: &mut [i16; QK]| {
@@ -53,6 +54,13 @@ pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
             }
         }
         GgmlType::Q4_0 => nib(&chunk[18 * b + 2..], &mut c),
+        GgmlType::MXFP4 => {
+            // sumi += kvalues_mxfp4[x[ib].qs[j] & 0xf] * y[ib].qs[j] + kvalues_mxfp4[x[ib].qs[j] >> 4] * y[ib].qs[j + QK_MXFP4/2]
+            nib(&chunk[17 * b + 1..], &mut c);
+            for v in &mut c {
+                *v = KVALUES_MXFP4[*v as usize] as i16;
+            }
+        }
         GgmlType::Q4_1 => nib(&chunk[20 * b + 4..], &mut c),
         GgmlType::Q5_0 => {
             let p = &chunk[22 * b..];

@@ -5,6 +5,7 @@ use super::reference::codes;
 use super::*;
 use crate::gguf::dequantize_into;
 use crate::gguf::dot::tests::{acts, random_row};
+use crate::gguf::types::KVALUES_MXFP4;
 
 /// Every quantized type.
 fn quantized() -> impl Iterator<Item = GgmlType> {
@@ -68,6 +69,7 @@ fn value(ty: GgmlType, chunk: &[u8], b: usize, i: usize, c: i16) -> f32 {
     let f16 = |at: usize| f16_le([chunk[at], chunk[at + 1]]);
     match ty {
         GgmlType::Q8_0 => c as f32 * f16(34 * b),
+        GgmlType::MXFP4 => c as f32 * crate::gguf::types::e8m0_to_f32_half(chunk[17 * b]),
         GgmlType::Q4_0 => f16(18 * b) * (c - 8) as f32,
         GgmlType::Q5_0 => f16(22 * b) * (c - 16) as f32,
         GgmlType::Q4_1 => f16(20 * b) * c as f32 + f16(20 * b + 2),
@@ -164,6 +166,81 @@ fn extreme_codes_stay_exact() {
         for &isa in Isa::available() {
             let got = dot_on(isa, GgmlType::Q8_0, &row, &a);
             assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} pattern {pattern}");
+        }
+    }
+}
+
+#[test]
+fn mxfp4_extreme_codes_stay_exact() {
+    // Codes of ±12 against activation codes of ±127, scale 2^0 (e = 128):
+    // one block, so the result is exactly `(1 * dx) * Σ k q`.
+    for pattern in 0..4usize {
+        let mut row = vec![128u8];
+        row.extend((0..16).map(|j| match pattern {
+            0 => 0x77u8,              // +12, +12
+            1 => 0xff,                // -12, -12
+            2 => 0xf7,                // +12 low, -12 high
+            _ => [0x7f, 0xf7][j % 2], // alternating
+        }));
+        let x: Vec<f32> = (0..32)
+            .map(|i| if (i + pattern) % 3 == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let a = Q8Acts::new(&x);
+        let k = |i: usize| {
+            let byte = row[1 + i % 16];
+            KVALUES_MXFP4[(if i < 16 { byte & 0x0f } else { byte >> 4 }) as usize] as i32
+        };
+        let isum: i32 = (0..32).map(|i| k(i) * a.qs[i] as i32).sum();
+        let want = (1.0f32 * a.d[0]) * isum as f32;
+        for &isa in Isa::available() {
+            let got = dot_on(isa, GgmlType::MXFP4, &row, &a);
+            assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} pattern {pattern}");
+        }
+    }
+}
+
+#[test]
+fn mxfp4_every_exponent_follows_ggml() {
+    // Every exponent byte (0..=255: subnormal scales, and every lane of the
+    // vector scale decoding) in rows of one chunk of 8 blocks (the vector
+    // terms) or 11 (a partial chunk too) with neighbouring exponents, the
+    // activations scaled by 2^(128 - e) (within ±120) so that every block's
+    // term counts in the sum; the result is ggml's per-block
+    // `GGML_E8M0_TO_FP32_HALF(e) * d_y * sumi`, added to lane `b % 8`.
+    let mut rng = ChaCha8Rng::seed_from_u64(39);
+    for (r, e0) in (0..256usize).step_by(4).enumerate() {
+        let nb = if r % 3 == 0 { 11 } else { 8 };
+        let mut row = Vec::with_capacity(17 * nb);
+        let mut x = Vec::with_capacity(32 * nb);
+        for b in 0..nb {
+            let e = (e0 + b).min(255) as u8;
+            row.push(e);
+            row.extend((0..16).map(|_| rng.gen::<u8>()));
+            let scale = 2f32.powi((128 - e as i32).clamp(-120, 120));
+            x.extend((0..32).map(|_| rng.gen_range(-1.0f32..1.0) * scale));
+        }
+        let a = Q8Acts::new(&x);
+        let mut acc = [0.0f32; 8];
+        for b in 0..nb {
+            let p = &row[17 * b..17 * (b + 1)];
+            let sumi: i32 = (0..16)
+                .map(|j| {
+                    let (lo, hi) = (p[1 + j] & 0x0f, p[1 + j] >> 4);
+                    KVALUES_MXFP4[lo as usize] as i32 * a.qs[32 * b + j] as i32
+                        + KVALUES_MXFP4[hi as usize] as i32 * a.qs[32 * b + j + 16] as i32
+                })
+                .sum();
+            acc[b % 8] += crate::gguf::types::e8m0_to_f32_half(p[0]) * a.d[b] * sumi as f32;
+        }
+        let want = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        assert!(want.is_finite() && want != 0.0, "exponents from {e0}: {want}");
+        for &isa in Isa::available() {
+            let got = dot_on(isa, GgmlType::MXFP4, &row, &a);
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{isa:?} exponents from {e0}: {got} vs {want}"
+            );
         }
     }
 }

@@ -4,7 +4,9 @@
 //! giving eight i32 lanes of four products each; four blocks' lanes are
 //! then folded with `vphaddd` into per-half sums. Q8_0's signed codes go
 //! through `vpsignb` on AVX2 (|w| times q·sign(w)) and through an offset of
-//! 128 on VNNI (Σ (w + 128) q − 128 Σ q), exact either way.
+//! 128 on VNNI (Σ (w + 128) q − 128 Σ q), exact either way. MXFP4's
+//! nibbles become their signed values (`kvalues_mxfp4`, -12..=12) by one
+//! `vpshufb` table lookup and go through `vpsignb` on both.
 //!
 //! The f32 terms of a whole chunk of eight blocks are formed in one 256-bit
 //! register, lane `b` for block `b`, with the same operations in the same
@@ -13,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::types::{scale_min_k4, GgmlType, QK, QK_K};
+use super::super::types::{scale_min_k4, GgmlType, KVALUES_MXFP4, QK, QK_K};
 use super::{combine, Q8Acts, Raw};
 
 /// [`super::dot`] compiled for AVX2.
@@ -81,7 +83,8 @@ pub(crate) unsafe fn dot_avx512vnni(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> 
 }
 
 /// Eight i32 lanes, lane `i` the sum of `codes[4i..4i + 4] * q[4i..4i + 4]`
-/// (`codes` unsigned, at most 63 or, on VNNI, 255).
+/// (`codes` unsigned, at most 63, or 128 for a Q8_0 magnitude on AVX2, or,
+/// on VNNI, 255).
 #[inline(always)]
 unsafe fn mul<const VNNI: bool>(codes: __m256i, q: __m256i) -> __m256i {
     if VNNI {
@@ -133,9 +136,9 @@ unsafe fn high_bits32(p: *const u8) -> __m256i {
 }
 
 /// The weight codes of a chunk's `nblocks` blocks, one register per block:
-/// unsigned codes, except Q8_0's signed bytes (AVX2) or bytes offset by
-/// 128 (VNNI, so they are unsigned too). Decoded once per chunk and
-/// multiplied by every activation row the chunk meets.
+/// unsigned codes, except MXFP4's signed values and Q8_0's signed bytes
+/// (AVX2) or bytes offset by 128 (VNNI, so they are unsigned too). Decoded
+/// once per chunk and multiplied by every activation row the chunk meets.
 #[inline(always)]
 unsafe fn decode<const VNNI: bool>(ty: GgmlType, chunk: &[u8], nblocks: usize) -> [__m256i; 8] {
     let mut v = [_mm256_setzero_si256(); 8];
@@ -163,6 +166,14 @@ unsafe fn decode<const VNNI: bool>(ty: GgmlType, chunk: &[u8], nblocks: usize) -
             GgmlType::Q4_1 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
                     *vb = nibbles16(c.add(20 * b + 4));
+                }
+            }
+            GgmlType::MXFP4 => {
+                // kvalues_mxfp4 in both 128-bit halves: `vpshufb` looks each
+                // nibble (below 16, so never zeroed) up in its own half.
+                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i));
+                for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
+                    *vb = _mm256_shuffle_epi8(table, nibbles16(c.add(17 * b + 1)));
                 }
             }
             GgmlType::Q5_0 => {
@@ -237,8 +248,9 @@ unsafe fn sums<const VNNI: bool>(ty: GgmlType, codes: &[__m256i; 8], q: &[i8], n
         for b in 0..nblocks {
             let x = load32(q.as_ptr().add(b * QK) as *const u8);
             let c = codes[b];
-            v[b] = if ty == GgmlType::Q8_0 && !VNNI {
-                mul::<false>(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c))
+            // Signed codes: |w| times q·sign(w) (q is never -128).
+            v[b] = if ty == GgmlType::MXFP4 || (ty == GgmlType::Q8_0 && !VNNI) {
+                mul::<VNNI>(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c))
             } else {
                 mul::<VNNI>(c, x)
             };
@@ -278,6 +290,22 @@ unsafe fn f16x8(p: *const u8, stride: usize) -> __m256 {
     }
 }
 
+/// Eight MXFP4 scales `2^(e - 128)` from exponent bytes `stride` bytes
+/// apart: [`super::super::types::e8m0_to_f32_half`]'s bits, lane by lane
+/// (`(e - 1) << 23` for `e >= 2`, else the subnormal `0x00200000 << e`).
+#[inline(always)]
+unsafe fn e8m0x8(p: *const u8, stride: usize) -> __m256 {
+    // SAFETY: the caller's pointer covers eight blocks of `stride` bytes.
+    unsafe {
+        let e = |b: usize| *p.add(b * stride) as i32;
+        let e = _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
+        let one = _mm256_set1_epi32(1);
+        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, one));
+        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+        _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(e, one)))
+    }
+}
+
 /// A full chunk's weight scales, lane `b` for block `b`, shared by every
 /// activation row: `d` (all types), `m` (Q4_1 / Q5_1) or `dmin` (K), and
 /// the integer sub-block scales `sc` and mins `mn` (K) or Q6_K's `sc₀`,
@@ -306,6 +334,7 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
             GgmlType::Q8_0 => only_d(f16x8(c, 34)),
             GgmlType::Q4_0 => only_d(f16x8(c, 18)),
             GgmlType::Q5_0 => only_d(f16x8(c, 22)),
+            GgmlType::MXFP4 => only_d(e8m0x8(c, 17)),
             GgmlType::Q4_1 => Scales {
                 d: f16x8(c, 20),
                 m: f16x8(c.add(2), 20),
@@ -371,12 +400,12 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
         let raw = _mm256_add_epi32(lo, hi);
         let total = _mm256_add_epi32(s.0, s.1);
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => {
                 // raw - off * total with off = 0, 8 or 16: the product as
                 // a shift (the same wrapping i32 result, without
                 // `vpmulld`'s two uops and ten-cycle latency).
                 let i = match ty {
-                    GgmlType::Q8_0 => raw,
+                    GgmlType::Q8_0 | GgmlType::MXFP4 => raw,
                     GgmlType::Q4_0 => _mm256_sub_epi32(raw, _mm256_slli_epi32::<3>(total)),
                     _ => _mm256_sub_epi32(raw, _mm256_slli_epi32::<4>(total)),
                 };

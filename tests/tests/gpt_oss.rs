@@ -1,0 +1,185 @@
+//! gpt-oss beyond the oracle test (`oracle_parity::gptoss`): the one rule
+//! across workers, the bounded sliding-window cache, and bad input.
+//!
+//! - `gpt_oss_is_bit_identical_on_any_worker_count`: teacher-forced logits
+//!   and 16 greedy ids from `--local` and from three `worker` processes on
+//!   127.0.0.1 (the experts' biases and clamped GLU run on the workers).
+//! - `a_long_run_holds_only_the_windows_of_sliding_layers`: after a
+//!   4,000-token prompt and a few decoded tokens, each full layer holds
+//!   every position and each sliding layer (window 4) between `w` and
+//!   `2w - 1`, and `kv_cache_bytes` is exactly that sum.
+//! - `bad_gpt_oss_tensors_and_configs_are_named`: a missing sink, a wrong
+//!   router bias, a non-positive `swiglu_limit`.
+
+mod cluster_support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use charm_coordinator::{Engine, GenerateParams, SamplingParams};
+use charm_models::LayerCache;
+use charm_tests::{fixture, Reference};
+use cluster_support::*;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn gpt_oss_is_bit_identical_on_any_worker_count() {
+    let dir = fixture("gptoss");
+    let r = Reference::load("gptoss");
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let run = |e: &Engine| {
+        (
+            bits(&e.logits_all(&r.full_sequence()).unwrap()),
+            greedy(e, &r.prompt_ids, 16),
+        )
+    };
+    let want = run(&Engine::local(&dir).unwrap());
+    assert_eq!(want.1, r.greedy_ids, "local run against transformers");
+    let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
+    let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
+    let svc = service(&dir, &key, &addrs, TIMEOUT, false);
+    svc.wait_for_workers(3, TIMEOUT).unwrap();
+    assert!(run(&engine(&dir, svc)) == want, "3 workers");
+}
+
+/// The gptoss fixture with a context long enough for 4,000 tokens.
+fn long_context_copy(root: &Path) -> std::path::PathBuf {
+    let src = fixture("gptoss");
+    let dir = root.join("gptoss-long");
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["model.safetensors", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["max_position_embeddings"] = 8192.into();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn a_long_run_holds_only_the_windows_of_sliding_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let engine = Engine::local(&long_context_copy(tmp.path())).unwrap();
+    let cfg = engine.config().clone();
+    let prompt: Vec<u32> = (0..4000u32).map(|i| 3 + (i * 7919) % 1000).collect();
+    let mut session = engine.session();
+    let params = GenerateParams {
+        max_tokens: 5,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        ignore_eos: true,
+    };
+    let gen = engine.generate(&mut session, &prompt, &params, |_| true).unwrap();
+    let seen = prompt.len() + 4; // the last sampled id is never fed back
+    assert_eq!(session.cache().len(), seen);
+    let per_position = 2 * cfg.num_kv_heads * cfg.head_dim * 4; // keys and values, f32
+    let mut expected = 0;
+    for (l, layer) in session.cache().layers.iter().enumerate() {
+        let LayerCache::Kv(kv) = layer else {
+            panic!("layer {l} is attention")
+        };
+        match cfg.sliding_window[l] {
+            Some(w) => {
+                assert_eq!(w, 4);
+                assert!((w..2 * w).contains(&kv.held()), "layer {l} holds {}", kv.held());
+                assert_eq!(kv.start() + kv.held(), seen);
+            }
+            None => assert_eq!(kv.held(), seen, "layer {l}"),
+        }
+        assert_eq!(layer.bytes(), kv.held() * per_position);
+        expected += kv.held() * per_position;
+    }
+    assert_eq!(gen.stats.kv_cache_bytes, expected);
+    // Two full layers of 4,004 positions; the sliding ones add at most 2 × 7.
+    let full = 2 * seen * per_position;
+    assert!(expected >= full + 2 * 4 * per_position && expected <= full + 2 * 7 * per_position);
+    assert!(expected <= full + session.cache().sliding_bytes());
+}
+
+/// Writes `tensors` over a copy of the gptoss fixture (each named tensor
+/// replaced by the given shape of zeros, or removed) and a config edit.
+fn damaged(
+    root: &Path,
+    name: &str,
+    edit: &dyn Fn(&mut serde_json::Value),
+    drop: &[&str],
+    reshape: &[(&str, Vec<usize>)],
+) -> std::path::PathBuf {
+    use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
+    let src = fixture("gptoss");
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let zeros: Vec<(String, Vec<usize>, Vec<u8>)> = reshape
+        .iter()
+        .map(|(n, shape)| {
+            (
+                n.to_string(),
+                shape.clone(),
+                vec![0u8; shape.iter().product::<usize>() * 4],
+            )
+        })
+        .collect();
+    let mut views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| !drop.contains(&n.as_str()) && !reshape.iter().any(|(r, _)| r == n))
+        .collect();
+    for (n, shape, data) in &zeros {
+        views.push((n.clone(), TensorView::new(Dtype::F32, shape.clone(), data).unwrap()));
+    }
+    serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn bad_gpt_oss_tensors_and_configs_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let same = |_: &mut serde_json::Value| {};
+    let err = |dir: std::path::PathBuf| match Engine::local(&dir) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => format!("{e:#}"),
+    };
+    let e = err(damaged(
+        tmp.path(),
+        "nosink",
+        &same,
+        &["model.layers.1.self_attn.sinks"],
+        &[],
+    ));
+    assert!(e.contains("model.layers.1.self_attn.sinks"), "{e}");
+    let e = err(damaged(
+        tmp.path(),
+        "routerbias",
+        &same,
+        &[],
+        &[("model.layers.2.mlp.router.bias", vec![7])],
+    ));
+    assert!(e.contains("model.layers.2.mlp.router.bias"), "{e}");
+    let e = err(damaged(
+        tmp.path(),
+        "limit",
+        &|c| c["swiglu_limit"] = (-1.0).into(),
+        &[],
+        &[],
+    ));
+    assert!(e.contains("swiglu_limit"), "{e}");
+    let e = err(damaged(
+        tmp.path(),
+        "experts",
+        &same,
+        &["model.layers.0.mlp.experts.down_proj_bias"],
+        &[],
+    ));
+    assert!(e.contains("model.layers.0.mlp.experts.0."), "{e}");
+}
