@@ -54,6 +54,18 @@ reference.json with outputs computed by the transformers implementation:
                                         theta 1e6; layer 0 dense, then 16 experts top-4 in 2 groups of which
                                         1 is kept, routed_scaling_factor 1.5, 1 shared expert; config.json in
                                         transformers-5 spelling (rope_parameters with partial_rotary_factor)
+  gptoss/         GptOssForCausalLM     float32, 4 layers alternating sliding (window 4, far below the 40-token
+                                        prompt) and full attention, 4 q / 2 kv heads of 16, q/k/v/o biases,
+                                        per-head sinks N(0, 1), YaRN (factor 32 over 4096, truncate false),
+                                        8 experts top-2 through the biased top-k-then-softmax router, fused
+                                        experts (gate_up_proj [E, H, 2I] interleaved, down_proj [E, I, H])
+                                        with biases, swiglu_limit 1.0 so the clamp triggers (counted in
+                                        reference.json); transformers-5 spelling
+  gptoss-mxfp4/   GptOssForCausalLM     the same shapes, its own seed, every expert matrix rounded to MXFP4
+                                        and stored as the hub checkpoints do (experts.*_blocks / *_scales,
+                                        quantization_config mxfp4); the reference is transformers' own
+                                        dequantization of that checkpoint; the seed keeps the greedy run and
+                                        every argmax under 8-bit expert activations (q8_experts_forward)
   minimax-m2/     MiniMaxM2ForCausalLM  float32, 4 q / 2 kv heads of 32 (heads * head_dim = 128 != hidden),
                                         rotary_dim 16 (partial 0.5), QK-norm over the whole q / k projection
                                         (q_norm [128], k_norm [64]); every layer MoE: 8 experts top-2,
@@ -1986,6 +1998,56 @@ def mxfp4_quantize(w):
     return blocks, scales, deq.reshape(rows, cols)
 
 
+def q8_round_trip(x):
+    """`x` through 8-bit activations as charm (and ggml) multiply quantized blocks: per 32 values,
+    d = amax / 127, codes round(x / d) half away from zero; returns d * codes."""
+    shape = x.shape
+    g = x.reshape(-1, 32)
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    v = g * inv
+    codes = torch.trunc(v + torch.copysign(torch.full_like(v, 0.49999997), v)).clamp(-127, 127)
+    return (codes * (amax / 127.0)).reshape(shape)
+
+
+def q8_experts_forward(self, hidden_states, router_indices=None, routing_weights=None):
+    """GptOssExperts.forward with the expert products' inputs through `q8_round_trip`: what running
+    MXFP4 experts on 8-bit activations computes (up to float summation order)."""
+    next_states = torch.zeros_like(hidden_states)
+    for expert_idx in range(self.num_experts):
+        token_idx, top_k_pos = torch.where(router_indices == expert_idx)
+        if len(token_idx) == 0:
+            continue
+        current_state = q8_round_trip(hidden_states[token_idx])
+        gate_up = current_state @ self.gate_up_proj[expert_idx] + self.gate_up_proj_bias[expert_idx]
+        gated_output = q8_round_trip(self._apply_gate(gate_up))
+        out = gated_output @ self.down_proj[expert_idx] + self.down_proj_bias[expert_idx]
+        next_states.index_add_(0, token_idx, out * routing_weights[token_idx, top_k_pos, None])
+    return next_states
+
+
+@torch.no_grad()
+def q8_agreement(model, prompt_ids, ref):
+    """Runs `model` with 8-bit expert activations; returns (problems, max |last-logit change|)."""
+    import types
+    originals = []
+    for layer in model.model.layers:
+        originals.append(layer.mlp.experts.forward)
+        layer.mlp.experts.forward = types.MethodType(q8_experts_forward, layer.mlp.experts)
+    try:
+        q8, _ = analyse(model, prompt_ids, set(), model.config.num_experts_per_tok)
+    finally:
+        for layer, f in zip(model.model.layers, originals):
+            layer.mlp.experts.forward = f
+    problems = []
+    if q8["greedy_ids"] != ref["greedy_ids"] or q8["teacher_forced_argmax"] != ref["teacher_forced_argmax"]:
+        problems.append("8-bit activations change the greedy run")
+    if q8["min_margin"] < 5e-3:
+        problems.append(f"8-bit activations' min margin {q8['min_margin']:.2e}")
+    drift = max(abs(a - b) for a, b in zip(q8["last_logits"], ref["last_logits"]))
+    return problems, drift
+
+
 def make_gptoss_mxfp4():
     """gptoss's shapes with every expert matrix rounded to MXFP4, saved as the hub checkpoints store
     it (experts.*_blocks / *_scales, quantization_config mxfp4) and referenced by transformers'
@@ -2010,6 +2072,9 @@ def make_gptoss_mxfp4():
                     packed[name + "_scales"] = torch.stack([s for _, s, _ in per_expert])
                     p.copy_(torch.stack([d.t() for _, _, d in per_expert]))
         ref, problems = analyse(model, prompt_ids, eos_ids, config.num_experts_per_tok)
+        if not problems:
+            more, q8_drift = q8_agreement(model, prompt_ids, ref)
+            problems += more
         if ref["min_margin"] < 1e-2:
             problems.append(f"min margin {ref['min_margin']:.2e}")
         if ref["min_router_gap"] < 1e-3:
@@ -2063,6 +2128,9 @@ def make_gptoss_mxfp4():
         "min_router_gap": ref["min_router_gap"],
         "distinct_experts_per_layer": ref["distinct_experts_per_layer"],
         "clamp_counts": counts,
+        # charm multiplies MXFP4 on 8-bit activations: the same greedy run and argmax under an
+        # emulation of that (q8_experts_forward), whose last logits move by at most this
+        "q8_last_logits_drift": q8_drift,
         "transformers_version": transformers.__version__,
     }
     (out_dir / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")

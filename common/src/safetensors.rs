@@ -40,6 +40,7 @@ use safetensors::tensor::{Dtype as StDtype, SafeTensors};
 use crate::dtype::DType;
 use crate::error::LoadError;
 use crate::fp8;
+use crate::gguf::GgmlType;
 use crate::weight::{Buf, Weight, WeightData};
 
 /// One mapped file.
@@ -82,6 +83,16 @@ enum Derive {
         first: usize,
         step: usize,
     },
+    /// Rows `first + r * step` of an MXFP4 `*_blocks` tensor of `rows`
+    /// rows of `cols` values (the entry's bytes), with its `*_scales`
+    /// (`scales`: file index and byte range), as GGML MXFP4 blocks.
+    Mxfp4 {
+        scales: (usize, usize, usize),
+        rows: usize,
+        cols: usize,
+        first: usize,
+        step: usize,
+    },
 }
 
 impl Derive {
@@ -112,6 +123,7 @@ impl Derive {
                     copy(expert * b + first + r * step);
                 }
             }
+            Derive::Mxfp4 { .. } => unreachable!("MXFP4 views are converted by TensorFiles::get"),
         }
         out
     }
@@ -143,9 +155,12 @@ pub struct TensorRef<'a> {
     map: &'a Arc<Mmap>,
     start: usize,
     end: usize,
-    /// An FP8 matrix's bf16 dequantization (little-endian bytes), in place
-    /// of the mapped bytes.
+    /// An FP8 matrix's bf16 dequantization or a per-expert copy
+    /// (little-endian bytes), in place of the mapped bytes.
     owned: Option<Arc<Vec<u8>>>,
+    /// The GGML type of `owned` when it holds quantized blocks (gpt-oss's
+    /// MXFP4 experts) rather than `dtype` values.
+    pub ggml: Option<GgmlType>,
 }
 
 /// Where vision-language checkpoints keep their language model, and the
@@ -256,6 +271,7 @@ impl TensorFiles {
             .map(str::to_string)
             .collect();
         for prefix in fused {
+            self.split_gpt_oss_mxfp4(&prefix);
             let get = |n: &str| self.entries.get(&format!("{prefix}{n}")).cloned();
             let (Some(gu), Some(gub), Some(d), Some(db)) = (
                 get("gate_up_proj"),
@@ -319,6 +335,104 @@ impl TensorFiles {
                 self.entries.remove(&format!("{prefix}{n}"));
             }
         }
+    }
+
+    /// gpt-oss's MXFP4 experts as released: `gate_up_proj_blocks`
+    /// `[E, 2I, H/32, 16]` with `gate_up_proj_scales` `[E, 2I, H/32]` (the
+    /// rows are outputs, gate and up alternating) and `down_proj_blocks`
+    /// `[E, H, I/32, 16]` with its scales, beside the biases: the per-expert
+    /// matrices become GGML MXFP4 views ([`crate::gguf::mxfp4`]: the same
+    /// values, nibbles reordered), the biases as in the dense layout.
+    fn split_gpt_oss_mxfp4(&mut self, prefix: &str) {
+        let get = |n: &str| self.entries.get(&format!("{prefix}{n}")).cloned();
+        let (Some(gub), Some(db), Some(gb), Some(gs), Some(dbl), Some(ds)) = (
+            get("gate_up_proj_bias"),
+            get("down_proj_bias"),
+            get("gate_up_proj_blocks"),
+            get("gate_up_proj_scales"),
+            get("down_proj_blocks"),
+            get("down_proj_scales"),
+        ) else {
+            return;
+        };
+        let u8s = [&gb, &gs, &dbl, &ds].iter().all(|t| t.dtype == StDtype::U8);
+        let (&[e, i2, hg, 16], &[e2, i2s, hgs], &[e3, h, ig, 16], &[e4, hs, igs]) = (
+            gb.shape.as_slice(),
+            gs.shape.as_slice(),
+            dbl.shape.as_slice(),
+            ds.shape.as_slice(),
+        ) else {
+            return;
+        };
+        let (Some(&[e5, i2b]), Some(&[e6, hb])) = (gub.shape.get(..2), db.shape.get(..2)) else {
+            return;
+        };
+        let i = i2 / 2;
+        if !u8s
+            || [e2, e3, e4, e5, e6] != [e; 5]
+            || (i2s, hgs, hs, igs, i2b, hb) != (i2, hg, h, ig, i2, h)
+            || i2 != 2 * i
+            || hg * 32 != h
+            || ig * 32 != i
+            || gub.shape.len() != 2
+            || db.shape.len() != 2
+        {
+            return;
+        }
+        let mxfp4 =
+            |blocks: &Entry, scales: &Entry, rows: usize, cols: usize, first: usize, step: usize, n: usize| Entry {
+                shape: vec![n, cols],
+                derive: Some(Derive::Mxfp4 {
+                    scales: (scales.file, scales.start, scales.end),
+                    rows,
+                    cols,
+                    first,
+                    step,
+                }),
+                ..blocks.clone()
+            };
+        for x in 0..e {
+            let mut add = |name: &str, entry: Entry| {
+                self.entries.insert(format!("{prefix}{x}.{name}"), entry);
+            };
+            add("gate_proj.weight", mxfp4(&gb, &gs, e * i2, h, x * i2, 2, i));
+            add("up_proj.weight", mxfp4(&gb, &gs, e * i2, h, x * i2 + 1, 2, i));
+            add("down_proj.weight", mxfp4(&dbl, &ds, e * h, i, x * h, 1, h));
+        }
+        for n in [
+            "gate_up_proj_blocks",
+            "gate_up_proj_scales",
+            "down_proj_blocks",
+            "down_proj_scales",
+        ] {
+            self.entries.remove(&format!("{prefix}{n}"));
+        }
+        // The biases: as in the dense layout, below.
+        let view = |base: &Entry, shape: Vec<usize>, derive: Derive| Entry {
+            shape,
+            derive: Some(derive),
+            ..base.clone()
+        };
+        let sized = |t: &Entry, n: usize| t.dtype.bitsize() >= 16 && t.end - t.start == n * (t.dtype.bitsize() / 8);
+        if !sized(&gub, e * i2) || !sized(&db, e * h) {
+            return;
+        }
+        for x in 0..e {
+            let strided = |b, first, step| Derive::Strided {
+                expert: x,
+                b,
+                first,
+                step,
+            };
+            let mut add = |name: &str, entry: Entry| {
+                self.entries.insert(format!("{prefix}{x}.{name}"), entry);
+            };
+            add("gate_proj.bias", view(&gub, vec![i], strided(i2, 0, 2)));
+            add("up_proj.bias", view(&gub, vec![i], strided(i2, 1, 2)));
+            add("down_proj.bias", view(&db, vec![h], strided(h, 0, 1)));
+        }
+        self.entries.remove(&format!("{prefix}gate_up_proj_bias"));
+        self.entries.remove(&format!("{prefix}down_proj_bias"));
     }
 
     /// Names a vision-language checkpoint's language model as the text
@@ -434,6 +548,36 @@ impl TensorFiles {
             name: name.to_string(),
         })?;
         let f = &self.files[e.file];
+        if let Some(Derive::Mxfp4 {
+            scales,
+            rows,
+            cols,
+            first,
+            step,
+        }) = e.derive
+        {
+            let (sf, ss, se) = scales;
+            let blocks = &f.map[e.start..e.end];
+            let scales = &self.files[sf].map[ss..se];
+            let picked = (0..e.shape[0]).map(|r| first + r * step);
+            let owned = crate::gguf::blocks_from_hub_rows(blocks, scales, rows, cols, picked).map_err(|err| {
+                LoadError::BadSafetensors {
+                    path: f.path.clone(),
+                    reason: format!("MXFP4 tensor behind {name}: {err}"),
+                }
+            })?;
+            return Ok(TensorRef {
+                name,
+                path: &f.path,
+                dtype: DType::BF16,
+                shape: &e.shape,
+                map: &f.map,
+                start: e.start,
+                end: e.end,
+                owned: Some(Arc::new(owned)),
+                ggml: Some(GgmlType::MXFP4),
+            });
+        }
         if let Some(derive) = e.derive {
             let dtype = match e.dtype {
                 StDtype::F32 => DType::F32,
@@ -457,6 +601,7 @@ impl TensorFiles {
                 start: e.start,
                 end: e.end,
                 owned: Some(Arc::new(owned)),
+                ggml: None,
             });
         }
         let dtype = match e.dtype {
@@ -474,6 +619,7 @@ impl TensorFiles {
                     start: e.start,
                     end: e.end,
                     owned: Some(Arc::new(owned)),
+                    ggml: None,
                 });
             }
             other => {
@@ -493,6 +639,7 @@ impl TensorFiles {
             start: e.start,
             end: e.end,
             owned: None,
+            ggml: None,
         })
     }
 
@@ -583,6 +730,12 @@ impl<'a> TensorRef<'a> {
 
     /// The tensor's elements, mapped in place when suitably aligned.
     pub fn data(&self) -> WeightData {
+        if let (Some(v), Some(ty)) = (&self.owned, self.ggml) {
+            return WeightData::Gguf {
+                ty,
+                data: Buf::shared(v.clone(), 0, v.len()),
+            };
+        }
         if let Some(v) = &self.owned {
             let n = v.len() / self.dtype.size();
             return match self.dtype {

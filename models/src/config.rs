@@ -520,13 +520,15 @@ impl RawConfig {
     /// Common attention / embedding fields shared by every family.
     /// Family parsers fill in the MoE-specific ones.
     pub fn base(&self, family: Family) -> Result<ModelConfig, ModelError> {
-        // Block-scaled FP8 is read as it is; other stored quantizations
-        // (Kimi K2.5's compressed-tensors int4 experts, AWQ, GPTQ) are not.
+        // Block-scaled FP8 is read as it is, and gpt-oss's MXFP4 experts;
+        // other stored quantizations (Kimi K2.5's compressed-tensors int4
+        // experts, AWQ, GPTQ) are not.
         if let Some(m) = self.str_opt(&["quantization_config.quant_method"]) {
-            if m != "fp8" {
+            let mxfp4 = m == "mxfp4" && family == Family::GptOss;
+            if m != "fp8" && !mxfp4 {
                 return Err(self.err(format!(
-                    "quantization_config.quant_method {m:?} is not supported (block-scaled fp8 is; \
-                     use a bf16 checkpoint or a GGUF of the model)"
+                    "quantization_config.quant_method {m:?} is not supported (block-scaled fp8 is, and mxfp4 \
+                     for gpt-oss; use a bf16 checkpoint or a GGUF of the model)"
                 )));
             }
         }

@@ -368,3 +368,39 @@ fn gptoss() {
     assert!(r["clamp_counts"]["gate"].as_u64().unwrap() > 0 && r["clamp_counts"]["up"].as_u64().unwrap() > 0);
     check_family("gptoss");
 }
+
+/// gpt-oss as released: MXFP4 experts (`*_blocks` / `*_scales`), run as
+/// stored (their 4-bit values in integers against 8-bit activations),
+/// against transformers' own dequantization of the same checkpoint. The
+/// fixture was chosen so that 8-bit expert activations keep the greedy run
+/// and every argmax (`make_fixtures.py`'s emulation of them); the last
+/// logits may move by up to twice what that emulation moved them.
+#[test]
+fn gptoss_mxfp4() {
+    let name = "gptoss-mxfp4";
+    let r = Reference::load(name);
+    let raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap();
+    let drift = raw["q8_last_logits_drift"].as_f64().unwrap() as f32;
+    let engine = Engine::local(&fixture(name)).unwrap();
+    let vocab = engine.config().vocab_size;
+    let mut session = engine.session();
+    let gen = engine
+        .generate(&mut session, &r.prompt_ids, &greedy(16), |_| true)
+        .unwrap();
+    assert_eq!(gen.ids, r.greedy_ids, "{name}: greedy generation");
+    let all = r.full_sequence();
+    let logits = engine.logits_all(&all).unwrap();
+    assert_argmax(name, "teacher-forced forward", &logits, vocab, &r.teacher_forced_argmax);
+    let last = row(&logits, vocab, all.len() - 1);
+    let reference = r.last_logits.as_ref().unwrap();
+    let d = max_abs_diff(last, reference);
+    assert!(
+        d <= 2.0 * drift,
+        "{name}: last logits move by {d} (8-bit activations: {drift})"
+    );
+    assert!(
+        d > 0.0,
+        "{name}: the products run on 8-bit activations, not the f32 reference's"
+    );
+}
