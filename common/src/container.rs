@@ -12,6 +12,8 @@
 //!                        experts, dense MLPs, head (source dtype; norms and
 //!                        routers f32)
 //!   experts.bin          one record per (layer, expert): gate, up, down
+//!                        (then their f32 biases when the manifest says
+//!                        `expert_bias`, gpt-oss)
 //!                        adjacent, each part 64-byte aligned, each record
 //!                        4096-byte aligned and padded (O_DIRECT-ready)
 //!   tokenizer.json, tokenizer_config.json, generation_config.json,
@@ -159,6 +161,14 @@ pub struct Manifest {
     pub records: Vec<Record>,
     /// Hex SHA-256; changes when any weight changes.
     pub fingerprint: String,
+    /// Each record ends with its projections' biases (gpt-oss's experts):
+    /// gate `[inter]`, up `[inter]`, down `[hidden]`, f32 ([`RecordLayout::bias`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expert_bias: bool,
+    /// The experts' GLU is gpt-oss's clamped one, `[alpha, limit]`
+    /// (`None`: SwiGLU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_glu_clamp: Option<[f32; 2]>,
 }
 
 /// The byte layout of one matrix inside a record.
@@ -178,12 +188,33 @@ pub struct PartLayout {
     pub ggml: Option<GgmlType>,
 }
 
-/// Gate, up and down of one expert record.
+/// Gate, up and down of one expert record (and their biases).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RecordLayout {
     pub parts: [PartLayout; 3],
+    /// Offset of the biases, when the record has them: `2 * inter + hidden`
+    /// f32 values (gate, up, down), 64-byte aligned after the parts.
+    pub bias: Option<usize>,
     /// Meaningful bytes of the record.
     pub len: usize,
+}
+
+impl RecordLayout {
+    /// This layout with the biases of a `hidden` × `inter` expert after its parts.
+    pub fn with_bias(self, hidden: usize, inter: usize) -> Result<RecordLayout, ContainerError> {
+        let offset = self.len.next_multiple_of(PART_ALIGN);
+        let len = inter
+            .checked_mul(2)
+            .and_then(|n| n.checked_add(hidden))
+            .and_then(|n| n.checked_mul(4))
+            .and_then(|n| n.checked_add(offset))
+            .ok_or_else(|| ContainerError::Layout(format!("biases of a {hidden} × {inter} expert are too large")))?;
+        Ok(RecordLayout {
+            bias: Some(offset),
+            len,
+            ..self
+        })
+    }
 }
 
 /// A container that cannot be read or does not fit together.
@@ -332,7 +363,7 @@ pub fn record_layout_typed(
             quant.name()
         )));
     }
-    Ok(RecordLayout { parts, len })
+    Ok(RecordLayout { parts, bias: None, len })
 }
 
 /// Whether `dir` is a charm container (has a manifest).
@@ -496,7 +527,12 @@ impl Manifest {
 
     /// The byte layout of one of this manifest's records.
     pub fn layout(&self, r: &Record) -> Result<RecordLayout, ContainerError> {
-        record_layout_typed(self.hidden_size, self.moe_intermediate_size, self.quant, r.ggml_types)
+        let l = record_layout_typed(self.hidden_size, self.moe_intermediate_size, self.quant, r.ggml_types)?;
+        if self.expert_bias {
+            l.with_bias(self.hidden_size, self.moe_intermediate_size)
+        } else {
+            Ok(l)
+        }
     }
 
     /// The record of `(layer, expert)`, if stored.
@@ -622,6 +658,50 @@ pub fn record_weights(
         part(&layout.parts[1])?,
         part(&layout.parts[2])?,
     ])
+}
+
+/// Writes an expert's biases (gate, up, down) where `layout` keeps them
+/// in the record `buf` ([`RecordLayout::bias`]); nothing when it has none.
+pub fn put_record_bias(buf: &mut [u8], layout: &RecordLayout, bias: [&[f32]; 3]) -> Result<(), ContainerError> {
+    let Some(at) = layout.bias else { return Ok(()) };
+    let (inter, hidden) = (layout.parts[0].rows, layout.parts[0].cols);
+    if bias.map(<[f32]>::len) != [inter, inter, hidden] || buf.len() < layout.len {
+        return Err(ContainerError::Layout(format!(
+            "expert biases of {:?} values for a {hidden} × {inter} expert",
+            bias.map(<[f32]>::len)
+        )));
+    }
+    let values = bias.iter().flat_map(|b| b.iter());
+    for (o, v) in buf[at..layout.len].chunks_exact_mut(4).zip(values) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// The biases a record ends with ([`RecordLayout::bias`]): gate, up and
+/// down, or `None` when its layout has none.
+pub fn record_bias(src: &[u8], layout: &RecordLayout) -> Result<Option<[Vec<f32>; 3]>, ContainerError> {
+    let Some(at) = layout.bias else { return Ok(None) };
+    let (inter, hidden) = (layout.parts[0].rows, layout.parts[0].cols);
+    let bytes = src
+        .get(at..layout.len)
+        .filter(|b| b.len() == (2 * inter + hidden) * 4)
+        .ok_or_else(|| {
+            ContainerError::Layout(format!(
+                "expert biases at {at}..{} do not lie inside a {}-byte record",
+                layout.len,
+                src.len()
+            ))
+        })?;
+    let f: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(Some([
+        f[..inter].to_vec(),
+        f[inter..2 * inter].to_vec(),
+        f[2 * inter..].to_vec(),
+    ]))
 }
 
 /// `len` elements of `T` at byte `start` of `src`, or `None` when that range

@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use charm_common::container::{
-    dense_identity, record_layout, Manifest, Quant, Record, DENSE_FILE, EXPERTS_FILE, FORMAT_NAME, FORMAT_VERSION,
-    MANIFEST, RECORD_ALIGN,
+    dense_identity, put_record_bias, record_layout_typed, Manifest, Quant, Record, DENSE_FILE, EXPERTS_FILE,
+    FORMAT_NAME, FORMAT_VERSION, MANIFEST, RECORD_ALIGN,
 };
 use charm_common::dtype::{bf16_to_f32, f16_to_f32};
 use charm_common::quant::{quantize_int4, quantize_int8};
 use charm_common::safetensors::TensorRef;
 use charm_common::{DType, TensorFiles};
-use charm_models::ModelConfig;
+use charm_models::{GluAct, ModelConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::tensor::{Dtype as StDtype, View};
 use sha2::{Digest, Sha256};
@@ -89,15 +89,40 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     let cfg = ModelConfig::load(src)?;
     let files = TensorFiles::open(src)?;
     let names = cfg.family.moe_names();
-    let layout = record_layout(cfg.hidden_size, cfg.moe_intermediate_size, quant)?;
+    // Experts stored in GGML blocks (gpt-oss's MXFP4) are kept as they are.
+    let stored = match (0..cfg.num_layers).find(|&l| cfg.is_moe_layer(l)) {
+        Some(l) => files.get(&names.expert(l, 0)[0])?.ggml,
+        None => None,
+    };
+    let (quant, ggml_types) = match stored {
+        Some(ty) => {
+            if quant != Quant::Bf16 {
+                eprintln!(
+                    "the experts are stored as {}; kept as they are (not {})",
+                    ty.name(),
+                    quant.name()
+                );
+            }
+            (Quant::Gguf, Some([ty.id(); 3]))
+        }
+        None => (quant, None),
+    };
+    let mut layout = record_layout_typed(cfg.hidden_size, cfg.moe_intermediate_size, quant, ggml_types)?;
+    if cfg.expert_bias {
+        layout = layout.with_bias(cfg.hidden_size, cfg.moe_intermediate_size)?;
+    }
 
-    // Which tensors are routed experts, and which are routers.
+    // Which tensors are routed experts (and their biases), and which are routers.
     let mut expert_names = std::collections::HashSet::new();
     let mut routers = std::collections::HashSet::new();
     for l in (0..cfg.num_layers).filter(|&l| cfg.is_moe_layer(l)) {
         routers.insert(names.router(l));
         for e in 0..cfg.num_experts {
-            expert_names.extend(names.expert(l, e));
+            let proj = names.expert(l, e);
+            if cfg.expert_bias {
+                expert_names.extend(proj.iter().map(|n| bias_name(n)));
+            }
+            expert_names.extend(proj);
         }
     }
     let n_experts = cfg.num_layers * cfg.num_experts;
@@ -152,6 +177,12 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
                 encode_part(&t, quant, part.group, part.rows, part.cols, dst)
                     .with_context(|| format!("{}: tensor {name}", t.path.display()))?;
             }
+            if cfg.expert_bias {
+                let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+                let [g, u, d] =
+                    [(&proj[0], i), (&proj[1], i), (&proj[2], h)].map(|(n, len)| files.vector(&bias_name(n), len));
+                put_record_bias(&mut buf, &layout, [&g?, &u?, &d?])?;
+            }
             let crc32 = crc32fast::hash(&buf[..layout.len]);
             w.write_all(&buf)
                 .with_context(|| format!("writing {}", experts_path.display()))?;
@@ -161,7 +192,7 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
                 offset,
                 len: layout.len as u64,
                 crc32,
-                ggml_types: None,
+                ggml_types,
             });
             offset += padded;
             bar.inc(1);
@@ -186,6 +217,11 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     h.update(architecture.as_bytes());
     h.update(config.to_string().as_bytes());
     h.update(serde_json::to_string(&quant)?.as_bytes());
+    let glu_clamp = glu_clamp(&cfg);
+    if let Some([alpha, limit]) = glu_clamp {
+        h.update(alpha.to_le_bytes());
+        h.update(limit.to_le_bytes());
+    }
     hash_file(&mut h, &dense_path)?;
     let fingerprint = finish_fingerprint(h, &records);
 
@@ -204,6 +240,8 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
         experts_len: offset,
         records,
         fingerprint: fingerprint.clone(),
+        expert_bias: cfg.expert_bias,
+        expert_glu_clamp: glu_clamp,
     };
     let manifest_path = dir.join(MANIFEST);
     std::fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest)?)
@@ -218,6 +256,19 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
         dense_bytes: dense_len,
         fingerprint,
     })
+}
+
+/// `{name without .weight}.bias`: a projection's bias.
+fn bias_name(weight: &str) -> String {
+    format!("{}.bias", weight.strip_suffix(".weight").unwrap_or(weight))
+}
+
+/// The manifest's `expert_glu_clamp` of `cfg`: gpt-oss's `[alpha, limit]`.
+pub(crate) fn glu_clamp(cfg: &ModelConfig) -> Option<[f32; 2]> {
+    match cfg.expert_act {
+        GluAct::Clamped { alpha, limit } => Some([alpha, limit]),
+        GluAct::Silu => None,
+    }
 }
 
 /// Writes one matrix of an expert in `quant` into `dst` (scales, then values).
@@ -240,7 +291,11 @@ fn encode_part(t: &TensorRef<'_>, quant: Quant, group: usize, rows: usize, cols:
             s.copy_from_slice(bytemuck_f32(&scales));
             v.copy_from_slice(&q.iter().map(|&x| x as u8).collect::<Vec<u8>>());
         }
-        Quant::Gguf => bail!("gguf records come only from a .gguf source"),
+        Quant::Gguf => match t.ggml {
+            // Blocks kept as stored (gpt-oss's MXFP4 experts).
+            Some(_) if t.bytes().len() == dst.len() => dst.copy_from_slice(t.bytes()),
+            _ => bail!("gguf records come only from a .gguf source or experts stored in GGML blocks"),
+        },
         Quant::Int4 { .. } => {
             let (scales, q) = quantize_int4(&to_f32(t), rows, cols, group)?;
             let (s, v) = dst.split_at_mut(scales.len() * 4);

@@ -15,14 +15,34 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use charm_common::container::{
-    dense_identity, record_layout_typed, Manifest, Quant, Record, EXPERTS_FILE, FORMAT_NAME, FORMAT_VERSION, MANIFEST,
-    RECORD_ALIGN,
+    dense_identity, put_record_bias, record_layout_typed, Manifest, Quant, Record, EXPERTS_FILE, FORMAT_NAME,
+    FORMAT_VERSION, MANIFEST, RECORD_ALIGN,
 };
 use charm_common::gguf::{GgufFile, GgufTensor, MetaValue};
 use charm_models::gguf::GgufModel;
 use sha2::{Digest, Sha256};
 
 use crate::convert::ConvertSummary;
+
+/// Expert `e`'s `len` bias values of `blk.{layer}.ffn_{part}_exps.bias`
+/// (f32, `[experts, len]`).
+fn expert_bias(f: &GgufFile, src: &Path, layer: usize, part: &str, e: usize, len: usize) -> Result<Vec<f32>> {
+    let name = format!("blk.{layer}.ffn_{part}_exps.bias");
+    let t = f
+        .tensor(&name)
+        .with_context(|| format!("{}: no expert bias {name}", src.display()))?;
+    if t.ty != charm_common::gguf::GgmlType::F32 {
+        bail!("{}: {name} is {}, not F32", src.display(), t.ty.name());
+    }
+    let bytes = f
+        .tensor_bytes(t)
+        .get(e * len * 4..(e + 1) * len * 4)
+        .with_context(|| format!("{}: {name} holds no expert {e} of {len} values", src.display()))?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
 
 /// The dense part of a GGUF container.
 pub const DENSE_GGUF: &str = "dense.gguf";
@@ -39,7 +59,9 @@ pub fn write_container(src: &Path, dir: &Path) -> Result<ConvertSummary> {
             src.display()
         );
     }
-    let is_expert = |name: &str| name.contains("_exps.weight") || is_per_expert(name);
+    let is_expert = |name: &str| {
+        name.contains("_exps.weight") || (cfg.expert_bias && name.contains("_exps.bias")) || is_per_expert(name)
+    };
     let mut records = Vec::new();
     let experts_path = dir.join(EXPERTS_FILE);
     let mut w = BufWriter::with_capacity(1 << 20, File::create(&experts_path)?);
@@ -67,7 +89,10 @@ pub fn write_container(src: &Path, dir: &Path) -> Result<ConvertSummary> {
                 slices.push(bytes);
                 types[i] = ty;
             }
-            let layout = record_layout_typed(cfg.hidden_size, cfg.moe_intermediate_size, Quant::Gguf, Some(types))?;
+            let mut layout = record_layout_typed(cfg.hidden_size, cfg.moe_intermediate_size, Quant::Gguf, Some(types))?;
+            if cfg.expert_bias {
+                layout = layout.with_bias(cfg.hidden_size, cfg.moe_intermediate_size)?;
+            }
             let padded = (layout.len as u64).div_ceil(RECORD_ALIGN) * RECORD_ALIGN;
             let mut buf = vec![0u8; padded as usize];
             for (p, bytes) in layout.parts.iter().zip(&slices) {
@@ -80,6 +105,11 @@ pub fn write_container(src: &Path, dir: &Path) -> Result<ConvertSummary> {
                     );
                 }
                 buf[p.offset..p.offset + p.value_bytes].copy_from_slice(bytes);
+            }
+            if cfg.expert_bias {
+                let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+                let [g, u, d] = [("gate", i), ("up", i), ("down", h)].map(|(p, n)| expert_bias(f, src, l, p, e, n));
+                put_record_bias(&mut buf, &layout, [&g?, &u?, &d?])?;
             }
             let crc32 = crc32fast::hash(&buf[..layout.len]);
             w.write_all(&buf)?;
@@ -128,6 +158,8 @@ pub fn write_container(src: &Path, dir: &Path) -> Result<ConvertSummary> {
         experts_len: offset,
         records,
         fingerprint: fingerprint.clone(),
+        expert_bias: cfg.expert_bias,
+        expert_glu_clamp: crate::convert::glu_clamp(cfg),
     };
     std::fs::write(dir.join(MANIFEST), serde_json::to_vec_pretty(&manifest)?)?;
     Ok(ConvertSummary {

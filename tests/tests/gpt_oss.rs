@@ -4,6 +4,11 @@
 //! - `gpt_oss_is_bit_identical_on_any_worker_count`: teacher-forced logits
 //!   and 16 greedy ids from `--local` and from three `worker` processes on
 //!   127.0.0.1 (the experts' biases and clamped GLU run on the workers).
+//! - `containers_keep_expert_biases_and_mxfp4_blocks`: a bf16 container
+//!   (biases in each expert's record) gives the same bits with cache 0, an
+//!   unlimited cache and on three workers; the MXFP4 checkpoint's container
+//!   keeps its experts as MXFP4 records and gives the bits of the
+//!   checkpoint itself, on `--local` and on three workers.
 //! - `a_long_run_holds_only_the_windows_of_sliding_layers`: after a
 //!   4,000-token prompt and a few decoded tokens, each full layer holds
 //!   every position and each sliding layer (window 4) between `w` and
@@ -16,7 +21,7 @@ mod cluster_support;
 use std::path::Path;
 use std::time::Duration;
 
-use charm_coordinator::{Engine, GenerateParams, SamplingParams};
+use charm_coordinator::{Engine, EngineOptions, GenerateParams, SamplingParams};
 use charm_models::LayerCache;
 use charm_tests::{fixture, Reference};
 use cluster_support::*;
@@ -42,6 +47,69 @@ fn gpt_oss_is_bit_identical_on_any_worker_count() {
     let svc = service(&dir, &key, &addrs, TIMEOUT, false);
     svc.wait_for_workers(3, TIMEOUT).unwrap();
     assert!(run(&engine(&dir, svc)) == want, "3 workers");
+}
+
+#[test]
+fn containers_keep_expert_biases_and_mxfp4_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let key = keygen(tmp.path(), "cluster.key");
+    let three = |dir: &Path, r: &Reference| {
+        let workers: Vec<Worker> = (0..3)
+            .map(|_| Worker::start(dir, &key, &["--expert-cache-gb", "0"]))
+            .collect();
+        let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
+        let svc = service(dir, &key, &addrs, TIMEOUT, false);
+        svc.wait_for_workers(3, TIMEOUT).unwrap();
+        let e = engine(dir, svc);
+        (
+            bits(&e.logits_all(&r.full_sequence()).unwrap()),
+            greedy(&e, &r.prompt_ids, 16),
+        )
+    };
+    let cached = |dir: &Path, r: &Reference, gb: f64| {
+        let opts = EngineOptions {
+            expert_cache_bytes: Some((gb * (1u64 << 30) as f64) as u64),
+            state_dir: Some(tmp.path().join("state")),
+            ..EngineOptions::default()
+        };
+        let e = Engine::load(dir, &opts).unwrap().0;
+        (
+            bits(&e.logits_all(&r.full_sequence()).unwrap()),
+            greedy(&e, &r.prompt_ids, 16),
+        )
+    };
+
+    let r = Reference::load("gptoss");
+    let c = convert_bf16(&fixture("gptoss"), tmp.path(), "gptoss-bf16");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["expert_bias"], true);
+    assert_eq!(m["expert_glu_clamp"], serde_json::json!([1.702, 1.0]));
+    let uncached = cached(&c, &r, 0.0);
+    assert!(cached(&c, &r, 64.0) == uncached, "bf16 container: cache 0 vs unlimited");
+    assert!(three(&c, &r) == uncached, "bf16 container on 3 workers");
+
+    let r = Reference::load("gptoss-mxfp4");
+    let src = fixture("gptoss-mxfp4");
+    let direct = {
+        let e = Engine::local(&src).unwrap();
+        (
+            bits(&e.logits_all(&r.full_sequence()).unwrap()),
+            greedy(&e, &r.prompt_ids, 16),
+        )
+    };
+    assert_eq!(direct.1, r.greedy_ids);
+    let c = convert_bf16(&src, tmp.path(), "gptoss-mxfp4-kept");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["quant"]["kind"], "gguf");
+    assert!(m["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["ggml_types"] == serde_json::json!([39, 39, 39])));
+    assert!(cached(&c, &r, 0.0) == direct, "MXFP4 container against the checkpoint");
+    assert!(three(&c, &r) == direct, "MXFP4 container on 3 workers");
 }
 
 /// The gptoss fixture with a context long enough for 4,000 tokens.

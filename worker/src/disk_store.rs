@@ -33,8 +33,9 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use charm_common::container::{record_weights, verify_record, Manifest, Quant, Record, RecordLayout};
-use charm_models::{ExpertError, ExpertStats, SwiGlu};
+use charm_common::container::{record_bias, record_weights, verify_record, Manifest, Quant, Record, RecordLayout};
+use charm_common::Weight;
+use charm_models::{ExpertError, ExpertStats, FfnBias, GluAct, SwiGlu};
 use charm_proto::PrefetchHint;
 
 use crate::cache::{ExpertCache, Key};
@@ -79,6 +80,8 @@ struct Inner {
     /// Each record's byte layout (one shared layout unless GGUF types vary by layer).
     layouts: HashMap<Key, RecordLayout>,
     records: HashMap<Key, Record>,
+    /// How the experts gate (the manifest's `expert_glu_clamp`).
+    act: GluAct,
     state: Mutex<State>,
 }
 
@@ -117,6 +120,23 @@ enum Origin {
     Prefetch,
     /// Warm start of the pinned hot set.
     Preload,
+}
+
+/// How a container's experts gate: gpt-oss's clamped GLU when the
+/// manifest names one, SwiGLU otherwise.
+pub fn expert_act(manifest: &Manifest) -> GluAct {
+    match manifest.expert_glu_clamp {
+        Some([alpha, limit]) => GluAct::Clamped { alpha, limit },
+        None => GluAct::Silu,
+    }
+}
+
+/// A container record's expert: its projections, biases and gating.
+pub fn expert_ffn(gate: Weight, up: Weight, down: Weight, bias: Option<[Vec<f32>; 3]>, act: GluAct) -> SwiGlu {
+    let mut ffn = SwiGlu::new(gate, up, down);
+    ffn.bias = bias.map(|[gate, up, down]| Box::new(FfnBias { gate, up, down }));
+    ffn.act = act;
+    ffn
 }
 
 fn tag(k: Key) -> u64 {
@@ -160,6 +180,7 @@ impl DiskStore {
             quant: manifest.quant,
             layouts,
             records,
+            act: expert_act(manifest),
             state: Mutex::new(State {
                 cache: ExpertCache::new(opts.cache_bytes),
                 inflight: HashMap::new(),
@@ -324,8 +345,9 @@ impl Inner {
         };
         verify_record(&self.path, record, buf.as_slice())?;
         let bytes = buf.len() as u64;
+        let bias = record_bias(buf.as_slice(), layout)?;
         let [gate, up, down] = record_weights(Arc::new(buf), layout, self.quant)?;
-        Ok((Arc::new(SwiGlu::new(gate, up, down)), bytes))
+        Ok((Arc::new(expert_ffn(gate, up, down, bias, self.act)), bytes))
     }
 
     /// The completion thread: verifies and decodes each finished read

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use charm_common::container::{is_container, record_weights, verify_record, Manifest};
+use charm_common::container::{is_container, record_bias, record_weights, verify_record, Manifest};
 use charm_common::TensorFiles;
 use charm_models::{ExpertError, ExpertService, ExpertStats, ModelConfig, ModelError, SwiGlu};
 use charm_proto::{Hello, Holdings, WorkerStats, MAX_FRAME_LEN};
@@ -142,7 +142,9 @@ impl Served {
             f.seek(SeekFrom::Start(first.offset)).map_err(io(&path))?;
             f.read_exact(buf.as_mut_slice()).map_err(io(&path))?;
             verify_record(&path, &first, buf.as_slice()).map_err(ExpertError::from)?;
+            let bias = record_bias(buf.as_slice(), &layout).map_err(ExpertError::from)?;
             let [gate, up, down] = record_weights(Arc::new(buf), &layout, manifest.quant).map_err(ExpertError::from)?;
+            let probe = crate::disk_store::expert_ffn(gate, up, down, bias, crate::disk_store::expert_act(&manifest));
             let holdings = Holdings::from_experts(manifest.records.iter().map(|r| (r.layer, r.expert)));
             let bytes = store.expert_bytes();
             let format = format!("container {}", manifest.quant.name());
@@ -153,7 +155,7 @@ impl Served {
                 bytes,
                 cache_bytes,
                 disk,
-                SwiGlu::new(gate, up, down),
+                probe,
             )
         } else {
             let files = TensorFiles::open(dir).map_err(ModelError::from)?;
