@@ -66,6 +66,13 @@ reference.json with outputs computed by the transformers implementation:
                                         quantization_config mxfp4); the reference is transformers' own
                                         dequantization of that checkpoint; the seed keeps the greedy run and
                                         every argmax under 8-bit expert activations (q8_experts_forward)
+  mimo/           MiMoV2FlashForCausalLM float32, layers [full, sliding, sliding, full] with window 4; 4 q heads,
+                                        1 kv head on full layers and 2 on sliding ones, q/k heads of 24 (8
+                                        rotary dims: partial 0.334) and value heads of 16, values scaled by
+                                        0.707, rope theta 5e6 (full) / 1e4 (sliding), sinks N(0, 1) on sliding
+                                        layers only; layer 0 dense, then 16 experts top-4 (fused, as Qwen3.5)
+                                        through the sigmoid router with e_score_correction_bias, 2 groups of
+                                        which 1 is kept, routed_scaling_factor 2.5; transformers-5 spelling
   minimax-m2/     MiniMaxM2ForCausalLM  float32, 4 q / 2 kv heads of 32 (heads * head_dim = 128 != hidden),
                                         rotary_dim 16 (partial 0.5), QK-norm over the whole q / k projection
                                         (q_norm [128], k_norm [64]); every layer MoE: 8 experts top-2,
@@ -200,6 +207,8 @@ from transformers import (
     GenerationConfig,
     GptOssConfig,
     GptOssForCausalLM,
+    MiMoV2FlashConfig,
+    MiMoV2FlashForCausalLM,
     Mxfp4Config,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -1027,6 +1036,8 @@ def randomize_deepseek(model, std, embed_std, router_std, bias_std, seed):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
             elif name in norms:
                 p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            elif name.endswith(".sinks"):  # MiMo-V2-Flash's sliding layers (init is N(0, 0.02))
+                p.copy_(torch.randn(p.shape, generator=g))
             else:
                 raise AssertionError(f"randomize_deepseek: no rule for {name} {tuple(p.shape)}")
         for name in buffers:
@@ -2138,6 +2149,36 @@ def make_gptoss_mxfp4():
           f"min_router_gap {ref['min_router_gap']:.4g}")
 
 
+def make_mimo():
+    cfg = MiMoV2FlashConfig(
+        **{**DS_SIZES, "rms_norm_eps": 1e-5},
+        num_attention_heads=4,
+        num_key_value_heads=1,  # sliding layers: 2
+        head_dim=24,  # query / key heads; int(24 * 0.334) = 8 rotary dimensions
+        v_head_dim=16,  # != head_dim
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        sliding_window=4,  # far below the 40-token prompt
+        attention_value_scale=0.707,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334},
+        },
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        **COMMON,
+    )
+    return build("mimo", MiMoV2FlashForCausalLM, cfg, "mimo_v2_flash", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("mimo", DS_PROMPT_LEN),
+                 randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
+
+
 MAKERS = {
     "olmoe": make_olmoe,
     "qwen3moe": make_qwen3moe,
@@ -2161,6 +2202,7 @@ MAKERS = {
     "glmmoedsa": make_glmmoedsa,
     "gptoss": make_gptoss,
     "gptoss-mxfp4": make_gptoss_mxfp4,
+    "mimo": make_mimo,
 }
 
 

@@ -63,6 +63,10 @@ pub struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Width of a value head (`head_dim` unless the family says otherwise).
+    v_head_dim: usize,
+    /// A factor on every value (MiMo-V2-Flash's `attention_value_scale`).
+    value_scale: Option<f32>,
     eps: f32,
 }
 
@@ -70,12 +74,14 @@ impl Attention {
     /// Loads `model.layers.{layer}.self_attn.*`.
     pub fn load(files: &dyn WeightSource, cfg: &ModelConfig, layer: usize) -> Result<Self, LoadError> {
         let p = format!("model.layers.{layer}.self_attn");
-        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim());
+        let kv_heads = cfg.kv_heads(layer);
+        let (h, q, kv) = (cfg.hidden_size, cfg.q_dim(), kv_heads * cfg.head_dim);
+        let (vd, o_cols) = (kv_heads * cfg.v_head_dim(), cfg.num_heads * cfg.v_head_dim());
         let qkv_bias = if cfg.qkv_bias {
             Some([
                 files.vector(&format!("{p}.q_proj.bias"), q)?,
                 files.vector(&format!("{p}.k_proj.bias"), kv)?,
-                files.vector(&format!("{p}.v_proj.bias"), kv)?,
+                files.vector(&format!("{p}.v_proj.bias"), vd)?,
             ])
         } else {
             None
@@ -90,8 +96,8 @@ impl Attention {
         Ok(Attention {
             q_proj: files.matrix(&format!("{p}.q_proj.weight"), q_rows, h)?,
             k_proj: files.matrix(&format!("{p}.k_proj.weight"), kv, h)?,
-            v_proj: files.matrix(&format!("{p}.v_proj.weight"), kv, h)?,
-            o_proj: files.matrix(&format!("{p}.o_proj.weight"), h, q)?,
+            v_proj: files.matrix(&format!("{p}.v_proj.weight"), vd, h)?,
+            o_proj: files.matrix(&format!("{p}.o_proj.weight"), h, o_cols)?,
             qkv_bias,
             o_bias: if cfg.o_proj_bias {
                 Some(files.vector(&format!("{p}.o_proj.bias"), h)?)
@@ -99,7 +105,12 @@ impl Attention {
                 None
             },
             sinks: if cfg.attn_sinks[layer] {
-                Some(files.vector(&format!("{p}.sinks"), cfg.num_heads)?)
+                // gpt-oss's `self_attn.sinks`; MiMo-V2-Flash checkpoints say `attention_sink_bias`.
+                let name = match cfg.family {
+                    crate::Family::MiMoV2Flash => "attention_sink_bias",
+                    _ => "sinks",
+                };
+                Some(files.vector(&format!("{p}.{name}"), cfg.num_heads)?)
             } else {
                 None
             },
@@ -110,8 +121,10 @@ impl Attention {
             window: cfg.sliding_window[layer],
             qk_rows_interleaved: cfg.qk_rows_interleaved,
             heads: cfg.num_heads,
-            kv_heads: cfg.num_kv_heads,
+            kv_heads,
             head_dim: cfg.head_dim,
+            v_head_dim: cfg.v_head_dim(),
+            value_scale: cfg.value_scale,
             eps: cfg.rms_norm_eps,
         })
     }
@@ -159,21 +172,21 @@ impl Attention {
         let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
         let started = Instant::now();
         let n = positions.len();
-        let qd = self.heads * self.head_dim;
+        let (qd, cd) = (self.heads * self.head_dim, self.heads * self.v_head_dim);
         let (mut q, k, v, gate) = self.project(xs, n);
         for (rows, kv) in seqs.iter().zip(kvs.iter_mut()) {
             self.rope_and_cache(&mut q, &k, &v, rows.clone(), positions, rope, kv);
         }
         times.qkv_ms += ms(started);
         let started = Instant::now();
-        let mut ctx = vec![0.0; n * qd];
+        let mut ctx = vec![0.0; n * cd];
         for (rows, kv) in seqs.iter().zip(kvs.iter()) {
             let first = positions[rows.start];
             self.heads_into(
                 &q[rows.start * qd..rows.end * qd],
                 first,
                 kv,
-                &mut ctx[rows.start * qd..rows.end * qd],
+                &mut ctx[rows.start * cd..rows.end * cd],
             );
         }
         // attn_output = attn_output * torch.sigmoid(gate)
@@ -198,7 +211,7 @@ impl Attention {
         let (qd, kvd, hd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim);
         let mut q = vec![0.0; n * qd * if self.output_gate { 2 } else { 1 }];
         let mut k = vec![0.0; n * kvd];
-        let mut v = vec![0.0; n * kvd];
+        let mut v = vec![0.0; n * self.kv_heads * self.v_head_dim];
         Weight::matmul_many(
             &[&self.q_proj, &self.k_proj, &self.v_proj],
             xs,
@@ -235,6 +248,10 @@ impl Attention {
                 *x = x.clamp(-c, c);
             }
         }
+        if let Some(scale) = self.value_scale {
+            // value_states = self.v_proj(hidden_states).view(v_hidden_shape).transpose(1, 2) * self.v_scale
+            v.iter_mut().for_each(|x| *x *= scale);
+        }
         (q, k, v, gate)
     }
 
@@ -251,7 +268,11 @@ impl Attention {
         rope: &Rope,
         kv: &mut LayerKv,
     ) {
-        let (qd, kvd) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        let (qd, kvd, vd) = (
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.kv_heads * self.v_head_dim,
+        );
         debug_assert_eq!(kv.len(), positions[rows.start], "positions must continue the cache");
         kv.begin_step();
         let mut kr = vec![0.0; kvd];
@@ -259,17 +280,17 @@ impl Attention {
             rope.apply(&mut q[t * qd..(t + 1) * qd], positions[t]);
             kr.copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
             rope.apply(&mut kr, positions[t]);
-            kv.push(&kr, &v[t * kvd..(t + 1) * kvd]);
+            kv.push(&kr, &v[t * vd..(t + 1) * vd]);
         }
     }
 
     /// softmax(q k^T / sqrt(head_dim)) v for one sequence's roped queries
     /// `q` (rows from position `first`), one (row, head) per task.
     fn heads_into(&self, q: &[f32], first: usize, kv: &LayerKv, ctx: &mut [f32]) {
-        let (qd, hd) = (self.heads * self.head_dim, self.head_dim);
+        let (qd, hd, vd) = (self.heads * self.head_dim, self.head_dim, self.v_head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
         let group = self.heads / self.kv_heads;
-        ctx.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+        ctx.par_chunks_mut(vd).enumerate().for_each(|(i, o)| {
             let (t, h) = (i / self.heads, i % self.heads);
             let pos = first + t;
             let start = match self.window {

@@ -262,6 +262,23 @@ pub struct ModelConfig {
     pub expert_act: GluAct,
     /// Routed experts' projections carry biases.
     pub expert_bias: bool,
+    /// Width of a value head when it differs from `head_dim`
+    /// (MiMo-V2-Flash's `v_head_dim`).
+    pub v_head_dim: Option<usize>,
+    /// A factor on every attention value (`attention_value_scale`).
+    pub value_scale: Option<f32>,
+    /// Sliding-window layers' own KV head count and rope theta, when they
+    /// differ from the full layers' (MiMo-V2-Flash).
+    pub swa: Option<SwaShape>,
+}
+
+/// What MiMo-V2-Flash's sliding-window layers do differently.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwaShape {
+    /// KV heads of a sliding layer.
+    pub kv_heads: usize,
+    /// Rope theta of a sliding layer.
+    pub rope_theta: f32,
 }
 
 impl ModelConfig {
@@ -293,6 +310,19 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
+    /// KV heads of `layer` (sliding layers may have their own count).
+    pub fn kv_heads(&self, layer: usize) -> usize {
+        match (self.sliding_window[layer], self.swa) {
+            (Some(_), Some(s)) => s.kv_heads,
+            _ => self.num_kv_heads,
+        }
+    }
+
+    /// Width of a value head.
+    pub fn v_head_dim(&self) -> usize {
+        self.v_head_dim.unwrap_or(self.head_dim)
+    }
+
     /// Whether `layer` routes to experts (otherwise it runs a dense MLP).
     pub fn is_moe_layer(&self, layer: usize) -> bool {
         self.moe_layers[layer]
@@ -306,6 +336,17 @@ impl ModelConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 || self.head_dim == 0 {
             return Err("hidden_size, num_hidden_layers, vocab_size and head_dim must be positive".into());
+        }
+        if let Some(s) = self.swa {
+            if s.kv_heads == 0 || !self.num_heads.is_multiple_of(s.kv_heads) {
+                return Err(format!(
+                    "num_attention_heads ({}) must be a positive multiple of the sliding layers' KV heads ({})",
+                    self.num_heads, s.kv_heads
+                ));
+            }
+        }
+        if self.v_head_dim == Some(0) {
+            return Err("v_head_dim must be positive".into());
         }
         if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
@@ -592,6 +633,9 @@ impl RawConfig {
             router_softmax_after_topk: false,
             expert_act: GluAct::Silu,
             expert_bias: false,
+            v_head_dim: None,
+            value_scale: None,
+            swa: None,
         })
     }
 

@@ -39,6 +39,8 @@ pub struct Model {
     /// `[vocab, hidden]`; `None` when tied to `embed`.
     lm_head: Option<Weight>,
     rope: Rope,
+    /// Sliding-window layers' own rope, when their theta differs (MiMo-V2-Flash).
+    rope_swa: Option<Rope>,
     /// What [`Model::new_cache`] stores keys and values in.
     pub kv_dtype: KvDtype,
 }
@@ -194,6 +196,9 @@ impl Model {
                 Some(y) => Rope::yarn(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, y),
                 None => Rope::partial(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, cfg.rope_linear_factor),
             },
+            rope_swa: cfg
+                .swa
+                .map(|s| Rope::partial(cfg.head_dim, cfg.rotary_dim, s.rope_theta, cfg.rope_linear_factor)),
             layers,
             lm_head,
             cfg,
@@ -208,18 +213,17 @@ impl Model {
         KvCache::of(
             self.layers
                 .iter()
-                .zip(&self.cfg.sliding_window)
-                .map(|(l, window)| match (&l.mixer, window) {
-                    (Mixer::Attention(_), Some(w)) => {
-                        LayerCache::sliding_kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype, *w)
-                    }
-                    (Mixer::Attention(_), None) => {
-                        LayerCache::kv(self.cfg.num_kv_heads, self.cfg.head_dim, self.kv_dtype)
-                    }
-                    (Mixer::GatedDeltaNet(d), _) => LayerCache::Recurrent(d.new_state()),
-                    (Mixer::Mla(_), _) => {
-                        LayerCache::latent(self.cfg.mla.map_or(0, |m| m.cache_width()), self.kv_dtype)
-                    }
+                .enumerate()
+                .map(|(i, l)| match &l.mixer {
+                    Mixer::Attention(_) => LayerCache::attention(
+                        self.cfg.kv_heads(i),
+                        self.cfg.head_dim,
+                        self.cfg.v_head_dim(),
+                        self.kv_dtype,
+                        self.cfg.sliding_window[i],
+                    ),
+                    Mixer::GatedDeltaNet(d) => LayerCache::Recurrent(d.new_state()),
+                    Mixer::Mla(_) => LayerCache::latent(self.cfg.mla.map_or(0, |m| m.cache_width()), self.kv_dtype),
                 })
                 .collect(),
         )
@@ -322,7 +326,11 @@ impl Model {
                         _ => unreachable!("Model::new_cache gives every layer its mixer's cache"),
                     })
                     .collect();
-                a.forward_many_timed(&xs, &st.seqs, &st.positions, &self.rope, &mut kvs, &mut attn_out, times);
+                let rope = match (&self.rope_swa, self.cfg.sliding_window[layer]) {
+                    (Some(swa), Some(_)) => swa,
+                    _ => &self.rope,
+                };
+                a.forward_many_timed(&xs, &st.seqs, &st.positions, rope, &mut kvs, &mut attn_out, times);
             }
             Mixer::Mla(m) => {
                 // A layer that shares an earlier layer's sparse-attention

@@ -3,8 +3,8 @@
 use crate::config::{ModelConfig, RawConfig};
 use crate::error::ModelError;
 use crate::{
-    deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, gpt_oss, llama, minimax_m2, mixtral, olmoe, qwen2_moe,
-    qwen3_5_moe, qwen3_moe, qwen3_next,
+    deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, gpt_oss, llama, mimo_v2_flash, minimax_m2, mixtral, olmoe,
+    qwen2_moe, qwen3_5_moe, qwen3_moe, qwen3_next,
 };
 
 /// A supported architecture.
@@ -35,6 +35,9 @@ pub enum Family {
     GlmMoeDsa,
     /// gpt-oss: sinks, alternating sliding windows, clamped biased experts.
     GptOss,
+    /// MiMo-V2-Flash: sliding layers with their own KV heads, rope and
+    /// sinks; value heads narrower than query/key heads; the DeepSeek router.
+    MiMoV2Flash,
 }
 
 /// Tensor naming of a family's MoE block.
@@ -53,7 +56,7 @@ pub struct MoeNames {
 
 impl Family {
     /// Every supported family.
-    pub const ALL: [Family; 14] = [
+    pub const ALL: [Family; 15] = [
         Family::Olmoe,
         Family::Qwen3Moe,
         Family::Mixtral,
@@ -68,6 +71,7 @@ impl Family {
         Family::DeepseekV32,
         Family::GlmMoeDsa,
         Family::GptOss,
+        Family::MiMoV2Flash,
     ];
 
     /// The `architectures` entry of this family.
@@ -87,6 +91,7 @@ impl Family {
             Family::DeepseekV32 => "DeepseekV32ForCausalLM",
             Family::GlmMoeDsa => "GlmMoeDsaForCausalLM",
             Family::GptOss => "GptOssForCausalLM",
+            Family::MiMoV2Flash => "MiMoV2FlashForCausalLM",
         }
     }
 
@@ -136,6 +141,7 @@ impl Family {
             "deepseek_v32" => Family::DeepseekV32,
             "glm_moe_dsa" => Family::GlmMoeDsa,
             "gpt_oss" => Family::GptOss,
+            "mimo_v2_flash" => Family::MiMoV2Flash,
             _ => {
                 return Err(ModelError::UnknownArchitecture {
                     name: format!("(no architectures; model_type {model_type:?})"),
@@ -163,6 +169,7 @@ impl Family {
             Family::DeepseekV32 => deepseek_v32::parse(raw, Family::DeepseekV32),
             Family::GlmMoeDsa => deepseek_v32::parse(raw, Family::GlmMoeDsa),
             Family::GptOss => gpt_oss::parse(raw),
+            Family::MiMoV2Flash => mimo_v2_flash::parse(raw),
         }
     }
 
@@ -181,7 +188,8 @@ impl Family {
             | Family::Glm4MoeLite
             | Family::DeepseekV32
             | Family::GlmMoeDsa
-            | Family::GptOss => MoeNames {
+            | Family::GptOss
+            | Family::MiMoV2Flash => MoeNames {
                 block: "mlp",
                 router: if self == Family::GptOss { "router" } else { "gate" },
                 proj: ["gate_proj", "up_proj", "down_proj"],

@@ -161,6 +161,10 @@ pub struct LayerKv {
     k: Vec<Rows>,
     v: Vec<Rows>,
     head_dim: usize,
+    /// Width of one head's value (MiMo-V2-Flash's `v_head_dim`; most
+    /// families: `head_dim`).
+    #[serde(default)]
+    v_head_dim: usize,
     /// Positions seen.
     len: usize,
     dtype: KvDtype,
@@ -173,11 +177,12 @@ pub struct LayerKv {
 }
 
 impl LayerKv {
-    fn new(kv_heads: usize, head_dim: usize, dtype: KvDtype, window: Option<usize>) -> Self {
+    fn new(kv_heads: usize, head_dim: usize, v_head_dim: usize, dtype: KvDtype, window: Option<usize>) -> Self {
         LayerKv {
             k: (0..kv_heads).map(|_| Rows::new(dtype)).collect(),
             v: (0..kv_heads).map(|_| Rows::new(dtype)).collect(),
             head_dim,
+            v_head_dim,
             len: 0,
             dtype,
             window,
@@ -209,8 +214,9 @@ impl LayerKv {
         let first_seen = (self.len + 1).saturating_sub(w);
         let dead = first_seen.saturating_sub(self.start);
         if dead >= w.max(1) {
-            for r in self.k.iter_mut().chain(&mut self.v) {
-                r.drop_front(dead * self.head_dim);
+            for (k, v) in self.k.iter_mut().zip(&mut self.v) {
+                k.drop_front(dead * self.head_dim);
+                v.drop_front(dead * self.v_head_dim);
             }
             self.start = first_seen;
         }
@@ -241,17 +247,23 @@ impl LayerKv {
         self.k.len() * self.head_dim
     }
 
+    /// Width of one cached value (`kv_heads * v_head_dim`).
+    pub fn v_dim(&self) -> usize {
+        self.v.len() * self.v_head_dim
+    }
+
     /// The element type keys and values are stored in.
     pub fn dtype(&self) -> KvDtype {
         self.dtype
     }
 
-    /// Appends one position's key and value rows (`kv_dim` each, head after
-    /// head, as the projections produce them), rounded to the cache's dtype.
+    /// Appends one position's key and value rows (`kv_dim` and `v_dim`,
+    /// head after head, as the projections produce them), rounded to the
+    /// cache's dtype.
     pub fn push(&mut self, k: &[f32], v: &[f32]) {
-        let hd = self.head_dim;
-        debug_assert_eq!((k.len(), v.len()), (self.kv_dim(), self.kv_dim()));
-        for (h, (kh, vh)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+        let (hd, vd) = (self.head_dim, self.v_head_dim);
+        debug_assert_eq!((k.len(), v.len()), (self.kv_dim(), self.v_dim()));
+        for (h, (kh, vh)) in k.chunks_exact(hd).zip(v.chunks_exact(vd)).enumerate() {
             self.k[h].extend(kh);
             self.v[h].extend(vh);
         }
@@ -267,7 +279,10 @@ impl LayerKv {
     /// KV head `h`'s values of positions `from..to` (at or after [`LayerKv::start`]).
     pub fn values(&self, h: usize, from: usize, to: usize) -> CachedRows<'_> {
         debug_assert!(from >= self.start, "position {from} was dropped by the window");
-        self.v[h].view((from - self.start) * self.head_dim, (to - self.start) * self.head_dim)
+        self.v[h].view(
+            (from - self.start) * self.v_head_dim,
+            (to - self.start) * self.v_head_dim,
+        )
     }
 
     /// Forgets every position from `len` on; everything when the window
@@ -281,10 +296,9 @@ impl LayerKv {
             self.start = 0;
             return;
         }
-        let n = (len - self.start) * self.head_dim;
         for (k, v) in self.k.iter_mut().zip(&mut self.v) {
-            k.truncate(n);
-            v.truncate(n);
+            k.truncate((len - self.start) * self.head_dim);
+            v.truncate((len - self.start) * self.v_head_dim);
         }
         self.len = self.len.min(len);
     }
@@ -403,13 +417,21 @@ pub enum LayerCache {
 impl LayerCache {
     /// An empty key/value cache of `kv_heads` heads of `head_dim` in `dtype`.
     pub fn kv(kv_heads: usize, head_dim: usize, dtype: KvDtype) -> Self {
-        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype, None))
+        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, head_dim, dtype, None))
     }
 
-    /// The same for a sliding-window layer that keeps only what its window
-    /// can still see ([`LayerKv::begin_step`]).
-    pub fn sliding_kv(kv_heads: usize, head_dim: usize, dtype: KvDtype, window: usize) -> Self {
-        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, dtype, Some(window)))
+    /// An empty key/value cache of `kv_heads` heads with keys of
+    /// `head_dim` and values of `v_head_dim`; with a window, a
+    /// sliding-window layer's, which keeps only what that window can still
+    /// see ([`LayerKv::begin_step`]).
+    pub fn attention(
+        kv_heads: usize,
+        head_dim: usize,
+        v_head_dim: usize,
+        dtype: KvDtype,
+        window: Option<usize>,
+    ) -> Self {
+        LayerCache::Kv(LayerKv::new(kv_heads, head_dim, v_head_dim, dtype, window))
     }
 
     /// An empty latent cache of `width` values per position in `dtype`.
@@ -510,7 +532,7 @@ impl KvCache {
             .iter()
             .map(|l| match l {
                 LayerCache::Kv(kv) if kv.window.is_some() => 0,
-                LayerCache::Kv(kv) => 2 * kv.kv_dim() * kv.dtype.size(),
+                LayerCache::Kv(kv) => (kv.kv_dim() + kv.v_dim()) * kv.dtype.size(),
                 LayerCache::Latent(l) => (l.width + l.index_width) * l.dtype.size(),
                 LayerCache::Recurrent(_) => 0,
             })
@@ -524,9 +546,9 @@ impl KvCache {
         self.layers
             .iter()
             .map(|l| match l {
-                LayerCache::Kv(kv) => kv
-                    .window
-                    .map_or(0, |w| (2 * w).saturating_sub(1) * 2 * kv.kv_dim() * kv.dtype.size()),
+                LayerCache::Kv(kv) => kv.window.map_or(0, |w| {
+                    (2 * w).saturating_sub(1) * (kv.kv_dim() + kv.v_dim()) * kv.dtype.size()
+                }),
                 _ => 0,
             })
             .sum()
@@ -554,16 +576,15 @@ impl KvCache {
                 (LayerCache::Kv(a), LayerCache::Kv(b)) => {
                     a.dtype == b.dtype
                         && a.head_dim == b.head_dim
+                        && a.v_head_dim == b.v_head_dim
                         && a.k.len() == b.k.len()
                         && a.v.len() == b.v.len()
                         && a.window == b.window
                         && a.len == len
                         && a.start <= len
                         && (a.start == 0 || a.window.is_some_and(|w| a.start <= (len + 1).saturating_sub(w)))
-                        && a.k
-                            .iter()
-                            .chain(&a.v)
-                            .all(|r| rows_of(r, a.dtype, (len - a.start) * a.head_dim))
+                        && a.k.iter().all(|r| rows_of(r, a.dtype, (len - a.start) * a.head_dim))
+                        && a.v.iter().all(|r| rows_of(r, a.dtype, (len - a.start) * a.v_head_dim))
                 }
                 (LayerCache::Latent(a), LayerCache::Latent(b)) => {
                     a.dtype == b.dtype
@@ -677,8 +698,8 @@ mod tests {
     fn a_sliding_layer_holds_only_what_its_window_can_still_see() {
         let w = 4;
         let (mut bounded, mut unbounded) = (
-            LayerKv::new(1, 2, KvDtype::F32, Some(w)),
-            LayerKv::new(1, 2, KvDtype::F32, None),
+            LayerKv::new(1, 2, 2, KvDtype::F32, Some(w)),
+            LayerKv::new(1, 2, 2, KvDtype::F32, None),
         );
         step(&mut bounded, 0, 6);
         step(&mut unbounded, 0, 6);

@@ -8,7 +8,8 @@
 //!   file per family ([`olmoe`], [`qwen3_moe`], [`mixtral`], [`qwen2_moe`],
 //!   dense [`llama`], the hybrids [`qwen3_next`] and [`qwen3_5_moe`], the
 //!   DeepSeek lineage [`deepseek_v3`], [`glm4_moe`], [`glm4_moe_lite`],
-//!   [`minimax_m2`], and with sparse attention [`deepseek_v32`]) holds
+//!   [`minimax_m2`], and with sparse attention [`deepseek_v32`]; with
+//!   sinks and sliding windows [`gpt_oss`] and [`mimo_v2_flash`]) holds
 //!   only what differs.
 //! - [`decoder`]: the shared decoder, stepped layer by layer
 //!   ([`Model::pre_experts`] → expert service → [`Model::post_experts`]).
@@ -45,6 +46,7 @@ pub mod gpt_oss;
 pub mod group_router;
 pub mod kv_cache;
 pub mod llama;
+pub mod mimo_v2_flash;
 pub mod minimax_m2;
 pub mod mixtral;
 pub mod mla;

@@ -404,3 +404,11 @@ fn gptoss_mxfp4() {
         "{name}: the products run on 8-bit activations, not the f32 reference's"
     );
 }
+
+/// MiMo-V2-Flash: sliding layers (window 4) with twice the KV heads, their
+/// own rope theta and sinks; value heads narrower than query/key heads and
+/// scaled; partial rotary; the sigmoid group router without a shared expert.
+#[test]
+fn mimo() {
+    check_family("mimo");
+}

@@ -238,6 +238,9 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         router_softmax_after_topk: false,
         expert_act: crate::ffn::GluAct::Silu,
         expert_bias: false,
+        v_head_dim: None,
+        value_scale: None,
+        swa: None,
     };
     let mut cfg = cfg;
     if matches!(

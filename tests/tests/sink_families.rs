@@ -1,9 +1,12 @@
-//! gpt-oss beyond the oracle test (`oracle_parity::gptoss`): the one rule
-//! across workers, the bounded sliding-window cache, and bad input.
+//! The families with attention sinks and sliding windows, gpt-oss and
+//! MiMo-V2-Flash, beyond the oracle tests (`oracle_parity::gptoss`,
+//! `oracle_parity::mimo`): the one rule across workers, containers, the
+//! bounded sliding-window cache, and bad input.
 //!
-//! - `gpt_oss_is_bit_identical_on_any_worker_count`: teacher-forced logits
-//!   and 16 greedy ids from `--local` and from three `worker` processes on
-//!   127.0.0.1 (the experts' biases and clamped GLU run on the workers).
+//! - `sink_families_are_bit_identical_on_any_worker_count`: teacher-forced
+//!   logits and 16 greedy ids from `--local` and from three `worker`
+//!   processes on 127.0.0.1 (gpt-oss's expert biases and clamped GLU run on
+//!   the workers), for both families.
 //! - `containers_keep_expert_biases_and_mxfp4_blocks`: a bf16 container
 //!   (biases in each expert's record) gives the same bits with cache 0, an
 //!   unlimited cache and on three workers; the MXFP4 checkpoint's container
@@ -12,7 +15,8 @@
 //! - `a_long_run_holds_only_the_windows_of_sliding_layers`: after a
 //!   4,000-token prompt and a few decoded tokens, each full layer holds
 //!   every position and each sliding layer (window 4) between `w` and
-//!   `2w - 1`, and `kv_cache_bytes` is exactly that sum.
+//!   `2w - 1`, and `kv_cache_bytes` is exactly that sum; for both families
+//!   (MiMo-V2-Flash with its per-layer KV heads and narrower values).
 //! - `bad_gpt_oss_tensors_and_configs_are_named`: a missing sink, a wrong
 //!   router bias, a non-positive `swiglu_limit`.
 
@@ -29,24 +33,26 @@ use cluster_support::*;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[test]
-fn gpt_oss_is_bit_identical_on_any_worker_count() {
-    let dir = fixture("gptoss");
-    let r = Reference::load("gptoss");
-    let tmp = tempfile::tempdir().unwrap();
-    let key = keygen(tmp.path(), "cluster.key");
-    let run = |e: &Engine| {
-        (
-            bits(&e.logits_all(&r.full_sequence()).unwrap()),
-            greedy(e, &r.prompt_ids, 16),
-        )
-    };
-    let want = run(&Engine::local(&dir).unwrap());
-    assert_eq!(want.1, r.greedy_ids, "local run against transformers");
-    let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
-    let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
-    let svc = service(&dir, &key, &addrs, TIMEOUT, false);
-    svc.wait_for_workers(3, TIMEOUT).unwrap();
-    assert!(run(&engine(&dir, svc)) == want, "3 workers");
+fn sink_families_are_bit_identical_on_any_worker_count() {
+    for name in ["gptoss", "mimo"] {
+        let dir = fixture(name);
+        let r = Reference::load(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let key = keygen(tmp.path(), "cluster.key");
+        let run = |e: &Engine| {
+            (
+                bits(&e.logits_all(&r.full_sequence()).unwrap()),
+                greedy(e, &r.prompt_ids, 16),
+            )
+        };
+        let want = run(&Engine::local(&dir).unwrap());
+        assert_eq!(want.1, r.greedy_ids, "{name}: local run against transformers");
+        let workers: Vec<Worker> = (0..3).map(|_| Worker::start(&dir, &key, &[])).collect();
+        let addrs: Vec<_> = workers.iter().map(|w| w.addr).collect();
+        let svc = service(&dir, &key, &addrs, TIMEOUT, false);
+        svc.wait_for_workers(3, TIMEOUT).unwrap();
+        assert!(run(&engine(&dir, svc)) == want, "{name}: 3 workers");
+    }
 }
 
 #[test]
@@ -112,10 +118,10 @@ fn containers_keep_expert_biases_and_mxfp4_blocks() {
     assert!(three(&c, &r) == direct, "MXFP4 container on 3 workers");
 }
 
-/// The gptoss fixture with a context long enough for 4,000 tokens.
-fn long_context_copy(root: &Path) -> std::path::PathBuf {
-    let src = fixture("gptoss");
-    let dir = root.join("gptoss-long");
+/// A fixture with a context long enough for 4,000 tokens.
+fn long_context_copy(root: &Path, name: &str) -> std::path::PathBuf {
+    let src = fixture(name);
+    let dir = root.join(format!("{name}-long"));
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["model.safetensors", "generation_config.json"] {
         std::fs::copy(src.join(f), dir.join(f)).unwrap();
@@ -129,8 +135,14 @@ fn long_context_copy(root: &Path) -> std::path::PathBuf {
 
 #[test]
 fn a_long_run_holds_only_the_windows_of_sliding_layers() {
+    for name in ["gptoss", "mimo"] {
+        long_run(name);
+    }
+}
+
+fn long_run(name: &str) {
     let tmp = tempfile::tempdir().unwrap();
-    let engine = Engine::local(&long_context_copy(tmp.path())).unwrap();
+    let engine = Engine::local(&long_context_copy(tmp.path(), name)).unwrap();
     let cfg = engine.config().clone();
     let prompt: Vec<u32> = (0..4000u32).map(|i| 3 + (i * 7919) % 1000).collect();
     let mut session = engine.session();
@@ -145,28 +157,32 @@ fn a_long_run_holds_only_the_windows_of_sliding_layers() {
     let gen = engine.generate(&mut session, &prompt, &params, |_| true).unwrap();
     let seen = prompt.len() + 4; // the last sampled id is never fed back
     assert_eq!(session.cache().len(), seen);
-    let per_position = 2 * cfg.num_kv_heads * cfg.head_dim * 4; // keys and values, f32
-    let mut expected = 0;
+    // Keys and values, f32, with each layer's KV heads.
+    let per_position = |l: usize| cfg.kv_heads(l) * (cfg.head_dim + cfg.v_head_dim()) * 4;
+    let (mut expected, mut full, mut sliding_max) = (0, 0, 0);
     for (l, layer) in session.cache().layers.iter().enumerate() {
         let LayerCache::Kv(kv) = layer else {
-            panic!("layer {l} is attention")
+            panic!("{name} layer {l} is attention")
         };
         match cfg.sliding_window[l] {
             Some(w) => {
                 assert_eq!(w, 4);
-                assert!((w..2 * w).contains(&kv.held()), "layer {l} holds {}", kv.held());
+                assert!((w..2 * w).contains(&kv.held()), "{name} layer {l} holds {}", kv.held());
                 assert_eq!(kv.start() + kv.held(), seen);
+                sliding_max += (2 * w - 1) * per_position(l);
             }
-            None => assert_eq!(kv.held(), seen, "layer {l}"),
+            None => {
+                assert_eq!(kv.held(), seen, "{name} layer {l}");
+                full += seen * per_position(l);
+            }
         }
-        assert_eq!(layer.bytes(), kv.held() * per_position);
-        expected += kv.held() * per_position;
+        assert_eq!(layer.bytes(), kv.held() * per_position(l), "{name} layer {l}");
+        expected += kv.held() * per_position(l);
     }
-    assert_eq!(gen.stats.kv_cache_bytes, expected);
-    // Two full layers of 4,004 positions; the sliding ones add at most 2 × 7.
-    let full = 2 * seen * per_position;
-    assert!(expected >= full + 2 * 4 * per_position && expected <= full + 2 * 7 * per_position);
-    assert!(expected <= full + session.cache().sliding_bytes());
+    assert_eq!(gen.stats.kv_cache_bytes, expected, "{name}");
+    // The full layers hold every position; each sliding one at most 2w - 1.
+    assert!(expected > full && expected <= full + sliding_max, "{name}");
+    assert_eq!(session.cache().sliding_bytes(), sliding_max, "{name}");
 }
 
 /// Writes `tensors` over a copy of the gptoss fixture (each named tensor
