@@ -10,9 +10,9 @@ Run by hand (CI needs no Python: the outputs are committed):
 Writes into tests/fixtures/gguf/:
 
 - `types.gguf`: one tensor of every weight type charm reads (F32, F16, BF16,
-  Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), 4 rows x 512 columns
-  each, plus stacked 3-D expert tensors, 1-D vectors, and metadata of every
-  GGUF value type (scalars, strings, arrays, a nested array), with
+  Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4), 4 rows x 512
+  columns each, plus stacked 3-D expert tensors, 1-D vectors, and metadata
+  of every GGUF value type (scalars, strings, arrays, a nested array), with
   `general.alignment = 64`. Written by `gguf.GGUFWriter`.
 - `reference.bin`: little-endian f32: first the 512-element activation
   vector `x`, then every tensor's values as `gguf.quants.dequantize` gives
@@ -23,9 +23,11 @@ Writes into tests/fixtures/gguf/:
   dequantized row with `x[:dims[0]]`, as the hex of the f64 bits.
 
 Types the package can quantize (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
-Q5_1) are quantized from random normal data with `gguf.quants.quantize`;
-their last row is then overwritten with random but valid blocks (finite f16
-scales), so that codes the quantizer never writes (e.g. Q8_0's -128) are
+Q5_1, MXFP4) are quantized from random normal data with
+`gguf.quants.quantize`; their last row is then overwritten with random but
+valid blocks (finite f16 scales; MXFP4 exponents that keep every value and
+dot product finite in f32, the subnormal-scale bytes 0 and 1 included), so
+that codes the quantizer never writes (e.g. Q8_0's -128, MXFP4's -0) are
 covered too. The package cannot quantize Q4_K, Q5_K, Q6_K: those tensors are
 random valid blocks (finite f16 scales, including negative, zero and
 subnormal ones) written as raw bytes with their type.
@@ -59,6 +61,9 @@ def random_blocks(qtype, n_blocks):
     """`n_blocks` random but valid blocks of `qtype` (uint8, one row each)."""
     _, size = gguf.GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    if qtype == T.MXFP4:
+        b[:, 0] = mxfp4_exponents(n_blocks)
+        return b
     # Byte offsets of the f16 scales in each block layout.
     f16_at = {
         T.Q4_0: [0],
@@ -73,6 +78,17 @@ def random_blocks(qtype, n_blocks):
     for at in f16_at:
         b[:, at : at + 2] = f16_scales(n_blocks).view(np.uint8).reshape(n_blocks, 2)
     return b
+
+
+def mxfp4_exponents(n):
+    """`n` MXFP4 E8M0 exponent bytes (the block scale is `2^(e - 128)`):
+    mostly near the quantizer's own (about 122 for this data), plus the
+    subnormal-scale bytes 0 and 1, a 2 and a larger 140."""
+    e = rng.integers(112, 132, size=n, dtype=np.uint8)
+    special = np.array([0, 1, 2, 140], dtype=np.uint8)
+    e[: min(n, len(special))] = special[: min(n, len(special))]
+    rng.shuffle(e)
+    return e
 
 
 def quantized(qtype, shape):
@@ -129,7 +145,7 @@ def main():
     for qtype in (T.F32, T.F16, T.BF16):
         data, raw = plain(qtype, (ROWS, COLS))
         tensors.append((f"t.{qtype.name.lower()}", data, raw))
-    for qtype in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K):
+    for qtype in (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.MXFP4):
         tensors.append((f"t.{qtype.name.lower()}", quantized(qtype, (ROWS, COLS)), qtype))
     # Stacked experts [n, rows, cols] (ggml dims [cols, rows, n]).
     tensors.append(("blk.0.ffn_gate_exps.weight", quantized(T.Q4_K, (3, 4, 512)), T.Q4_K))

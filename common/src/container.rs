@@ -784,6 +784,8 @@ mod tests {
             experts_len: experts.len() as u64,
             records,
             fingerprint: "0123456789abcdef".into(),
+            expert_bias: false,
+            expert_glu_clamp: None,
         };
         write_manifest(dir, &m);
         m
@@ -974,5 +976,28 @@ mod tests {
                 ggml_types: None,
             }
         }
+    }
+
+    #[test]
+    fn expert_biases_follow_the_parts_and_read_back() {
+        let plain = record_layout(64, 32, Quant::Bf16).unwrap();
+        let l = plain.with_bias(64, 32).unwrap();
+        let at = l.bias.unwrap();
+        assert!(at >= plain.len && at.is_multiple_of(PART_ALIGN));
+        assert_eq!(l.len, at + (2 * 32 + 64) * 4);
+        let mut buf = vec![0u8; l.len];
+        let (g, u, d) = (vec![1.5f32; 32], vec![-2.0f32; 32], vec![0.25f32; 64]);
+        put_record_bias(&mut buf, &l, [&g, &u, &d]).unwrap();
+        assert_eq!(record_bias(&buf, &l).unwrap(), Some([g.clone(), u.clone(), d.clone()]));
+        assert_eq!(record_bias(&buf, &plain).unwrap(), None);
+        // Wrong lengths and a short record are typed errors.
+        assert!(matches!(
+            put_record_bias(&mut buf, &l, [&g, &u, &g]),
+            Err(ContainerError::Layout(_))
+        ));
+        assert!(matches!(
+            record_bias(&buf[..l.len - 4], &l),
+            Err(ContainerError::Layout(_))
+        ));
     }
 }

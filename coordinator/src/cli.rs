@@ -434,11 +434,21 @@ fn split_cmd(dir: &std::path::Path, state_dir: Option<&std::path::Path>, a: &Spl
 
 fn convert_cmd(dir: &std::path::Path, args: &ConvertArgs) -> Result<()> {
     let gguf = crate::engine::is_gguf(dir);
+    // Experts a checkpoint stores in GGML blocks (gpt-oss's MXFP4) are kept as they are.
+    let stored = if gguf {
+        None
+    } else {
+        crate::convert::experts_stored_as(dir)?
+    };
     let quant = match (args.quant, args.group) {
-        (None, None) if gguf => Quant::Gguf,
+        (None, None) if gguf || stored.is_some() => Quant::Gguf,
         (Some(_), _) | (_, Some(_)) if gguf => {
             bail!("a .gguf source keeps its quantized blocks as they are; drop --quant and --group")
         }
+        (Some(_), _) | (_, Some(_)) if stored.is_some() => bail!(
+            "this checkpoint's experts are {}: they are kept as they are; drop --quant and --group",
+            stored.map_or("", |t| t.name())
+        ),
         (None, _) => bail!("--quant bf16|int8|int4 is required for a Hugging Face directory"),
         (Some(QuantChoice::Bf16), None) => Quant::Bf16,
         (Some(QuantChoice::Bf16), Some(_)) => bail!("--group applies to int8 and int4 only"),

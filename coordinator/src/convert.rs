@@ -18,6 +18,7 @@ use charm_common::container::{
     FORMAT_NAME, FORMAT_VERSION, MANIFEST, RECORD_ALIGN,
 };
 use charm_common::dtype::{bf16_to_f32, f16_to_f32};
+use charm_common::gguf::GgmlType;
 use charm_common::quant::{quantize_int4, quantize_int8};
 use charm_common::safetensors::TensorRef;
 use charm_common::{DType, TensorFiles};
@@ -90,22 +91,13 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
     let files = TensorFiles::open(src)?;
     let names = cfg.family.moe_names();
     // Experts stored in GGML blocks (gpt-oss's MXFP4) are kept as they are.
-    let stored = match (0..cfg.num_layers).find(|&l| cfg.is_moe_layer(l)) {
-        Some(l) => files.get(&names.expert(l, 0)[0])?.ggml,
+    let ggml_types = match stored_type(&cfg, &files)? {
+        Some(ty) if quant == Quant::Gguf => Some([ty.id(); 3]),
+        Some(ty) => bail!(
+            "the experts are stored as {}: convert keeps them as they are",
+            ty.name()
+        ),
         None => None,
-    };
-    let (quant, ggml_types) = match stored {
-        Some(ty) => {
-            if quant != Quant::Bf16 {
-                eprintln!(
-                    "the experts are stored as {}; kept as they are (not {})",
-                    ty.name(),
-                    quant.name()
-                );
-            }
-            (Quant::Gguf, Some([ty.id(); 3]))
-        }
-        None => (quant, None),
     };
     let mut layout = record_layout_typed(cfg.hidden_size, cfg.moe_intermediate_size, quant, ggml_types)?;
     if cfg.expert_bias {
@@ -255,6 +247,21 @@ fn write_container(src: &Path, dir: &Path, quant: Quant, progress: bool) -> Resu
         expert_bytes: offset,
         dense_bytes: dense_len,
         fingerprint,
+    })
+}
+
+/// The GGML type the routed experts of the Hugging Face directory `src`
+/// are stored in (gpt-oss's MXFP4), or `None` for float experts.
+pub fn experts_stored_as(src: &Path) -> Result<Option<GgmlType>> {
+    let cfg = ModelConfig::load(src)?;
+    let files = TensorFiles::open(src)?;
+    stored_type(&cfg, &files)
+}
+
+fn stored_type(cfg: &ModelConfig, files: &TensorFiles) -> Result<Option<GgmlType>> {
+    Ok(match (0..cfg.num_layers).find(|&l| cfg.is_moe_layer(l)) {
+        Some(l) => files.get(&cfg.family.moe_names().expert(l, 0)[0])?.ggml,
+        None => None,
     })
 }
 

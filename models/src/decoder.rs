@@ -64,7 +64,7 @@ enum Mixer {
 enum Mlp {
     Dense(Box<SwiGlu>),
     Moe {
-        router: Router,
+        router: Box<Router>,
         /// The shared expert: Qwen2-MoE's with its `[1, hidden]` sigmoid
         /// gate, or DeepSeek's ungated `shared_experts`.
         shared: Option<Box<(SwiGlu, Option<Weight>)>>,
@@ -153,7 +153,7 @@ impl Model {
                     }
                 };
                 Mlp::Moe {
-                    router: Router {
+                    router: Box::new(Router {
                         weight: files.matrix(&names.router(l), cfg.num_experts, h)?,
                         bias: if cfg.router_bias {
                             Some(files.vector(&names.router_logit_bias(l), cfg.num_experts)?)
@@ -162,7 +162,7 @@ impl Model {
                         },
                         top_k: cfg.top_k,
                         scoring,
-                    },
+                    }),
                     shared,
                 }
             } else {

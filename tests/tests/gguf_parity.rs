@@ -6,17 +6,23 @@
 //! block, and bad GGUF files are clear errors. The gated-DeltaNet hybrids
 //! (`qwen3next`, `qwen35moe`) are converted by llama.cpp's own
 //! `convert_hf_to_gguf.py` (`scripts/make_gguf_hybrid_fixtures.py`), whose
-//! reorderings and folded norms are undone at load.
+//! reorderings and folded norms are undone at load; so are the DeepSeek
+//! lineage (`scripts/make_gguf_lineage_fixtures.py`) and gpt-oss, with the
+//! hub's MXFP4 experts kept as GGML MXFP4 blocks
+//! (`scripts/make_gguf_gptoss_fixtures.py`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use charm_common::container::{Manifest, Quant};
 use charm_common::gguf::GgufFile;
 use charm_coordinator::convert::convert;
 use charm_coordinator::{Engine, EngineOptions, GenerateParams, SamplingParams};
-use charm_models::KvDtype;
-use charm_models::MixerKind;
+use charm_models::gguf::GgufModel;
+use charm_models::{GluAct, KvDtype, MixerKind, Model};
 use charm_tests::{fixture, repo_root, Reference};
+use charm_worker::executor::InProcessWorker;
+use charm_worker::store::ResidentStore;
 
 fn gguf(name: &str) -> PathBuf {
     fixture("gguf-models").join(name)
@@ -193,6 +199,9 @@ fn q8_0_gguf_is_measured_against_the_reference() {
         (hybrid_gguf("minimax-m2-q8_0.gguf"), "minimax-m2"),
         (hybrid_gguf("deepseekv32-q8_0.gguf"), "deepseekv32"),
         (hybrid_gguf("glmmoedsa-q8_0.gguf"), "glmmoedsa"),
+        (hybrid_gguf("gptoss-q8_0.gguf"), "gptoss"),
+        // Exact MXFP4 experts; their products round the activations to 8 bits.
+        (hybrid_gguf("gptoss-mxfp4.gguf"), "gptoss-mxfp4"),
     ] {
         let file = path.file_name().unwrap().to_string_lossy();
         let r = Reference::load(name);
@@ -230,10 +239,14 @@ struct LlamaStep {
 const F32_MARGIN: f32 = 1e-3;
 
 /// llama.cpp's own greedy output on GGUFs its converter made (the square-head
-/// hybrids, the DeepSeek lineage and its sparse-attention files), recorded by `scripts/make_llamacpp_greedy.py` (llama.cpp 0.3.36, f32 KV cache, 8
+/// hybrids, the DeepSeek lineage and its sparse-attention files, gpt-oss in
+/// F32 and with MXFP4 experts), recorded by `scripts/make_llamacpp_greedy.py` (llama.cpp 0.3.36, f32 KV cache, 8
 /// prompts × 24 tokens per file). charm runs teacher-forced on llama.cpp's
-/// tokens and greedily from its prompts.
+/// tokens and greedily from its prompts; gpt-oss files with llama.cpp's two
+/// constants of its own ([`gpt_oss_as_llama_cpp`]).
 ///
+/// - MXFP4 (gpt-oss's experts): as Q8_0 below, both engines multiply the
+///   exact MXFP4 blocks with activations rounded to 8 bits, differently.
 /// - F32: the same semantics — llama.cpp's token at every step that is not
 ///   a near-tie, the same greedy continuation of every prompt, logits of
 ///   llama.cpp's tokens within 1e-3.
@@ -253,7 +266,7 @@ fn converted_ggufs_agree_with_llama_cpp_greedy() {
     let all: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     println!("| file | steps | same argmax (teacher-forced) | greedy tokens shared (median of prompts) | |Δ logit| median / max |");
     println!("|---|---|---|---|---|");
-    for family in [
+    let lineage = [
         "qwen3next-sq",
         "qwen35moe-sq",
         "deepseekv3",
@@ -261,65 +274,71 @@ fn converted_ggufs_agree_with_llama_cpp_greedy() {
         "minimax-m2",
         "deepseekv32",
         "glmmoedsa",
-    ] {
-        for ty in ["f32", "q8_0"] {
-            let file = format!("{family}-{ty}.gguf");
-            let runs: Vec<LlamaRun> = serde_json::from_value(all["files"][&file].clone()).unwrap();
-            assert!(runs.len() >= 4, "{file}: several prompts");
-            let e = Engine::local(&hybrid_gguf(&file)).unwrap();
-            let vocab = e.config().vocab_size;
-            let (mut same, mut diffs, mut shared) = (0, Vec::new(), Vec::new());
-            for run in &runs {
-                let p = run.prompt_ids.len();
-                let mut seq = run.prompt_ids.clone();
-                seq.extend(run.steps.iter().map(|s| s.id));
-                let logits = e.logits_all(&seq).unwrap();
-                for (i, step) in run.steps.iter().enumerate() {
-                    let row = &logits[(p - 1 + i) * vocab..(p + i) * vocab];
-                    let ours = charm_tests::argmax(row);
-                    same += usize::from(ours == step.id);
-                    if ty == "f32" && step.logit - step.runner_up >= F32_MARGIN {
-                        assert_eq!(ours, step.id, "{file}: prompt {:?}, step {i}", run.prompt_ids);
-                    }
-                    diffs.push((row[step.id as usize] - step.logit).abs());
+    ]
+    .into_iter()
+    .flat_map(|f| [(f, "f32"), (f, "q8_0")]);
+    for (family, ty) in lineage.chain([("gptoss", "f32"), ("gptoss", "mxfp4")]) {
+        let file = format!("{family}-{ty}.gguf");
+        let runs: Vec<LlamaRun> = serde_json::from_value(all["files"][&file].clone())
+            .unwrap_or_else(|e| panic!("{file} in llamacpp-greedy.json: {e}"));
+        assert!(runs.len() >= 4, "{file}: several prompts");
+        let e = if family == "gptoss" {
+            gpt_oss_as_llama_cpp(&hybrid_gguf(&file))
+        } else {
+            Engine::local(&hybrid_gguf(&file)).unwrap()
+        };
+        let vocab = e.config().vocab_size;
+        let (mut same, mut diffs, mut shared) = (0, Vec::new(), Vec::new());
+        for run in &runs {
+            let p = run.prompt_ids.len();
+            let mut seq = run.prompt_ids.clone();
+            seq.extend(run.steps.iter().map(|s| s.id));
+            let logits = e.logits_all(&seq).unwrap();
+            for (i, step) in run.steps.iter().enumerate() {
+                let row = &logits[(p - 1 + i) * vocab..(p + i) * vocab];
+                let ours = charm_tests::argmax(row);
+                same += usize::from(ours == step.id);
+                if ty == "f32" && step.logit - step.runner_up >= F32_MARGIN {
+                    assert_eq!(ours, step.id, "{file}: prompt {:?}, step {i}", run.prompt_ids);
                 }
-                let params = GenerateParams {
-                    max_tokens: run.steps.len(),
-                    sampling: SamplingParams::default(),
-                    ignore_eos: true,
-                };
-                let ids = e
-                    .generate(&mut e.session(), &run.prompt_ids, &params, |_| true)
-                    .unwrap()
-                    .ids;
-                shared.push(ids.iter().zip(&run.steps).take_while(|(a, b)| **a == b.id).count());
+                diffs.push((row[step.id as usize] - step.logit).abs());
             }
-            shared.sort_unstable();
-            diffs.sort_by(f32::total_cmp);
-            let (median, max) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
-            let agreement = same as f64 / diffs.len() as f64;
-            println!(
-                "| {file} | {} | {agreement:.3} | {} of {} | {median:.1e} / {max:.1e} |",
-                diffs.len(),
-                shared[shared.len() / 2],
-                runs[0].steps.len()
+            let params = GenerateParams {
+                max_tokens: run.steps.len(),
+                sampling: SamplingParams::default(),
+                ignore_eos: true,
+            };
+            let ids = e
+                .generate(&mut e.session(), &run.prompt_ids, &params, |_| true)
+                .unwrap()
+                .ids;
+            shared.push(ids.iter().zip(&run.steps).take_while(|(a, b)| **a == b.id).count());
+        }
+        shared.sort_unstable();
+        diffs.sort_by(f32::total_cmp);
+        let (median, max) = (diffs[diffs.len() / 2], diffs[diffs.len() - 1]);
+        let agreement = same as f64 / diffs.len() as f64;
+        println!(
+            "| {file} | {} | {agreement:.3} | {} of {} | {median:.1e} / {max:.1e} |",
+            diffs.len(),
+            shared[shared.len() / 2],
+            runs[0].steps.len()
+        );
+        if ty == "f32" {
+            assert!(max < 1e-3, "{file}: logits differ from llama.cpp's by {max}");
+            assert_eq!(
+                shared[0],
+                runs[0].steps.len(),
+                "{file}: greedy ids differ from llama.cpp's"
             );
-            if ty == "f32" {
-                assert!(max < 1e-3, "{file}: logits differ from llama.cpp's by {max}");
-                assert_eq!(
-                    shared[0],
-                    runs[0].steps.len(),
-                    "{file}: greedy ids differ from llama.cpp's"
-                );
-            } else if family.ends_with("dsa") || family.ends_with("v32") {
-                // Sparse attention: a Q8_0 step that moves an index score across the
-                // selection boundary changes which keys a query sees (docs/gguf.md).
-                assert!(agreement >= 0.45, "{file}: teacher-forced agreement {agreement}");
-                assert!(median < 0.5, "{file}: median logit difference {median}");
-            } else {
-                assert!(agreement >= 0.75, "{file}: teacher-forced agreement {agreement}");
-                assert!(median < 0.1, "{file}: median logit difference {median}");
-            }
+        } else if family.ends_with("dsa") || family.ends_with("v32") {
+            // Sparse attention: a Q8_0 step that moves an index score across the
+            // selection boundary changes which keys a query sees (docs/gguf.md).
+            assert!(agreement >= 0.45, "{file}: teacher-forced agreement {agreement}");
+            assert!(median < 0.5, "{file}: median logit difference {median}");
+        } else {
+            assert!(agreement >= 0.75, "{file}: teacher-forced agreement {agreement}");
+            assert!(median < 0.1, "{file}: median logit difference {median}");
         }
     }
 }
@@ -466,6 +485,11 @@ fn converted_gguf_missing_a_layer_tensor_names_it() {
         ("minimax-m2-f32.gguf", "blk.3.attn_q_norm.weight"),
         ("deepseekv32-f32.gguf", "blk.1.indexer.attn_q_b.weight"),
         ("glmmoedsa-f32.gguf", "blk.2.indexer.k_norm.bias"),
+        ("gptoss-f32.gguf", "blk.1.attn_sinks.weight"),
+        ("gptoss-f32.gguf", "blk.0.attn_output.bias"),
+        ("gptoss-f32.gguf", "blk.3.ffn_gate_inp.bias"),
+        ("gptoss-mxfp4.gguf", "blk.2.ffn_up_exps.bias"),
+        ("gptoss-mxfp4.gguf", "blk.1.ffn_down_exps.weight"),
     ] {
         let mut bytes = std::fs::read(hybrid_gguf(file)).unwrap();
         // Rename the tensor in the table (same length, so the file stays valid).
@@ -580,6 +604,234 @@ fn hybrid_q8_0_moved_matrices_are_the_f32_ones() {
                     assert!(diff <= d * 0.6, "{fam} {part} row {r}: {diff} > {}", d * 0.6);
                 }
             }
+        }
+    }
+}
+
+/// `path` (a `gpt-oss` GGUF) as llama.cpp runs it: the experts' GLU clamped
+/// at llama.cpp's constant (`LLM_FFN_SWIGLU_OAI_MOE`: `alpha = 1.702f`,
+/// `limit = 7.0f`, whatever the file says) and YaRN's correction range
+/// truncated to whole dims (`ggml_rope_yarn_corr_dims`: `floorf` / `ceilf`),
+/// where charm follows the model's definition (the file's
+/// `swiglu_clamp_exp`, `truncate: false`).
+fn gpt_oss_as_llama_cpp(path: &Path) -> Engine {
+    let mut g = GgufModel::open(path).unwrap();
+    g.cfg.expert_act = GluAct::Clamped {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    g.cfg.rope_yarn.as_mut().expect("gpt-oss has YaRN").truncate = true;
+    let store = ResidentStore::open(&g, &g.cfg).unwrap();
+    let model = Model::from_files(g.cfg.clone(), &g).unwrap();
+    Engine::new(model, Arc::new(InProcessWorker::new(store)))
+}
+
+/// gpt-oss through llama.cpp's converter: split experts and their biases,
+/// the router's bias, sinks, `o_proj`'s bias, sliding windows without a
+/// layer pattern, the clamp in `swiglu_clamp_exp`: the F32 file has the
+/// Hugging Face directory's config and gives its greedy and teacher-forced
+/// ids and logit bits.
+#[test]
+fn gpt_oss_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
+    let r = Reference::load("gptoss");
+    let path = hybrid_gguf("gptoss-f32.gguf");
+    assert_eq!(
+        GgufFile::open(&path)
+            .unwrap()
+            .meta("general.architecture")
+            .and_then(|v| v.as_str()),
+        Some("gpt-oss")
+    );
+    let g = Engine::local(&path).unwrap();
+    let hf = Engine::local(&fixture("gptoss")).unwrap();
+    let (gc, hc) = (g.config(), hf.config());
+    assert_eq!(gc.family, hc.family);
+    assert_eq!(gc.sliding_window, hc.sliding_window, "sliding layers");
+    assert_eq!(gc.sliding_window, [Some(4), None, Some(4), None]);
+    assert_eq!(gc.attn_sinks, hc.attn_sinks);
+    assert_eq!(
+        (gc.qkv_bias, gc.o_proj_bias, gc.router_bias, gc.expert_bias),
+        (hc.qkv_bias, hc.o_proj_bias, hc.router_bias, hc.expert_bias)
+    );
+    assert_eq!(gc.router_softmax_after_topk, hc.router_softmax_after_topk);
+    assert_eq!(gc.expert_act, hc.expert_act, "the clamp from swiglu_clamp_exp");
+    assert_eq!(gc.rope_yarn, hc.rope_yarn, "YaRN");
+    assert_eq!(
+        (
+            gc.num_experts,
+            gc.top_k,
+            gc.moe_intermediate_size,
+            gc.head_dim,
+            gc.rope_theta
+        ),
+        (
+            hc.num_experts,
+            hc.top_k,
+            hc.moe_intermediate_size,
+            hc.head_dim,
+            hc.rope_theta
+        )
+    );
+    assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "greedy ids");
+    let seq = r.full_sequence();
+    let logits = g.logits_all(&seq).unwrap();
+    assert_eq!(r.top1_agreement(&logits), 1.0, "teacher-forced argmax");
+    let want = hf.logits_all(&seq).unwrap();
+    let diff = charm_tests::max_abs_diff(&logits, &want);
+    assert_eq!(bits(&logits), bits(&want), "logits differ from gptoss (max {diff:e})");
+}
+
+/// The hub's MXFP4 experts (`*_blocks` / `*_scales`) through llama.cpp's
+/// converter: GGML MXFP4 blocks, byte for byte what charm's own conversion
+/// of the hub tensors gives (gate and up picked from the interleaved rows of
+/// `gate_up_proj`); the model gives the reference's teacher-forced ids
+/// within the tolerance of the Q8_0 files (the blocks are exact; their
+/// products round the activations to 8 bits; measured: every position and
+/// all 16 greedy ids) and the Hugging Face directory's logit bits.
+#[test]
+fn gpt_oss_mxfp4_gguf_keeps_the_hub_blocks() {
+    use charm_common::gguf::{blocks_from_hub, blocks_from_hub_rows, GgmlType};
+    let path = hybrid_gguf("gptoss-mxfp4.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    let st_bytes = std::fs::read(fixture("gptoss-mxfp4").join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
+    let hub = |name: &str| st.tensor(name).unwrap().data().to_vec();
+    let cfg = GgufModel::open(&path).unwrap().cfg;
+    let (e, h, i) = (cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size);
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}.mlp.experts");
+        let (gu_b, gu_s) = (
+            hub(&format!("{p}.gate_up_proj_blocks")),
+            hub(&format!("{p}.gate_up_proj_scales")),
+        );
+        let (d_b, d_s) = (
+            hub(&format!("{p}.down_proj_blocks")),
+            hub(&format!("{p}.down_proj_scales")),
+        );
+        // gate_up_proj: [E, 2I, H] as hub rows, gate the even ones.
+        let pick = |off: usize| (0..e).flat_map(move |x| (0..i).map(move |r| x * 2 * i + 2 * r + off));
+        let want = [
+            (
+                "gate",
+                blocks_from_hub_rows(&gu_b, &gu_s, e * 2 * i, h, pick(0)).unwrap(),
+            ),
+            ("up", blocks_from_hub_rows(&gu_b, &gu_s, e * 2 * i, h, pick(1)).unwrap()),
+            ("down", blocks_from_hub(&d_b, &d_s, e * h, i).unwrap()),
+        ];
+        for (kind, want) in want {
+            let t = f.tensor(&format!("blk.{l}.ffn_{kind}_exps.weight")).unwrap();
+            assert_eq!(t.ty, GgmlType::MXFP4, "layer {l} {kind}");
+            assert!(
+                f.tensor_bytes(t) == &want[..],
+                "layer {l} {kind}: blocks differ from the hub's"
+            );
+        }
+    }
+    let r = Reference::load("gptoss-mxfp4");
+    let g = Engine::local(&path).unwrap();
+    let seq = r.full_sequence();
+    let logits = g.logits_all(&seq).unwrap();
+    let top1 = r.top1_agreement(&logits);
+    let ids = greedy_ids(&g, &r.prompt_ids);
+    let shared = ids.iter().zip(&r.greedy_ids).take_while(|(a, b)| a == b).count();
+    println!("gptoss-mxfp4.gguf: top-1 agreement {top1:.3}, greedy ids shared {shared} of 16");
+    assert!(top1 >= 0.5, "top-1 agreement {top1}");
+    // The Hugging Face directory, whose hub blocks charm converts itself:
+    // the same blocks, so the same bits.
+    let want = Engine::local(&fixture("gptoss-mxfp4"))
+        .unwrap()
+        .logits_all(&seq)
+        .unwrap();
+    let diff = charm_tests::max_abs_diff(&logits, &want);
+    assert_eq!(
+        bits(&logits),
+        bits(&want),
+        "logits differ from gptoss-mxfp4 (max {diff:e})"
+    );
+}
+
+/// gpt-oss metadata charm cannot follow is refused by name: clamp limits
+/// that differ between layers or are not positive, a zero sliding window.
+#[test]
+fn gpt_oss_gguf_with_bad_metadata_is_a_clear_error() {
+    let tmp = scratch();
+    let src = std::fs::read(hybrid_gguf("gptoss-f32.gguf")).unwrap();
+    // An array value: element type (u32, 6 = f32), count (u64), elements.
+    let limits = meta_value_at(&src, "gpt-oss.swiglu_clamp_exp");
+    assert_eq!(src[limits..limits + 4], 6u32.to_le_bytes());
+    let at = |k: usize| limits + 12 + 4 * k;
+    for (name, values, want) in [
+        ("uneven", [1.0f32, 1.0, 2.0, 1.0], "differs between layers"),
+        ("negative", [-1.0; 4], "must be a positive number"),
+    ] {
+        let mut bytes = src.clone();
+        for (k, v) in values.iter().enumerate() {
+            bytes[at(k)..at(k) + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        let p = tmp.path().join(format!("{name}.gguf"));
+        std::fs::write(&p, &bytes).unwrap();
+        let e = load_err(&p);
+        assert!(
+            e.contains("gpt-oss.swiglu_clamp_exp") && e.contains(want),
+            "{name}: {e}"
+        );
+    }
+    let mut bytes = src;
+    let at = meta_value_at(&bytes, "gpt-oss.attention.sliding_window");
+    bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+    let p = tmp.path().join("no-window.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let e = load_err(&p);
+    assert!(e.contains("gpt-oss.attention.sliding_window"), "{e}");
+}
+
+/// A gpt-oss file without `swiglu_clamp_exp` (as the converter writes the
+/// released models) clamps the experts' GLU at llama.cpp's and the released
+/// configs' 7, with alpha 1.702.
+#[test]
+fn gpt_oss_gguf_without_a_clamp_key_clamps_at_7() {
+    let tmp = scratch();
+    let mut bytes = std::fs::read(hybrid_gguf("gptoss-f32.gguf")).unwrap();
+    let key = "gpt-oss.swiglu_clamp_exp";
+    let at = meta_value_at(&bytes, key) - 4 - key.len();
+    bytes[at + key.len() - 3..at + key.len()].copy_from_slice(b"xxx");
+    let p = tmp.path().join("no-clamp.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let cfg = GgufModel::open(&p).unwrap().cfg;
+    assert_eq!(
+        cfg.expert_act,
+        GluAct::Clamped {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+}
+
+/// gpt-oss GGUFs (F32, and MXFP4 experts) re-laid into a container: the
+/// experts' biases travel in their records, the MXFP4 blocks as stored,
+/// and the container gives the file's logit bits from RAM and from disk.
+#[test]
+fn gpt_oss_gguf_converts_to_a_container_with_the_same_bits() {
+    let tmp = scratch();
+    let seq = Reference::load("gptoss").full_sequence();
+    for file in ["gptoss-f32.gguf", "gptoss-mxfp4.gguf"] {
+        let src = hybrid_gguf(file);
+        let out = tmp.path().join(file.replace(".gguf", ""));
+        convert(&src, &out, Quant::Gguf, false).unwrap_or_else(|e| panic!("{file}: {e:#}"));
+        let direct = Engine::local(&src).unwrap().logits_all(&seq).unwrap();
+        for cache in [Some(0), None] {
+            let opts = EngineOptions {
+                expert_cache_bytes: cache,
+                state_dir: Some(tmp.path().join("state")),
+                ..EngineOptions::default()
+            };
+            let (e, info) = Engine::load(&out, &opts).unwrap();
+            assert!(info.container);
+            assert_eq!(
+                bits(&e.logits_all(&seq).unwrap()),
+                bits(&direct),
+                "{file} cache {cache:?}"
+            );
         }
     }
 }

@@ -105,7 +105,24 @@ fn containers_keep_expert_biases_and_mxfp4_blocks() {
         )
     };
     assert_eq!(direct.1, r.greedy_ids);
-    let c = convert_bf16(&src, tmp.path(), "gptoss-mxfp4-kept");
+    // Kept as stored: no --quant to choose, and one given is refused.
+    let convert = |quant: &[&str], out: &str| {
+        std::process::Command::new(bin("coordinator"))
+            .arg("--model")
+            .arg(&src)
+            .args(["convert", "--out"])
+            .arg(tmp.path().join(out))
+            .args(quant)
+            .output()
+            .unwrap()
+    };
+    let refused = convert(&["--quant", "bf16"], "refused");
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("MXFP4") && err.contains("drop --quant"), "{err}");
+    let o = convert(&[], "gptoss-mxfp4-kept");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = tmp.path().join("gptoss-mxfp4-kept");
     let m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(c.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["quant"]["kind"], "gguf");

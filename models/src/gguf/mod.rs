@@ -5,7 +5,7 @@
 //! it has experts), `olmoe`, `qwen3moe`, `qwen2moe`, the gated-DeltaNet
 //! hybrids `qwen3next` (Qwen3-Next) and `qwen35moe` (Qwen3.5 MoE), and the
 //! DeepSeek lineage `deepseek2`, `glm4moe`, `minimax-m2`, `deepseek32`,
-//! `glm-dsa`. Stacked
+//! `glm-dsa`, and `gpt-oss`. Stacked
 //! expert tensors (`blk.N.ffn_{gate,up,down}_exps`) are read one expert
 //! slice at a time, and quantized blocks are used as stored.
 //!
@@ -17,7 +17,8 @@
 //! What the converter changes for the gated-DeltaNet hybrids, and how it
 //! is undone, is in [`hybrid`]; the DeepSeek lineage's layout (MLA's split
 //! `kv_b_proj`, YaRN's log multiplier, the sparse-attention indexer) in
-//! [`lineage`].
+//! [`lineage`]; gpt-oss's split experts, sinks, biases, sliding windows and
+//! clamped GLU in [`gpt_oss`].
 
 use std::path::Path;
 
@@ -29,9 +30,11 @@ use crate::error::ModelError;
 use crate::family::Family;
 use crate::gated_delta_net::DeltaNetShape;
 
+mod gpt_oss;
 mod hybrid;
 mod lineage;
 
+use gpt_oss::gpt_oss;
 use hybrid::{a_log_from_ssm_a, hybrid_layers, input_order, rearranged, untile};
 use lineage::{lineage, sparse_attention};
 
@@ -91,7 +94,7 @@ fn bad(file: &GgufFile, reason: String) -> ModelError {
 }
 
 /// Architectures charm reads from GGUF.
-pub const GGUF_ARCHES: [&str; 11] = [
+pub const GGUF_ARCHES: [&str; 12] = [
     "llama",
     "olmoe",
     "qwen3moe",
@@ -103,6 +106,7 @@ pub const GGUF_ARCHES: [&str; 11] = [
     "minimax-m2",
     "deepseek32",
     "glm-dsa",
+    "gpt-oss",
 ];
 
 fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError> {
@@ -119,6 +123,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         "minimax-m2" => Family::MiniMaxM2,
         "deepseek32" => Family::DeepseekV32,
         "glm-dsa" => Family::GlmMoeDsa,
+        "gpt-oss" => Family::GptOss,
         other => {
             return Err(ModelError::UnknownArchitecture {
                 name: format!("{other} (GGUF general.architecture)"),
@@ -252,6 +257,9 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
     if matches!(family, Family::DeepseekV32 | Family::GlmMoeDsa) {
         cfg.dsa = Some(sparse_attention(f, arch, &cfg)?);
     }
+    if family == Family::GptOss {
+        gpt_oss(f, arch, &mut cfg)?;
+    }
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)
 }
@@ -345,6 +353,11 @@ fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
         "self_attn.k_proj.weight" => return blk("attn_k.weight"),
         "self_attn.v_proj.weight" => return blk("attn_v.weight"),
         "self_attn.o_proj.weight" => return blk("attn_output.weight"),
+        "self_attn.o_proj.bias" => return blk("attn_output.bias"),
+        // gpt-oss: `if "sinks" in name: name += ".weight"`.
+        "self_attn.sinks" => return blk("attn_sinks.weight"),
+        "mlp.router.weight" => return blk("ffn_gate_inp.weight"),
+        "mlp.router.bias" => return blk("ffn_gate_inp.bias"),
         "self_attn.q_proj.bias" => return blk("attn_q.bias"),
         "self_attn.k_proj.bias" => return blk("attn_k.bias"),
         "self_attn.v_proj.bias" => return blk("attn_v.bias"),
@@ -386,13 +399,17 @@ fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
         .or_else(|| rest.strip_prefix("block_sparse_moe.experts."))?;
     let (e, proj) = experts.split_once('.')?;
     let e: usize = e.parse().ok()?;
-    let kind = match proj {
-        "gate_proj.weight" | "w1.weight" => "gate",
-        "up_proj.weight" | "w3.weight" => "up",
-        "down_proj.weight" | "w2.weight" => "down",
+    let (kind, part) = match proj {
+        "gate_proj.weight" | "w1.weight" => ("gate", "weight"),
+        "up_proj.weight" | "w3.weight" => ("up", "weight"),
+        "down_proj.weight" | "w2.weight" => ("down", "weight"),
+        // gpt-oss's expert biases: one row per expert of `[E, I]` / `[E, H]`.
+        "gate_proj.bias" => ("gate", "bias"),
+        "up_proj.bias" => ("up", "bias"),
+        "down_proj.bias" => ("down", "bias"),
         _ => return None,
     };
-    Some(Mapped::Slice(format!("blk.{l}.ffn_{kind}_exps.weight"), e))
+    Some(Mapped::Slice(format!("blk.{l}.ffn_{kind}_exps.{part}"), e))
 }
 
 impl GgufModel {
@@ -455,6 +472,26 @@ impl GgufModel {
 
     fn missing(&self, name: String) -> LoadError {
         missing(&self.file, name)
+    }
+
+    /// Row `e` (of `len`) of the 2-D `g` that stacks one vector per expert
+    /// (gpt-oss's `ffn_{gate,up,down}_exps.bias`, ggml dims `[len, E]`),
+    /// as f32.
+    fn stacked_row(&self, hf: &str, g: &str, e: usize, len: usize) -> Result<Vec<f32>, LoadError> {
+        let t = self
+            .file
+            .tensor(g)
+            .ok_or_else(|| self.missing(format!("{g} (for {hf})")))?;
+        let count = match t.dims[..] {
+            [_, count] => count as usize,
+            _ => return Err(self.bad_tensor(g, format!("has dims {:?}, expected [{len}, experts]", t.dims))),
+        };
+        if e >= count {
+            return Err(self.bad_tensor(g, format!("holds {count} experts, asked for expert {e}")));
+        }
+        let mut row = vec![0.0; len];
+        self.file.weight(g, count, len)?.row_into(e, &mut row);
+        Ok(row)
     }
 
     fn bad_tensor(&self, tensor: &str, reason: String) -> LoadError {
@@ -596,7 +633,8 @@ impl WeightSource for GgufModel {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
         let g = match self.locate(name) {
             Some(Mapped::Whole(g)) => g,
-            _ => return Err(self.missing(name.to_string())),
+            Some(Mapped::Slice(g, e)) => return self.stacked_row(name, &g, e, len),
+            None => return Err(self.missing(name.to_string())),
         };
         if self.file.tensor(&g).is_none() {
             return Err(self.missing(format!("{g} (for {name})")));
@@ -698,6 +736,23 @@ mod tests {
         assert_eq!(
             map_name_plain("model.layers.1.mlp.shared_expert_gate.weight"),
             Some(Mapped::Whole("blk.1.ffn_gate_inp_shexp.weight".into()))
+        );
+        // gpt-oss: router, sinks, o_proj's bias, and one row per expert of the stacked biases.
+        for (hf, g) in [
+            ("model.layers.2.mlp.router.weight", "blk.2.ffn_gate_inp.weight"),
+            ("model.layers.2.mlp.router.bias", "blk.2.ffn_gate_inp.bias"),
+            ("model.layers.0.self_attn.sinks", "blk.0.attn_sinks.weight"),
+            ("model.layers.1.self_attn.o_proj.bias", "blk.1.attn_output.bias"),
+        ] {
+            assert_eq!(map_name_plain(hf), Some(Mapped::Whole(g.into())), "{hf}");
+        }
+        assert_eq!(
+            map_name_plain("model.layers.3.mlp.experts.7.up_proj.bias"),
+            Some(Mapped::Slice("blk.3.ffn_up_exps.bias".into(), 7))
+        );
+        assert_eq!(
+            map_name_plain("model.layers.3.mlp.experts.0.down_proj.bias"),
+            Some(Mapped::Slice("blk.3.ffn_down_exps.bias".into(), 0))
         );
         assert_eq!(map_name_plain("model.layers.x.mlp.gate.weight"), None);
         assert_eq!(map_name_plain("something.else"), None);
