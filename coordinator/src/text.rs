@@ -216,13 +216,25 @@ impl TextCodec {
         self.encode_with(&text, false)
     }
 
-    /// A streaming decoder over this tokenizer.
+    /// A streaming decoder over this tokenizer (special tokens are not
+    /// printed).
     pub fn stream(&self) -> StreamDecoder<'_> {
         StreamDecoder {
             codec: self,
             ids: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
+            skip_special_tokens: true,
+        }
+    }
+
+    /// A streaming decoder that prints special tokens too (a harmony
+    /// answer's `<|channel|>` / `<|message|>` markers are special tokens,
+    /// and its reasoning, answer and calls are told apart by them).
+    pub fn stream_keeping_special(&self) -> StreamDecoder<'_> {
+        StreamDecoder {
+            skip_special_tokens: false,
+            ..self.stream()
         }
     }
 }
@@ -259,17 +271,19 @@ pub struct StreamDecoder<'a> {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    skip_special_tokens: bool,
 }
 
 impl StreamDecoder<'_> {
     /// Adds one id; returns the newly completed text, if any. Special
-    /// tokens are not printed.
+    /// tokens are printed only by [`TextCodec::stream_keeping_special`]'s.
     pub fn push(&mut self, id: u32) -> Result<Option<String>, TextError> {
         self.ids.push(id);
+        let skip = self.skip_special_tokens;
         let prefix = self
             .codec
-            .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = self.codec.decode(&self.ids[self.prefix_offset..], true)?;
+            .decode(&self.ids[self.prefix_offset..self.read_offset], skip)?;
+        let full = self.codec.decode(&self.ids[self.prefix_offset..], skip)?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
             let piece = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
@@ -283,10 +297,11 @@ impl StreamDecoder<'_> {
     /// Ends the stream: returns whatever was held back (an incomplete
     /// character at the very end decodes to U+FFFD, as whole decoding does).
     pub fn finish(&mut self) -> Result<Option<String>, TextError> {
+        let skip = self.skip_special_tokens;
         let prefix = self
             .codec
-            .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = self.codec.decode(&self.ids[self.prefix_offset..], true)?;
+            .decode(&self.ids[self.prefix_offset..self.read_offset], skip)?;
+        let full = self.codec.decode(&self.ids[self.prefix_offset..], skip)?;
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
         match full.strip_prefix(&prefix) {

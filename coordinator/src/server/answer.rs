@@ -1,8 +1,10 @@
 //! What the model wrote, as the APIs return it: reasoning first
 //! ([`super::reasoning`]), then the answer's text and tool calls
-//! ([`super::tools`]). One streaming splitter serves every route; the whole
-//! answer is the same splitter fed everything at once.
+//! ([`super::tools`]); or, for a harmony model (gpt-oss), its channel
+//! messages ([`super::harmony`]). One streaming splitter serves every
+//! route; the whole answer is the same splitter fed everything at once.
 
+use super::harmony::HarmonySplit;
 use super::reasoning::{Part, ThinkSplit};
 use super::tools::{Piece, ToolCall, ToolPlan, ToolStream};
 
@@ -12,6 +14,9 @@ pub struct Shape {
     /// `Some(inside)`: the template writes `<think>` blocks, and the prompt
     /// left one open (`inside`) or not.
     pub think: Option<bool>,
+    /// The template speaks harmony: the answer is channel messages, and
+    /// `think` and the tools' syntax play no part in splitting it.
+    pub harmony: bool,
     pub tools: Option<ToolPlan>,
 }
 
@@ -28,20 +33,36 @@ pub enum Out {
 pub struct AnswerStream {
     think: Option<ThinkSplit>,
     tools: Option<ToolStream>,
+    harmony: Option<HarmonySplit>,
 }
 
 impl AnswerStream {
     pub fn new(shape: &Shape) -> Self {
+        if shape.harmony {
+            let (names, prefill) = shape
+                .tools
+                .as_ref()
+                .map_or((&[][..], ""), |p| (&p.names[..], p.prefill.as_str()));
+            return AnswerStream {
+                think: None,
+                tools: None,
+                harmony: Some(HarmonySplit::new(names, prefill)),
+            };
+        }
         // A forced call's prefill already started the answer: no reasoning.
         let forced = shape.tools.as_ref().is_some_and(|p| !p.prefill.is_empty());
         AnswerStream {
             think: shape.think.filter(|_| !forced).map(ThinkSplit::new),
             tools: shape.tools.as_ref().map(ToolPlan::stream),
+            harmony: None,
         }
     }
 
     /// Feeds text; returns what can no longer change.
     pub fn push(&mut self, text: &str) -> Vec<Out> {
+        if let Some(h) = &mut self.harmony {
+            return h.push(text);
+        }
         let parts = match &mut self.think {
             None => vec![Part::Answer(text.to_string())],
             Some(t) => t.push(text),
@@ -51,18 +72,27 @@ impl AnswerStream {
 
     /// The end of the text.
     pub fn finish(&mut self) -> Vec<Out> {
+        if let Some(h) = &mut self.harmony {
+            return h.finish();
+        }
         let parts = self.think.as_mut().map(ThinkSplit::finish).unwrap_or_default();
         self.route(parts, true)
     }
 
     /// Calls parsed so far.
     pub fn calls(&self) -> usize {
-        self.tools.as_ref().map_or(0, ToolStream::calls)
+        match &self.harmony {
+            Some(h) => h.calls(),
+            None => self.tools.as_ref().map_or(0, ToolStream::calls),
+        }
     }
 
     /// Why call blocks were left in the text.
     pub fn warnings(&self) -> &[String] {
-        self.tools.as_ref().map_or(&[], ToolStream::warnings)
+        match &self.harmony {
+            Some(h) => h.warnings(),
+            None => self.tools.as_ref().map_or(&[], ToolStream::warnings),
+        }
     }
 
     fn route(&mut self, parts: Vec<Part>, last: bool) -> Vec<Out> {
@@ -130,6 +160,7 @@ mod tests {
     fn reasoning_then_a_call() {
         let shape = Shape {
             think: Some(false),
+            harmony: false,
             tools: Some(plan(&["get_weather"], Choice::Auto)),
         };
         let text = "<think>\nThe user wants weather. <tool_call> is the syntax.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
@@ -149,6 +180,7 @@ mod tests {
     fn a_forced_call_has_no_reasoning_and_a_model_without_thinking_keeps_its_tags() {
         let forced = Shape {
             think: Some(false),
+            harmony: false,
             tools: Some(plan(&["get_weather"], Choice::Named("get_weather".into()))),
         };
         let a = whole(&forced, "{\"city\": \"Paris\"}}");
@@ -156,5 +188,37 @@ mod tests {
         assert_eq!(a.reasoning, "");
         let plain = whole(&Shape::default(), "<think>x</think>y");
         assert_eq!(plain.content, "<think>x</think>y");
+    }
+
+    #[test]
+    fn a_harmony_answer_splits_by_channel() {
+        let mut tools = plan(&["get_weather"], Choice::Auto);
+        tools.syntax = super::super::tools::ToolSyntax::Harmony;
+        let shape = Shape {
+            think: None,
+            harmony: true,
+            tools: Some(tools),
+        };
+        let a = whole(
+            &shape,
+            "<|channel|>analysis<|message|>Weather needed.<|end|><|start|>assistant<|channel|>commentary \
+             to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+        );
+        assert_eq!(a.reasoning, "Weather needed.");
+        assert_eq!(a.content, "");
+        assert_eq!(a.calls.len(), 1, "{a:?}");
+        assert_eq!(a.calls[0].arguments_json(), r#"{"city":"Paris"}"#);
+        // Without tools a call is text, with a warning.
+        let bare = Shape {
+            harmony: true,
+            ..Shape::default()
+        };
+        let a = whole(
+            &bare,
+            "<|channel|>commentary to=functions.get_weather<|message|>{}<|call|>",
+        );
+        assert!(a.calls.is_empty() && a.warnings.len() == 1, "{a:?}");
+        let a = whole(&bare, "<|channel|>final<|message|>Paris.<|return|>");
+        assert_eq!((a.reasoning.as_str(), a.content.as_str()), ("", "Paris."));
     }
 }

@@ -8,10 +8,11 @@
 //! and `message_stop`.
 //!
 //! Thinking: `thinking` (`enabled` / `disabled`) sets the template's
-//! `enable_thinking`; the model's reasoning comes back as a `thinking`
-//! block (streamed as `thinking_delta`s and a `signature_delta`), and
-//! `thinking` blocks of earlier turns reach the template as the turn's
-//! `reasoning_content` ([`super::reasoning`]).
+//! `enable_thinking` (a harmony template, which cannot turn reasoning off,
+//! gets `reasoning_effort: low` for `disabled`); the model's reasoning
+//! comes back as a `thinking` block (streamed as `thinking_delta`s and a
+//! `signature_delta`), and `thinking` blocks of earlier turns reach the
+//! template as the turn's `reasoning_content` ([`super::reasoning`]).
 //!
 //! Structured output: `output_format` `{"type": "json_schema", "schema"}`
 //! and the `grammar` extension ([`super::structured`]).
@@ -40,7 +41,8 @@ use super::reasoning;
 use super::sse::SseWriter;
 use super::structured;
 use super::tools::{self, CallIds, Choice, ToolDef};
-use super::{json_response, new_id, parse_body, submit, thinking, tool_syntax, AppState, Ask, PromptInput, Ticket};
+use super::{answer_shape, json_response, new_id, parse_body, speaks_harmony, submit, tool_syntax};
+use super::{AppState, Ask, PromptInput, Ticket};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
 use sha2::{Digest, Sha256};
@@ -344,7 +346,10 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             ))
         }
     };
-    let template_kwargs = reasoning::template_kwargs(None, thinking_on, "thinking")?;
+    let mut template_kwargs = reasoning::template_kwargs(None, thinking_on, "thinking")?;
+    // Harmony cannot turn reasoning off: `disabled` asks for the least.
+    let effort = (thinking_on == Some(false)).then_some("low");
+    reasoning::harmony_effort(&mut template_kwargs, speaks_harmony(&st), effort);
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = req.system {
         messages.push(Message::new("system", &system.text("system")?));
@@ -391,10 +396,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let reply = Reply {
         id,
         model: st.model.id.clone(),
-        shape: Shape {
-            think: thinking(&st, &ticket),
-            tools: plan,
-        },
+        shape: answer_shape(&st, &ticket, plan),
     };
     if req.stream.unwrap_or(false) {
         Ok(reply.stream(ticket))
@@ -638,7 +640,7 @@ impl Reply {
             }
             let mut parser = AnswerStream::new(&self.shape);
             let mut blocks = Blocks::default();
-            if self.shape.tools.is_none() && self.shape.think.is_none() {
+            if self.shape.tools.is_none() && self.shape.think.is_none() && !self.shape.harmony {
                 // Without tools the one text block opens at once.
                 let block =
                     json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
@@ -733,7 +735,10 @@ mod tests {
         Reply {
             id: "msg_test".into(),
             model: "m".into(),
-            shape: Shape { think: None, tools },
+            shape: Shape {
+                tools,
+                ..Shape::default()
+            },
         }
     }
 
@@ -852,6 +857,7 @@ mod tests {
             model: "m".into(),
             shape: Shape {
                 think: Some(false),
+                harmony: false,
                 tools: None,
             },
         };
@@ -883,5 +889,45 @@ mod tests {
         assert_eq!(sig.len(), 1);
         assert_eq!(sig[0]["index"], 0);
         assert_eq!(sig[0]["delta"]["signature"], signature("weigh it up"));
+    }
+    #[test]
+    fn a_harmony_answer_comes_back_as_a_thinking_block_and_text() {
+        let pieces = [
+            "<|channel|>analysis<|message|>",
+            "weigh",
+            " it up",
+            "<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>",
+            "Paris.",
+            "<|return|>",
+        ];
+        let shaped = || Reply {
+            id: "msg_test".into(),
+            model: "m".into(),
+            shape: Shape {
+                harmony: true,
+                ..Shape::default()
+            },
+        };
+        let v: Value = block_on(async {
+            let r = shaped().whole(ticket(&pieces, FinishReason::Stop)).await.unwrap();
+            serde_json::from_str(&body(r).await).unwrap()
+        });
+        assert_eq!(
+            v["content"],
+            json!([{"type": "thinking", "thinking": "weigh it up", "signature": signature("weigh it up")},
+                   {"type": "text", "text": "Paris."}])
+        );
+        let events = block_on(async { sse(&body(shaped().stream(ticket(&pieces, FinishReason::Stop))).await) });
+        let data: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
+        let starts: Vec<&Value> = data
+            .iter()
+            .filter(|d| d["type"] == "content_block_start")
+            .map(|d| &d["content_block"]["type"])
+            .collect();
+        assert_eq!(starts, [&json!("thinking"), &json!("text")]);
+        let thinking: String = data.iter().filter_map(|d| d["delta"]["thinking"].as_str()).collect();
+        let text: String = data.iter().filter_map(|d| d["delta"]["text"].as_str()).collect();
+        assert_eq!((thinking.as_str(), text.as_str()), ("weigh it up", "Paris."));
     }
 }

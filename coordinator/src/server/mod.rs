@@ -17,6 +17,8 @@
 //! - [`stop`]: cutting text exactly before a stop string.
 //! - [`tools`]: tool definitions and choices, and parsing the model's tool
 //!   calls back out of its text (whole or streamed).
+//! - [`reasoning`], [`answer`], [`harmony`]: an answer split into reasoning,
+//!   text and calls (`<think>` blocks, or gpt-oss's harmony channels).
 //! - [`logprobs`]: log-probabilities of sampled tokens.
 //! - [`metrics`]: counters and histograms in the Prometheus text format.
 //! - [`dashboard`]: the page (from `coordinator/assets/`, inside the
@@ -33,6 +35,7 @@ pub mod anthropic;
 pub mod conn;
 pub mod dashboard;
 pub mod error;
+pub mod harmony;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
@@ -894,6 +897,12 @@ fn tool_syntax(st: &AppState) -> Option<tools::ToolSyntax> {
     st.codec.template().map(|t| tools::ToolSyntax::for_template(t.source()))
 }
 
+/// Whether the model's chat template speaks harmony (gpt-oss): its chat
+/// answers are decoded with their channel markers and split by channel.
+pub(crate) fn speaks_harmony(st: &AppState) -> bool {
+    st.codec.template().is_some_and(|t| harmony::is_harmony(t.source()))
+}
+
 /// A random id with `prefix` (`chatcmpl-…`, `msg_…`).
 fn new_id(prefix: &str) -> String {
     format!("{prefix}{:024x}", rand::random::<u128>() >> 32)
@@ -966,6 +975,16 @@ pub(crate) struct Ticket {
     pub opens_reasoning: bool,
 }
 
+/// How a chat answer splits: by harmony channels, or at `<think>` blocks
+/// ([`thinking`]), with `tools`' calls parsed out.
+pub(crate) fn answer_shape(st: &AppState, ticket: &Ticket, tools: Option<tools::ToolPlan>) -> answer::Shape {
+    answer::Shape {
+        think: thinking(st, ticket),
+        harmony: speaks_harmony(st),
+        tools,
+    }
+}
+
 /// How a chat answer's reasoning splits: `None` when the model's template
 /// writes no `<think>` blocks, else whether the answer starts inside one.
 pub(crate) fn thinking(st: &AppState, ticket: &Ticket) -> Option<bool> {
@@ -1023,6 +1042,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
             .await?
         }
     };
+    let keep_special = chat && speaks_harmony(st);
     let opens_reasoning = chat && {
         let tail = &prompt[prompt.len().saturating_sub(16)..];
         reasoning::opens_inside(&st.codec.decode(tail, false).unwrap_or_default())
@@ -1059,6 +1079,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         stop: ask.stop,
         logprobs: ask.logprobs,
         constraint,
+        keep_special,
         score: None,
         events: tx,
         arrived: Instant::now(),

@@ -38,7 +38,8 @@ use super::sse::SseWriter;
 use super::structured;
 use super::tools::{self, CallIds, Choice, ToolDef};
 use super::{
-    json_response, new_id, parse_body, submit, thinking, tool_syntax, AppState, Ask, PromptInput, StopField, Ticket,
+    answer_shape, json_response, new_id, parse_body, speaks_harmony, submit, tool_syntax, AppState, Ask, PromptInput,
+    StopField, Ticket,
 };
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
@@ -108,7 +109,8 @@ struct ChatRequest {
     /// Template variables (`enable_thinking`, …), as vLLM takes them.
     #[serde(default)]
     chat_template_kwargs: Option<Value>,
-    /// `"none"` turns thinking off; any other effort leaves it on.
+    /// `"none"` turns thinking off; any other effort leaves it on. A
+    /// harmony template (gpt-oss) gets it as its `reasoning_effort`.
     #[serde(default)]
     reasoning_effort: Option<String>,
 }
@@ -337,7 +339,13 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
     let format = structured::response_format(req.response_format)?.map(|g| (g, "response_format"));
     let grammar = structured::grammar(req.grammar)?;
     let thinking_on = reasoning::effort_switch(req.reasoning_effort.as_deref(), "reasoning_effort")?;
-    let template_kwargs = reasoning::template_kwargs(req.chat_template_kwargs, thinking_on, "chat_template_kwargs")?;
+    let mut template_kwargs =
+        reasoning::template_kwargs(req.chat_template_kwargs, thinking_on, "chat_template_kwargs")?;
+    reasoning::harmony_effort(
+        &mut template_kwargs,
+        speaks_harmony(&st),
+        req.reasoning_effort.as_deref(),
+    );
     let mut messages = Vec::with_capacity(req.messages.len());
     let mut call_ids = CallIds::default();
     for (i, m) in req.messages.into_iter().enumerate() {
@@ -435,10 +443,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
         created: ticket.created,
         codec: st.codec.clone(),
         chat: true,
-        shape: Shape {
-            think: thinking(&st, &ticket),
-            tools: plan,
-        },
+        shape: answer_shape(&st, &ticket, plan),
         logprobs: want_logprobs,
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
     };
@@ -875,10 +880,13 @@ mod tests {
     use super::super::testing::{block_on, body, codec, plan, sse, ticket};
     use super::*;
     use crate::engine::FinishReason;
-    use crate::server::tools::ToolPlan;
+    use crate::server::tools::{self, Choice, ToolPlan};
 
     fn reply(tools: Option<ToolPlan>) -> Reply {
-        reply_shaped(Shape { think: None, tools })
+        reply_shaped(Shape {
+            tools,
+            ..Shape::default()
+        })
     }
 
     fn reply_shaped(shape: Shape) -> Reply {
@@ -1017,6 +1025,7 @@ mod tests {
     fn reasoning_comes_back_as_reasoning_content_whole_and_streamed() {
         let shape = Shape {
             think: Some(false),
+            harmony: false,
             tools: None,
         };
         let v = block_on(async {
@@ -1044,5 +1053,93 @@ mod tests {
         let v = whole(None, &THOUGHT);
         assert_eq!(v["choices"][0]["message"]["content"], THOUGHT.concat());
         assert!(v["choices"][0]["message"].get("reasoning_content").is_none());
+    }
+    /// A harmony answer as the engine decodes it for gpt-oss (markers kept),
+    /// one token's text per piece.
+    const HARMONY_CALL: [&str; 16] = [
+        "<|channel|>",
+        "analysis",
+        "<|message|>",
+        "Need",
+        " weather.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary to=functions.get_weather",
+        " ",
+        "<|constrain|>",
+        "json",
+        "<|message|>",
+        "{\"city\": \"Paris\"}",
+        "<|call|>",
+    ];
+
+    #[test]
+    fn a_harmony_answer_comes_back_as_reasoning_and_a_tool_call_whole_and_streamed() {
+        let mut p = plan(&["get_weather"], Choice::Auto);
+        p.syntax = tools::ToolSyntax::Harmony;
+        let shape = Shape {
+            think: None,
+            harmony: true,
+            tools: Some(p),
+        };
+        let v = block_on(async {
+            let r = reply_shaped(shape.clone())
+                .whole(ticket(&HARMONY_CALL, FinishReason::Stop))
+                .await
+                .unwrap();
+            serde_json::from_str::<Value>(&body(r).await).unwrap()
+        });
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls");
+        assert_eq!(c["message"]["reasoning_content"], "Need weather.");
+        assert_eq!(c["message"]["content"], Value::Null);
+        assert_eq!(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(
+            c["message"]["tool_calls"][0]["function"]["arguments"],
+            r#"{"city":"Paris"}"#
+        );
+        let chunks: Vec<Value> = block_on(async {
+            let r = reply_shaped(shape).stream(ticket(&HARMONY_CALL, FinishReason::Stop));
+            sse(&body(r).await).into_iter().map(|(_, v)| v).collect()
+        });
+        let deltas: Vec<&Value> = chunks[..chunks.len() - 1]
+            .iter()
+            .map(|c| &c["choices"][0]["delta"])
+            .collect();
+        let r: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+        let text: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!((r.as_str(), text.as_str()), ("Need weather.", ""));
+        let args: String = deltas
+            .iter()
+            .filter_map(|d| d["tool_calls"][0]["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(args, r#"{"city":"Paris"}"#);
+        assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "tool_calls");
+        // A final answer: reasoning, then content; the end token is no text.
+        let answer = [
+            "<|channel|>analysis<|message|>",
+            "Easy.",
+            "<|end|>",
+            "<|start|>assistant<|channel|>final<|message|>",
+            "Paris",
+            ".",
+            "<|return|>",
+        ];
+        let shape = Shape {
+            harmony: true,
+            ..Shape::default()
+        };
+        let v = block_on(async {
+            let r = reply_shaped(shape)
+                .whole(ticket(&answer, FinishReason::Stop))
+                .await
+                .unwrap();
+            serde_json::from_str::<Value>(&body(r).await).unwrap()
+        });
+        assert_eq!(v["choices"][0]["message"]["reasoning_content"], "Easy.");
+        assert_eq!(v["choices"][0]["message"]["content"], "Paris.");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }
 }

@@ -37,6 +37,9 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The grammar its answer follows, if any.
     pub constraint: Option<Constraint>,
+    /// Decode the answer with special tokens kept (a harmony chat answer,
+    /// whose channel markers are special tokens).
+    pub keep_special: bool,
     /// A System One request: options to score, not text to generate
     /// (`prompt` is then the questions' shared prefix).
     pub score: Option<ScoreJob>,

@@ -20,7 +20,9 @@
 //! and GLM's templates read: `chat_template_kwargs` (as vLLM and
 //! llama.cpp's server take it), OpenAI's `reasoning_effort` (`"none"`:
 //! off), Anthropic's `thinking` (`disabled`: off) and the Responses API's
-//! `reasoning.effort` ([`template_kwargs`]).
+//! `reasoning.effort` ([`template_kwargs`]). A harmony template (gpt-oss)
+//! takes the effort itself as `reasoning_effort` ([`harmony_effort`]);
+//! its answers are split by channel ([`super::harmony`]), not here.
 
 use serde_json::Value;
 
@@ -55,7 +57,14 @@ pub fn template_kwargs(
     enable_thinking: Option<bool>,
     param: &'static str,
 ) -> Result<Vec<(String, Value)>, ApiError> {
-    const RESERVED: [&str; 5] = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"];
+    const RESERVED: [&str; 6] = [
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "bos_token",
+        "eos_token",
+        "strftime_now",
+    ];
     let mut out: Vec<(String, Value)> = match kwargs {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(m)) => m.into_iter().collect(),
@@ -82,6 +91,22 @@ pub fn template_kwargs(
         out.push(("enable_thinking".into(), Value::Bool(on)));
     }
     Ok(out)
+}
+
+/// For a harmony template (`harmony`), the request's reasoning `effort`
+/// (already checked by [`effort_switch`]) as the template's
+/// `reasoning_effort` ([`super::harmony::effort`]), unless the request's
+/// `chat_template_kwargs` set it.
+pub fn harmony_effort(kwargs: &mut Vec<(String, Value)>, harmony: bool, effort: Option<&str>) {
+    let Some(effort) = effort.filter(|_| harmony) else {
+        return;
+    };
+    if !kwargs.iter().any(|(k, _)| k == "reasoning_effort") {
+        kwargs.push((
+            "reasoning_effort".into(),
+            Value::String(super::harmony::effort(effort).into()),
+        ));
+    }
 }
 
 /// An OpenAI reasoning effort as the `enable_thinking` switch (`param`:

@@ -9,10 +9,12 @@
 //! `parameters`), `tool_choice` (`auto`, `none`, `required`, `{"type":
 //! "function", "name"}`), `max_output_tokens`, `temperature`, `top_p`,
 //! `text.format` (structured output, [`super::structured`]), `reasoning.
-//! effort` (`"none"` turns thinking off), `store` (default true),
+//! effort` (`"none"` turns thinking off; gpt-oss's harmony template gets
+//! it as its `reasoning_effort`), `store` (default true),
 //! `previous_response_id` (continue a stored response: its conversation,
 //! answer included, comes before `input`), `metadata`. Output items:
-//! `reasoning` (the model's `<think>` text as `reasoning_text`), `message`
+//! `reasoning` (the model's `<think>` text, or harmony's analysis channel,
+//! as `reasoning_text`), `message`
 //! (`output_text`), `function_call`.
 //!
 //! Streams send `response.created`, `response.in_progress`, per item
@@ -42,7 +44,8 @@ use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary};
 use super::sse::SseWriter;
 use super::tools::{self, CallIds, Choice, ToolCall, ToolDef};
-use super::{json_response, new_id, parse_body, reasoning, structured, submit, thinking, tool_syntax, AppState, Ask};
+use super::{answer_shape, json_response, new_id, parse_body, reasoning, speaks_harmony, structured, submit};
+use super::{tool_syntax, AppState, Ask};
 use super::{PromptInput, Ticket};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
@@ -371,7 +374,8 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
         .and_then(|r| r.get("effort"))
         .and_then(Value::as_str);
     let thinking_on = reasoning::effort_switch(effort, "reasoning.effort")?;
-    let template_kwargs = reasoning::template_kwargs(None, thinking_on, "reasoning")?;
+    let mut template_kwargs = reasoning::template_kwargs(None, thinking_on, "reasoning")?;
+    reasoning::harmony_effort(&mut template_kwargs, speaks_harmony(&st), effort);
 
     // The conversation: a stored one first, then the instructions and input.
     let mut messages = Vec::new();
@@ -454,10 +458,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
         id,
         model: st.model.id.clone(),
         created: ticket.created,
-        shape: Shape {
-            think: thinking(&st, &ticket),
-            tools: plan,
-        },
+        shape: answer_shape(&st, &ticket, plan),
         echo,
         store: req.store.unwrap_or(true),
         messages,

@@ -154,7 +154,11 @@ impl<'c> Scheduler<'c> {
         let mut seq = Seq {
             sampler: Sampler::new(job.params.sampling.clone()),
             stop: StopMatcher::new(&job.stop),
-            decoder: self.codec.stream(),
+            decoder: if job.keep_special {
+                self.codec.stream_keeping_special()
+            } else {
+                self.codec.stream()
+            },
             job,
             queue_s,
             started,

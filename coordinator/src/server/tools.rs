@@ -22,6 +22,7 @@
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::harmony;
 use crate::chat_template::Message;
 use crate::grammar::{json_layout, GrammarSpec};
 
@@ -54,6 +55,13 @@ pub enum ToolSyntax {
     /// stands where it is no JSON or the tool's schema makes it a string.
     /// The template renders the tools, earlier calls and results itself.
     Glm,
+    /// gpt-oss's harmony: a `commentary` message to `functions.NAME`, its
+    /// header `<|channel|>commentary to=functions.NAME <|constrain|>json`,
+    /// then `<|message|>`, the JSON arguments and `<|call|>`. Answers are
+    /// split by [`super::harmony::HarmonySplit`], which also makes the
+    /// calls; the template renders the tools, one call per assistant
+    /// message and the results itself ([`super::harmony::conversation`]).
+    Harmony,
 }
 
 /// GLM's argument tags.
@@ -78,7 +86,9 @@ impl ToolSyntax {
     /// The syntax a chat template's source uses for tool calls, if charm
     /// knows it (other families can add theirs here).
     pub fn detect(template: &str) -> Option<ToolSyntax> {
-        if template.contains(deepseek::CALL_BEGIN) {
+        if harmony::is_harmony(template) {
+            Some(ToolSyntax::Harmony)
+        } else if template.contains(deepseek::CALL_BEGIN) {
             Some(ToolSyntax::DeepSeek)
         } else if template.contains(glm::KEY) && template.contains("<tool_call>") {
             Some(ToolSyntax::Glm)
@@ -96,6 +106,7 @@ impl ToolSyntax {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => "<tool_call>",
             ToolSyntax::DeepSeek => deepseek::CALL_BEGIN,
+            ToolSyntax::Harmony => "to=functions.",
         }
     }
 
@@ -103,13 +114,14 @@ impl ToolSyntax {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => "</tool_call>",
             ToolSyntax::DeepSeek => deepseek::CALL_END,
+            ToolSyntax::Harmony => harmony::CALL,
         }
     }
 
     /// Markers around a run of calls, dropped from the text.
     fn frame(self) -> &'static [&'static str] {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => &[],
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::Harmony => &[],
             ToolSyntax::DeepSeek => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
         }
     }
@@ -124,6 +136,14 @@ impl ToolSyntax {
             (ToolSyntax::DeepSeek, None) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"),
             (ToolSyntax::Glm, Some(n)) => format!("<tool_call>{n}\n"),
             (ToolSyntax::Glm, None) => "<tool_call>".to_string(),
+            (ToolSyntax::Harmony, Some(n)) => format!(
+                "{}commentary to={}{n} {}json{}",
+                harmony::CHANNEL,
+                harmony::FUNCTIONS,
+                harmony::CONSTRAIN,
+                harmony::MESSAGE
+            ),
+            (ToolSyntax::Harmony, None) => format!("{}commentary to={}", harmony::CHANNEL, harmony::FUNCTIONS),
             (_, Some(n)) => format!("<tool_call>\n{{\"name\": \"{n}\", \"arguments\": "),
             (_, None) => "<tool_call>\n{\"name\": \"".to_string(),
         }
@@ -133,8 +153,10 @@ impl ToolSyntax {
     /// rest of one call to `name` (or to any of `tools`), its arguments
     /// valid for the tool's schema, closed where the call's JSON closes.
     pub fn forced_grammar(self, tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
-        if self == ToolSyntax::Glm {
-            return glm_grammar(tools, name);
+        match self {
+            ToolSyntax::Glm => return glm_grammar(tools, name),
+            ToolSyntax::Harmony => return harmony_grammar(tools, name),
+            _ => {}
         }
         let args = |t: &ToolDef| {
             let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
@@ -174,6 +196,7 @@ impl ToolSyntax {
         match self {
             ToolSyntax::DeepSeek => return parse_deepseek_block(inner),
             ToolSyntax::Glm => return parse_glm_block(inner, strings),
+            ToolSyntax::Harmony => return parse_harmony_block(inner),
             _ => {}
         }
         let v: Value = serde_json::from_str(inner.trim()).map_err(|e| format!("not valid JSON ({e})"))?;
@@ -333,6 +356,62 @@ fn glm_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
     }
     g.push('\n');
     GrammarSpec::Lark(g)
+}
+
+/// A harmony call's text after `to=functions.` up to `<|call|>`:
+/// `NAME[ <|constrain|>json]<|message|>ARGS`.
+fn parse_harmony_block(inner: &str) -> Result<ToolCall, String> {
+    let (head, args) = inner
+        .split_once(harmony::MESSAGE)
+        .ok_or_else(|| format!("no {}", harmony::MESSAGE))?;
+    let name = head
+        .split(|c: char| c.is_whitespace() || c == '<')
+        .next()
+        .unwrap_or_default();
+    if name.is_empty() {
+        return Err("no function name".into());
+    }
+    let arguments = match serde_json::from_str::<Value>(args.trim()) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err("the arguments are not a JSON object".into()),
+        Err(e) => return Err(format!("the arguments are not valid JSON ({e})")),
+    };
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// A forced harmony call after its prefill: the arguments for `name`'s
+/// schema (the prefill ends at `<|message|>`), or, for any tool, one of
+/// the names, the header's end (special tokens, written bare in
+/// llguidance's Lark) and that tool's arguments. The answer then ends at
+/// an end-of-sequence token (`<|call|>`).
+fn harmony_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    let args = |t: Option<&ToolDef>| {
+        let schema = t
+            .and_then(|t| t.parameters.clone())
+            .unwrap_or_else(|| json!({"type": "object"}));
+        format!("%json {}", json_layout(schema))
+    };
+    match name {
+        Some(n) => GrammarSpec::Lark(format!("start: {}\n", args(tools.iter().find(|t| t.name == n)))),
+        None => {
+            let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+            let mut g = format!("start: {}\n", alternatives.join(" | "));
+            for (i, t) in tools.iter().enumerate() {
+                // Names are letters, digits, '_', '-', '.' ([`check_name`]).
+                g.push_str(&format!(
+                    "call{i}: \"{} \" {} \"json\" {} {}\n",
+                    t.name,
+                    harmony::CONSTRAIN,
+                    harmony::MESSAGE,
+                    args(Some(t))
+                ));
+            }
+            GrammarSpec::Lark(g)
+        }
+    }
 }
 
 /// `function<｜tool▁sep｜>NAME\n```json\nARGS\n```` (the closing fence may be
@@ -830,6 +909,7 @@ pub fn prepare(
     match syntax {
         Some(ToolSyntax::Generic) => (generic_conversation(messages, &rendered), Vec::new()),
         Some(ToolSyntax::DeepSeek) => (deepseek_conversation(messages, &rendered), Vec::new()),
+        Some(ToolSyntax::Harmony) => (harmony::conversation(messages), rendered),
         _ => (messages, rendered),
     }
 }
@@ -1396,5 +1476,41 @@ mod tests {
             assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
         }
         assert_eq!(ToolSyntax::Glm.prefill(Some("f")), "<tool_call>f\n");
+    }
+
+    #[test]
+    fn harmony_is_detected_and_forces_calls_through_its_header() {
+        let gpt_oss = "{{- '<|start|>assistant to=functions.' + name + '<|channel|>commentary json<|message|>' }}<tool_call>tools";
+        assert_eq!(ToolSyntax::detect(gpt_oss), Some(ToolSyntax::Harmony));
+        let h = ToolSyntax::Harmony;
+        assert_eq!(
+            h.prefill(Some("get_weather")),
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        );
+        assert_eq!(h.prefill(None), "<|channel|>commentary to=functions.");
+        assert_eq!(
+            h.forced_grammar(&[def("a")], Some("a")),
+            GrammarSpec::Lark(format!(
+                "start: %json {}\n",
+                json_layout(json!({"type": "object", "properties": {}}))
+            ))
+        );
+        let GrammarSpec::Lark(any) = h.forced_grammar(&[def("a"), def("b")], None) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            any.starts_with("start: call0 | call1\ncall0: \"a \" <|constrain|> \"json\" <|message|> %json"),
+            "{any}"
+        );
+        // The ToolStream view of a call's text (the split itself is HarmonySplit's).
+        let p = parse(
+            h,
+            &["f".into()],
+            "to=functions.f <|constrain|>json<|message|>{\"x\": 1}<|call|>",
+        );
+        assert_eq!(p.calls, vec![call("f", json!({"x": 1}))]);
+        assert!(parse(h, &["f".into()], "to=functions.f<|message|>nope<|call|>")
+            .calls
+            .is_empty());
     }
 }
