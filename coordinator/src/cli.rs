@@ -25,6 +25,8 @@ use serde::Serialize;
 use crate::chat_template::Message;
 use crate::engine::{Engine, EngineOptions, FinishReason, GenStats, GenerateParams, LoadInfo};
 use crate::sampler::SamplingParams;
+use crate::server::answer::Out;
+use crate::server::harmony::{is_harmony, HarmonySplit};
 use crate::text::TextCodec;
 use charm_common::container::Quant;
 use charm_models::KvDtype;
@@ -729,6 +731,8 @@ fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
         bail!("{}: no chat template; use `generate --prompt` instead", dir.display());
     }
     let params = params(&args.sampling)?;
+    // gpt-oss answers in harmony channels: reasoning apart from the answer.
+    let harmony = codec.template().is_some_and(|t| is_harmony(t.source()));
     let mut messages = Vec::new();
     if let Some(sys) = &args.system {
         messages.push(Message::new("system", sys));
@@ -758,6 +762,45 @@ fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
         }
         messages.push(Message::new("user", input));
         let prompt = codec.encode_chat(&messages, true, &[])?;
+        if harmony {
+            // The channel markers are special tokens: decode them, and show
+            // the `analysis` channel on stderr, the answer on stdout.
+            let mut stream = codec.stream_keeping_special();
+            let mut split = HarmonySplit::new(&[], "");
+            let (mut reasoning, mut answer) = (String::new(), String::new());
+            let show = |outs: Vec<Out>, reasoning: &mut String, answer: &mut String| {
+                for o in outs {
+                    match o {
+                        Out::Reasoning(t) => {
+                            eprint!("{t}");
+                            reasoning.push_str(&t);
+                        }
+                        Out::Text(t) => {
+                            print!("{t}");
+                            answer.push_str(&t);
+                        }
+                        Out::Call(_) => {}
+                    }
+                }
+                let _ = std::io::stdout().flush();
+            };
+            let gen = engine.generate(&mut session, &prompt, &params, |id| {
+                if let Ok(Some(p)) = stream.push(id) {
+                    show(split.push(&p), &mut reasoning, &mut answer);
+                }
+                true
+            })?;
+            if let Some(rest) = stream.finish()? {
+                show(split.push(&rest), &mut reasoning, &mut answer);
+            }
+            show(split.finish(), &mut reasoning, &mut answer);
+            println!();
+            let mut reply = Message::new("assistant", answer.trim());
+            reply.reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
+            messages.push(reply);
+            eprintln!("{}", summary(&gen.stats));
+            continue;
+        }
         let mut stream = codec.stream();
         let mut out = std::io::stdout().lock();
         let gen = engine.generate(&mut session, &prompt, &params, |id| {
