@@ -548,87 +548,50 @@ impl TensorFiles {
             name: name.to_string(),
         })?;
         let f = &self.files[e.file];
-        if let Some(Derive::Mxfp4 {
-            scales,
-            rows,
-            cols,
-            first,
-            step,
-        }) = e.derive
-        {
-            let (sf, ss, se) = scales;
-            let blocks = &f.map[e.start..e.end];
-            let scales = &self.files[sf].map[ss..se];
-            let picked = (0..e.shape[0]).map(|r| first + r * step);
-            let owned = crate::gguf::blocks_from_hub_rows(blocks, scales, rows, cols, picked).map_err(|err| {
-                LoadError::BadSafetensors {
+        let unsupported = |dtype: StDtype| LoadError::UnsupportedDtype {
+            path: f.path.clone(),
+            name: name.to_string(),
+            dtype: format!("{dtype:?}"),
+        };
+        let float = |dtype: StDtype| match dtype {
+            StDtype::F32 => Ok(DType::F32),
+            StDtype::BF16 => Ok(DType::BF16),
+            StDtype::F16 => Ok(DType::F16),
+            other => Err(unsupported(other)),
+        };
+        // What the tensor is read as: its bytes in the map, or computed here.
+        let (dtype, owned, ggml) = match (e.derive, e.dtype) {
+            (
+                Some(Derive::Mxfp4 {
+                    scales: (sf, ss, se),
+                    rows,
+                    cols,
+                    first,
+                    step,
+                }),
+                _,
+            ) => {
+                let picked = (0..e.shape[0]).map(|r| first + r * step);
+                let blocks = crate::gguf::blocks_from_hub_rows(
+                    &f.map[e.start..e.end],
+                    &self.files[sf].map[ss..se],
+                    rows,
+                    cols,
+                    picked,
+                )
+                .map_err(|err| LoadError::BadSafetensors {
                     path: f.path.clone(),
                     reason: format!("MXFP4 tensor behind {name}: {err}"),
-                }
-            })?;
-            return Ok(TensorRef {
-                name,
-                path: &f.path,
-                dtype: DType::BF16,
-                shape: &e.shape,
-                map: &f.map,
-                start: e.start,
-                end: e.end,
-                owned: Some(Arc::new(owned)),
-                ggml: Some(GgmlType::MXFP4),
-            });
-        }
-        if let Some(derive) = e.derive {
-            let dtype = match e.dtype {
-                StDtype::F32 => DType::F32,
-                StDtype::BF16 => DType::BF16,
-                StDtype::F16 => DType::F16,
-                other => {
-                    return Err(LoadError::UnsupportedDtype {
-                        path: f.path.clone(),
-                        name: name.to_string(),
-                        dtype: format!("{other:?}"),
-                    })
-                }
-            };
-            let owned = derive.compute(&f.map[e.start..e.end], &e.shape, dtype.size());
-            return Ok(TensorRef {
-                name,
-                path: &f.path,
-                dtype,
-                shape: &e.shape,
-                map: &f.map,
-                start: e.start,
-                end: e.end,
-                owned: Some(Arc::new(owned)),
-                ggml: None,
-            });
-        }
-        let dtype = match e.dtype {
-            StDtype::F32 => DType::F32,
-            StDtype::BF16 => DType::BF16,
-            StDtype::F16 => DType::F16,
-            StDtype::F8_E4M3 if e.shape.len() == 2 => {
-                let owned = self.dequantize_fp8(name, e)?;
-                return Ok(TensorRef {
-                    name,
-                    path: &f.path,
-                    dtype: DType::BF16,
-                    shape: &e.shape,
-                    map: &f.map,
-                    start: e.start,
-                    end: e.end,
-                    owned: Some(Arc::new(owned)),
-                    ggml: None,
-                });
+                })?;
+                (DType::BF16, Some(blocks), Some(GgmlType::MXFP4))
             }
-            other => {
-                return Err(LoadError::UnsupportedDtype {
-                    path: f.path.clone(),
-                    name: name.to_string(),
-                    dtype: format!("{other:?}"),
-                })
+            (Some(derive), dtype) => {
+                let dtype = float(dtype)?;
+                let owned = derive.compute(&f.map[e.start..e.end], &e.shape, dtype.size());
+                (dtype, Some(owned), None)
             }
+            (None, StDtype::F8_E4M3) if e.shape.len() == 2 => (DType::BF16, Some(self.dequantize_fp8(name, e)?), None),
+            (None, dtype) => (float(dtype)?, None, None),
         };
         Ok(TensorRef {
             name,
@@ -638,8 +601,8 @@ impl TensorFiles {
             map: &f.map,
             start: e.start,
             end: e.end,
-            owned: None,
-            ggml: None,
+            owned: owned.map(Arc::new),
+            ggml,
         })
     }
 
