@@ -6,22 +6,17 @@
 //! shared blocks. Two gating kinds ([`GluAct`]): the SwiGLU of most
 //! families, and gpt-oss's clamped variant with biases.
 
-use charm_common::kernels::{sigmoid, silu};
+use charm_common::kernels::silu;
 use charm_common::{LoadError, Weight, WeightSource};
+
+use crate::clamped_swiglu::clamped_glu;
 
 /// How the gate and up projections combine.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum GluAct {
     /// `self.act_fn(gate) * up` with SiLU.
     Silu,
-    /// gpt-oss (`GptOssExperts`):
-    ///
-    /// ```python
-    /// gate = gate.clamp(min=None, max=self.limit)
-    /// up = up.clamp(min=-self.limit, max=self.limit)
-    /// glu = gate * torch.sigmoid(gate * self.alpha)
-    /// gated_output = (up + 1) * glu
-    /// ```
+    /// gpt-oss's clamped SwiGLU ([`crate::clamped_swiglu`]).
     Clamped { alpha: f32, limit: f32 },
 }
 
@@ -31,11 +26,7 @@ impl GluAct {
     pub fn apply(self, gate: f32, up: f32) -> f32 {
         match self {
             GluAct::Silu => silu(gate) * up,
-            GluAct::Clamped { alpha, limit } => {
-                let g = gate.min(limit);
-                let u = up.clamp(-limit, limit);
-                (u + 1.0) * (g * sigmoid(g * alpha))
-            }
+            GluAct::Clamped { alpha, limit } => clamped_glu(gate, up, alpha, limit),
         }
     }
 
@@ -44,7 +35,7 @@ impl GluAct {
     pub fn clamps(self, gate: f32, up: f32) -> bool {
         match self {
             GluAct::Silu => false,
-            GluAct::Clamped { limit, .. } => gate > limit || up.abs() > limit,
+            GluAct::Clamped { limit, .. } => crate::clamped_swiglu::clamps(gate, up, limit),
         }
     }
 }
@@ -177,18 +168,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn clamped_glu_clamps_gate_above_and_up_both_ways() {
+    fn the_clamped_act_is_the_clamped_swiglu() {
         let act = GluAct::Clamped {
             alpha: 1.702,
             limit: 7.0,
         };
-        let glu = |g: f32| g * sigmoid(g * 1.702);
-        assert_eq!(act.apply(10.0, 0.5), 1.5 * glu(7.0));
-        assert_eq!(act.apply(-10.0, 0.5), 1.5 * glu(-10.0));
-        assert_eq!(act.apply(1.0, -9.0), -6.0 * glu(1.0));
-        assert_eq!(act.apply(1.0, 9.0), 8.0 * glu(1.0));
-        assert!(act.clamps(7.5, 0.0) && act.clamps(0.0, -7.5) && !act.clamps(-9.0, 6.9));
-        assert!(!GluAct::Silu.clamps(100.0, 100.0));
+        assert_eq!(act.apply(10.0, 0.5), clamped_glu(10.0, 0.5, 1.702, 7.0));
+        assert!(act.clamps(7.5, 0.0) && !GluAct::Silu.clamps(100.0, 100.0));
     }
 
     #[test]

@@ -22,13 +22,15 @@
 //!   DeepSeek Sparse Attention's [`dsa_indexer`] picking the keys it sees.
 //! - [`router`]: top-k routing (softmax, or [`group_router`]'s sigmoid
 //!   scores with a selection bias and group limit) and the batch-union.
-//! - [`ffn`]: the SwiGLU block, the one place for expert / MLP math.
+//! - [`ffn`]: the gated FFN block, the one place for expert / MLP math
+//!   (SwiGLU, or gpt-oss's [`clamped_swiglu`] with biases).
 //! - [`gguf`]: GGUF files as models: config from metadata, tensors by
 //!   Hugging Face name mapped onto llama.cpp's names.
 //! - [`expert`]: the [`ExpertService`] seam and [`expert::run_group`], the
 //!   function every worker calls to compute an expert's outputs.
 
 pub mod attention;
+pub mod clamped_swiglu;
 pub mod config;
 pub mod decoder;
 pub mod deepseek_v3;

@@ -8,8 +8,8 @@
 //!   processes on 127.0.0.1 (gpt-oss's expert biases and clamped GLU run on
 //!   the workers), for both families.
 //! - `containers_keep_expert_biases_and_mxfp4_blocks`: a bf16 container
-//!   (biases in each expert's record) gives the same bits with cache 0, an
-//!   unlimited cache and on three workers; the MXFP4 checkpoint's container
+//!   (gpt-oss: biases in each expert's record; MiMo-V2-Flash) gives the same
+//!   bits with cache 0, an unlimited cache and on three workers; the MXFP4 checkpoint's container
 //!   keeps its experts as MXFP4 records and gives the bits of the
 //!   checkpoint itself, on `--local` and on three workers.
 //! - `a_long_run_holds_only_the_windows_of_sliding_layers`: after a
@@ -94,6 +94,16 @@ fn containers_keep_expert_biases_and_mxfp4_blocks() {
     let uncached = cached(&c, &r, 0.0);
     assert!(cached(&c, &r, 64.0) == uncached, "bf16 container: cache 0 vs unlimited");
     assert!(three(&c, &r) == uncached, "bf16 container on 3 workers");
+
+    // MiMo-V2-Flash's experts are plain SwiGLU: its container the same way.
+    let r = Reference::load("mimo");
+    let c = convert_bf16(&fixture("mimo"), tmp.path(), "mimo-bf16");
+    let uncached = cached(&c, &r, 0.0);
+    assert!(
+        cached(&c, &r, 64.0) == uncached,
+        "mimo bf16 container: cache 0 vs unlimited"
+    );
+    assert!(three(&c, &r) == uncached, "mimo bf16 container on 3 workers");
 
     let r = Reference::load("gptoss-mxfp4");
     let src = fixture("gptoss-mxfp4");
