@@ -534,8 +534,17 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
         bail!("the prompt is empty (no tokens)");
     }
     let mut session = engine.session();
+    // A chat answer in harmony channels (gpt-oss): reasoning on stderr, the answer on stdout.
+    let mut harmony = codec
+        .as_ref()
+        .and_then(TextCodec::template)
+        .filter(|t| args.chat && !args.json && is_harmony(t.source()))
+        .map(|_| HarmonyPrint::default());
+    let mut stream = codec.as_ref().map(|c| match harmony {
+        Some(_) => c.stream_keeping_special(),
+        None => c.stream(),
+    });
     let mut stdout = std::io::stdout().lock();
-    let mut stream = codec.as_ref().map(|c| c.stream());
     let mut io_err: Option<std::io::Error> = None;
     let gen = engine.generate(&mut session, &prompt_ids, &params, |id| {
         if args.json {
@@ -545,11 +554,15 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
             Some(s) => s.push(id).ok().flatten(),
             None => Some(format!("{id} ")),
         };
-        if let Some(p) = piece {
-            if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
-                io_err = Some(e);
-                return false;
+        match (piece, harmony.as_mut()) {
+            (Some(p), Some(h)) => h.push(&p),
+            (Some(p), None) => {
+                if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
+                    io_err = Some(e);
+                    return false;
+                }
             }
+            (None, _) => {}
         }
         true
     })?;
@@ -557,8 +570,14 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
         return Err(e).context("writing to stdout");
     }
     if !args.json {
-        if let Some(rest) = stream.as_mut().map(|s| s.finish()).transpose()?.flatten() {
-            stdout.write_all(rest.as_bytes())?;
+        let rest = stream.as_mut().map(|s| s.finish()).transpose()?.flatten();
+        match (rest, harmony.as_mut()) {
+            (Some(r), Some(h)) => h.push(&r),
+            (Some(r), None) => stdout.write_all(r.as_bytes())?,
+            (None, _) => {}
+        }
+        if let Some(h) = harmony.as_mut() {
+            h.finish();
         }
     }
     if args.json {
@@ -725,6 +744,45 @@ fn summary(s: &GenStats) -> String {
     line
 }
 
+/// A harmony answer printed as it streams: the `analysis` channel on
+/// stderr, the answer on stdout (calls are not printed: the CLI offers no
+/// tools); both kept for the conversation.
+#[derive(Default)]
+struct HarmonyPrint {
+    split: Option<HarmonySplit>,
+    reasoning: String,
+    answer: String,
+}
+
+impl HarmonyPrint {
+    fn push(&mut self, text: &str) {
+        let outs = self.split.get_or_insert_with(|| HarmonySplit::new(&[], "")).push(text);
+        self.show(outs);
+    }
+
+    fn finish(&mut self) {
+        let outs = self.split.as_mut().map(HarmonySplit::finish).unwrap_or_default();
+        self.show(outs);
+    }
+
+    fn show(&mut self, outs: Vec<Out>) {
+        for o in outs {
+            match o {
+                Out::Reasoning(t) => {
+                    eprint!("{t}");
+                    self.reasoning.push_str(&t);
+                }
+                Out::Text(t) => {
+                    print!("{t}");
+                    self.answer.push_str(&t);
+                }
+                Out::Call(_) => {}
+            }
+        }
+        let _ = std::io::stdout().flush();
+    }
+}
+
 fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
     let codec = TextCodec::for_model(dir)?;
     if !codec.has_template() {
@@ -766,37 +824,20 @@ fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
             // The channel markers are special tokens: decode them, and show
             // the `analysis` channel on stderr, the answer on stdout.
             let mut stream = codec.stream_keeping_special();
-            let mut split = HarmonySplit::new(&[], "");
-            let (mut reasoning, mut answer) = (String::new(), String::new());
-            let show = |outs: Vec<Out>, reasoning: &mut String, answer: &mut String| {
-                for o in outs {
-                    match o {
-                        Out::Reasoning(t) => {
-                            eprint!("{t}");
-                            reasoning.push_str(&t);
-                        }
-                        Out::Text(t) => {
-                            print!("{t}");
-                            answer.push_str(&t);
-                        }
-                        Out::Call(_) => {}
-                    }
-                }
-                let _ = std::io::stdout().flush();
-            };
+            let mut print = HarmonyPrint::default();
             let gen = engine.generate(&mut session, &prompt, &params, |id| {
                 if let Ok(Some(p)) = stream.push(id) {
-                    show(split.push(&p), &mut reasoning, &mut answer);
+                    print.push(&p);
                 }
                 true
             })?;
             if let Some(rest) = stream.finish()? {
-                show(split.push(&rest), &mut reasoning, &mut answer);
+                print.push(&rest);
             }
-            show(split.finish(), &mut reasoning, &mut answer);
+            print.finish();
             println!();
-            let mut reply = Message::new("assistant", answer.trim());
-            reply.reasoning_content = (!reasoning.is_empty()).then_some(reasoning);
+            let mut reply = Message::new("assistant", print.answer.trim());
+            reply.reasoning_content = (!print.reasoning.is_empty()).then_some(print.reasoning);
             messages.push(reply);
             eprintln!("{}", summary(&gen.stats));
             continue;
