@@ -11,7 +11,9 @@ prints one JSON line: prompt and generated token counts, prefill and decode
 tokens per second from llama.cpp's own timers (`llama_perf_context`, which
 leave out Python's overhead), the generated ids, and the KV cache's bytes
 per token as llama.cpp's own log reports the cache it allocated (K and V
-sizes over its cell count; MiB with two decimals, so within about 0.1 %).
+sizes over its cell count; MiB with two decimals, so within about 0.1 %;
+summed over the caches it logs, as for a model with sliding-window layers,
+whose layers llama.cpp splits into a full and a sliding-window cache).
 """
 
 import argparse
@@ -69,9 +71,10 @@ def main() -> int:
             break
         llm.eval([tok])
     perf = llama_cpp.llama_perf_context(ctx)
-    # "llama_kv_cache: size =  X MiB (  N cells,  L layers, 1/1 seqs), K (f16): A MiB, V (f16): B MiB"
-    kv = re.search(r"\(\s*(\d+) cells.*K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB", "".join(LOG))
-    kv_per_token = (float(kv[2]) + float(kv[3])) * 2**20 / int(kv[1]) if kv else None
+    # "llama_kv_cache: size =  X MiB (  N cells,  L layers, 1/1 seqs), K (f16): A MiB, V (f16): B MiB",
+    # once per cache (twice for sliding-window models: the full and the sliding layers).
+    kv = re.findall(r"\(\s*(\d+) cells.*K \(\w+\):\s*([\d.]+) MiB, V \(\w+\):\s*([\d.]+) MiB", "".join(LOG))
+    kv_per_token = sum((float(k) + float(v)) * 2**20 / int(n) for n, k, v in kv) if kv else None
     out = {
         "engine": "llama.cpp",
         "version": llama_cpp.__version__,

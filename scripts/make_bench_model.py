@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Write a random-weight, real-width MoE checkpoint for benchmarks.
 
-    python3 scripts/make_bench_model.py OUT_DIR [--family olmoe|qwen3next|glm4moelite] [--layers 4] [--seed 0]
+    python3 scripts/make_bench_model.py OUT_DIR [--family olmoe|qwen3next|glm4moelite|gptoss] [--layers 4] [--seed 0]
 
 OUT_DIR becomes a Hugging Face directory with real widths but only
-`--layers` decoder layers, weights in bfloat16 spread over one shard per
-layer plus one for the embeddings and LM head
-(`model.safetensors.index.json` maps them). There is no tokenizer: drive it
-with `generate --prompt-ids`, or copy one in.
+`--layers` decoder layers, weights in bfloat16 (gpt-oss's experts in
+MXFP4, as released) spread over one shard per layer plus one for the
+embeddings and LM head (`model.safetensors.index.json` maps them). There is
+no tokenizer: drive it with `generate --prompt-ids`, or copy one in.
 
 - `olmoe` (default): `OlmoeForCausalLM` with OLMoE-1B-7B's widths (hidden
   2048, 16 heads of 128, 64 experts of intermediate 1024, top-8, vocabulary
@@ -28,6 +28,21 @@ with `generate --prompt-ids`, or copy one in.
   bias (stored as 0), routed_scaling_factor 1.8, one shared expert of
   1536; vocabulary 154880). At 4 layers (one dense, three MoE) about 3.4
   GiB of experts and 1.6 GiB dense.
+- `gptoss`: `GptOssForCausalLM` with gpt-oss-20b's widths and config.json
+  (hidden 2880; 64 query heads and 8 KV heads of 64, q/k/v/o biases, one
+  learned sink per head; layers alternate a 128-token sliding window and
+  full attention; YaRN over rope_theta 150000, factor 32 from 4096, beta
+  32 / 1, not truncated; 32 experts of intermediate 2880, top-4, a router
+  with a bias, the clamped GLU at swiglu_limit 7.0; vocabulary 201088) and
+  its release's layout: the experts fused per layer as MXFP4
+  (`mlp.experts.gate_up_proj_blocks` `[E, 2I, H/32, 16]` uint8 and
+  `gate_up_proj_scales` `[E, 2I, H/32]` uint8 E8M0, gate and up rows
+  alternating; `down_proj_blocks` / `_scales` `[E, H, I/32, 16]` /
+  `[E, H, I/32]`) beside bf16 biases `gate_up_proj_bias` `[E, 2I]` and
+  `down_proj_bias` `[E, H]`, everything else bf16, and the release's
+  `quantization_config` (`quant_method: mxfp4`). At 4 layers about 1.6
+  GiB of experts and 2.4 GiB dense (the embedding and the LM head are
+  2.2 GiB of it).
 
 Only numpy is needed (no torch, no transformers): the safetensors files are
 written by hand (8-byte little-endian header length, JSON header, raw data)
@@ -44,7 +59,12 @@ std 1/sqrt(fan_in) so activations stay O(1) through the layers; embeddings
 have std 1; the router has std 1/sqrt(hidden), so router logits have std
 about 1 and tokens spread over many experts instead of collapsing onto a few;
 every norm weight is 1.0. float32 draws are rounded to bfloat16 with
-round-to-nearest-even.
+round-to-nearest-even. gpt-oss's MXFP4 experts are the same normal draws
+quantized as MXFP4 is (per 32 values a power-of-two scale 2^ceil(log2(amax
+/ 6)), each value to the nearest FP4 E2M1 code, ties to the smaller
+magnitude: scripts/make_fixtures.py `mxfp4_quantize`); its biases (q/k/v/o,
+router, experts) have std 0.02 (`initializer_range`) and its sinks std 1
+(a sink is a logit beside the scores, which have std about 1).
 
 The directory is written as OUT_DIR.partial and renamed when complete, so an
 existing OUT_DIR is always whole; the script refuses to overwrite one.
@@ -102,6 +122,22 @@ GL = {
     "moe_inter": 1536,
 }
 
+# gpt-oss-20b (config.json of the released checkpoint).
+GO = {
+    "hidden": 2880,
+    "vocab": 201088,
+    "heads": 64,
+    "kv_heads": 8,
+    "head_dim": 64,
+    "experts": 32,
+    "top_k": 4,
+    "inter": 2880,
+    "window": 128,
+}
+
+# FP4 E2M1's magnitudes (codes 0-7; bit 3 is the sign) and the midpoints between them.
+FP4_MIDPOINTS = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=np.float32)
+
 # Elements drawn at a time: bounds memory (64 MiB of float32).
 CHUNK_ELEMS = 16 << 20
 
@@ -141,7 +177,8 @@ def olmoe_config(layers):
 
 
 def olmoe_shard_plan(layers):
-    """[(file name, [(tensor name, shape, kind, std)])]; kind is 'ones', 'zeros', 'normal' or 'log_uniform_1_16'."""
+    """[(file name, [(tensor name, shape, kind, std)])]; kind is 'ones', 'zeros', 'normal' or 'log_uniform_1_16'
+    (bfloat16), or 'mxfp4_blocks' / 'mxfp4_scales' (uint8)."""
     total = layers + 1
     name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
@@ -179,12 +216,12 @@ def olmoe_shard_plan(layers):
     return shards
 
 
-def head_shard(vocab, norm_kind):
+def head_shard(vocab, norm_kind, hidden=HIDDEN):
     """The embedding, final norm (`norm_kind`: 'ones', or 'zeros' for zero-centred norms) and LM head."""
     return [
-        ("model.embed_tokens.weight", [vocab, HIDDEN], "normal", 1.0),
-        ("model.norm.weight", [HIDDEN], norm_kind, 0.0),
-        ("lm_head.weight", [vocab, HIDDEN], "normal", HIDDEN**-0.5),
+        ("model.embed_tokens.weight", [vocab, hidden], "normal", 1.0),
+        ("model.norm.weight", [hidden], norm_kind, 0.0),
+        ("lm_head.weight", [vocab, hidden], "normal", hidden**-0.5),
     ]
 
 
@@ -361,10 +398,101 @@ def glm4moelite_shard_plan(layers):
     return shards
 
 
+def gptoss_config(layers):
+    c = GO
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": 200002,
+        "pad_token_id": 199999,
+        "experts_per_token": c["top_k"],
+        "head_dim": c["head_dim"],
+        "hidden_act": "silu",
+        "hidden_size": c["hidden"],
+        "initial_context_length": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": c["inter"],
+        # layer_types[i] = "sliding_attention" if bool((i + 1) % 2) else "full_attention"
+        "layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)],
+        "max_position_embeddings": 131072,
+        "num_attention_heads": c["heads"],
+        "num_experts_per_tok": c["top_k"],
+        "num_hidden_layers": layers,
+        "num_key_value_heads": c["kv_heads"],
+        "num_local_experts": c["experts"],
+        "output_router_logits": False,
+        "quantization_config": {
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+            "quant_method": "mxfp4",
+        },
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": 150000,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": c["window"],
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": c["vocab"],
+    }
+
+
+def gptoss_shard_plan(layers):
+    """As olmoe_shard_plan, for the gpt-oss-20b shape with its experts in the release's MXFP4 layout."""
+    c = GO
+    h, e, inter = c["hidden"], c["experts"], c["inter"]
+    total = layers + 1
+    name = lambda i: f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+    shards = [(name(0), head_shard(c["vocab"], "ones", h))]
+    q_dim, kv_dim = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        a, x = p + "self_attn.", p + "mlp.experts."
+        shards.append((name(layer + 1), [
+            (p + "input_layernorm.weight", [h], "ones", 0.0),
+            (p + "post_attention_layernorm.weight", [h], "ones", 0.0),
+            (a + "q_proj.weight", [q_dim, h], "normal", h**-0.5),
+            (a + "q_proj.bias", [q_dim], "normal", 0.02),
+            (a + "k_proj.weight", [kv_dim, h], "normal", h**-0.5),
+            (a + "k_proj.bias", [kv_dim], "normal", 0.02),
+            (a + "v_proj.weight", [kv_dim, h], "normal", h**-0.5),
+            (a + "v_proj.bias", [kv_dim], "normal", 0.02),
+            (a + "o_proj.weight", [h, q_dim], "normal", q_dim**-0.5),
+            (a + "o_proj.bias", [h], "normal", 0.02),
+            (a + "sinks", [c["heads"]], "normal", 1.0),
+            (p + "mlp.router.weight", [e, h], "normal", h**-0.5),
+            (p + "mlp.router.bias", [e], "normal", 0.02),
+            # Blocks before their scales: the scales are kept from quantizing the blocks.
+            (x + "gate_up_proj_blocks", [e, 2 * inter, h // 32, 16], "mxfp4_blocks", h**-0.5),
+            (x + "gate_up_proj_scales", [e, 2 * inter, h // 32], "mxfp4_scales", 0.0),
+            (x + "gate_up_proj_bias", [e, 2 * inter], "normal", 0.02),
+            (x + "down_proj_blocks", [e, h, inter // 32, 16], "mxfp4_blocks", inter**-0.5),
+            (x + "down_proj_scales", [e, h, inter // 32], "mxfp4_scales", 0.0),
+            (x + "down_proj_bias", [e, h], "normal", 0.02),
+        ]))
+    return shards
+
+
 FAMILIES = {
     "olmoe": ("OlmoeForCausalLM", olmoe_config, olmoe_shard_plan),
     "glm4moelite": ("Glm4MoeLiteForCausalLM", glm4moelite_config, glm4moelite_shard_plan),
     "qwen3next": ("Qwen3NextForCausalLM", qwen3next_config, qwen3next_shard_plan),
+    "gptoss": ("GptOssForCausalLM", gptoss_config, gptoss_shard_plan),
 }
 
 
@@ -375,9 +503,54 @@ def to_bf16(x):
     return ((bits + rounding) >> np.uint32(16)).astype("<u2")
 
 
-def tensor_chunks(name, shape, kind, std, seed):
-    """bfloat16 bytes of one tensor, in pieces of at most CHUNK_ELEMS elements."""
+def mxfp4_quantize(w):
+    """MXFP4 of `w` (rows x cols float32, cols a multiple of 32) in the hub layout: blocks (rows,
+    cols/32, 16) uint8 (byte j: element 2j in the low nibble, 2j + 1 in the high one) and scales
+    (rows, cols/32) uint8 (E8M0: value = FP4 x 2^(scale - 127))."""
+    rows, cols = w.shape
+    g = w.reshape(rows, cols // 32, 32)
+    amax = np.maximum(np.abs(g).max(axis=-1), np.float32(1e-30))
+    exp = np.clip(np.ceil(np.log2(amax / np.float32(6.0))), -127, 127)
+    scaled = g * np.exp2(-exp)[..., None].astype(np.float32)
+    # The nearest magnitude, ties to the smaller one; the sign bit on nonzero codes only.
+    code = np.searchsorted(FP4_MIDPOINTS, np.abs(scaled), side="left").astype(np.uint8)
+    code |= ((scaled < 0) & (code > 0)).astype(np.uint8) << np.uint8(3)
+    blocks = code[..., 0::2] | (code[..., 1::2] << np.uint8(4))
+    return blocks, (exp + 127).astype(np.uint8)
+
+
+def mxfp4_chunks(name, shape, std, seed, scales_out):
+    """The MXFP4 blocks of `shape` [E, rows, cols/32, 16] drawn as normal(0, std) values, expert by
+    expert in pieces of rows; the matching scales are appended to `scales_out`."""
+    e, rows, groups, _ = shape
+    cols = groups * 32
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    step = max(1, CHUNK_ELEMS // cols)
+    for _ in range(e):
+        for r in range(0, rows, step):
+            k = min(step, rows - r)
+            x = rng.standard_normal(k * cols, dtype=np.float32)
+            x *= np.float32(std)
+            blocks, scales = mxfp4_quantize(x.reshape(k, cols))
+            scales_out.append(scales.tobytes())
+            yield blocks.tobytes()
+
+
+def tensor_bytes(shape, kind):
+    return int(np.prod(shape)) * (1 if kind.startswith("mxfp4") else 2)
+
+
+def tensor_chunks(name, shape, kind, std, seed, pending):
+    """The bytes of one tensor (bfloat16, or MXFP4 blocks / scales as uint8), in pieces of at most
+    CHUNK_ELEMS elements. `pending` holds the scales of MXFP4 blocks already written, by the scales'
+    tensor name."""
     n = int(np.prod(shape))
+    if kind == "mxfp4_blocks":
+        yield from mxfp4_chunks(name, shape, std, seed, pending.setdefault(name.replace("_blocks", "_scales"), []))
+        return
+    if kind == "mxfp4_scales":
+        yield from pending.pop(name)
+        return
     if kind in ("ones", "zeros"):
         yield to_bf16(np.full(n, 1.0 if kind == "ones" else 0.0, dtype=np.float32)).tobytes()
         return
@@ -397,18 +570,21 @@ def tensor_chunks(name, shape, kind, std, seed):
 def write_shard(path, tensors, seed):
     header = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for name, shape, _, _ in tensors:
-        size = int(np.prod(shape)) * 2
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+    for name, shape, kind, _ in tensors:
+        size = tensor_bytes(shape, kind)
+        dtype = "U8" if kind.startswith("mxfp4") else "BF16"
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
+        pending = {}
         for name, shape, kind, std in tensors:
-            for piece in tensor_chunks(name, shape, kind, std, seed):
+            for piece in tensor_chunks(name, shape, kind, std, seed, pending):
                 f.write(piece)
+        assert not pending, f"MXFP4 scales without their tensor: {sorted(pending)}"
     return offset
 
 
@@ -441,7 +617,7 @@ def main():
     with open(os.path.join(partial, "config.json"), "w") as f:
         json.dump(config(args.layers), f, indent=2)
     os.rename(partial, out)
-    print(f"{out}: {arch}, {args.layers} layers, {total / 2**30:.2f} GiB bf16", file=sys.stderr)
+    print(f"{out}: {arch}, {args.layers} layers, {total / 2**30:.2f} GiB", file=sys.stderr)
 
 
 if __name__ == "__main__":
