@@ -5,7 +5,7 @@
 //!
 //! Supported: byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`)
 //! with the pre-tokenizers llama.cpp names `default`/`gpt-2`/`olmo`,
-//! `smollm`, `qwen2` and `llama-bpe`; and SentencePiece BPE vocabularies
+//! `smollm`, `qwen2`, `llama-bpe` and `gpt-4o`; and SentencePiece BPE vocabularies
 //! (`llama`: pieces with scores and byte-fallback tokens), rebuilt the way
 //! transformers converts a SentencePiece model (merges ordered by the score
 //! of the merged piece). Other kinds and pre-tokenizers are refused by name.
@@ -24,6 +24,12 @@ fn split(regex: &str) -> Value {
 
 const QWEN2_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// o200k's split (llama.cpp's `gpt-4o`: gpt-oss, GPT-4o).
+const GPT4O_REGEX: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// `(normalizer, pre_tokenizer)` for a llama.cpp pre-tokenizer name.
@@ -44,6 +50,10 @@ fn pre_tokenizer(pre: &str) -> Option<(Value, Value)> {
         "llama-bpe" | "llama3" => (
             Value::Null,
             json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false, true)]}),
+        ),
+        "gpt-4o" => (
+            Value::Null,
+            json!({"type": "Sequence", "pretokenizers": [split(GPT4O_REGEX), byte_level(false, true)]}),
         ),
         _ => return None,
     })
@@ -68,7 +78,7 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
     let pre = s("tokenizer.ggml.pre").unwrap_or("default");
     let (normalizer, pre_tok) = pre_tokenizer(pre).ok_or_else(|| {
         format!(
-            "tokenizer.ggml.pre {pre:?} is not supported (supported: default, gpt-2, olmo, smollm, qwen2, llama-bpe)"
+            "tokenizer.ggml.pre {pre:?} is not supported (supported: default, gpt-2, olmo, smollm, qwen2, llama-bpe, gpt-4o)"
         )
     })?;
     let tokens = f
@@ -133,7 +143,10 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
         "decoder": byte_level(true, true),
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+            // o200k takes a whole pre-token that is in the vocabulary as it is
+            // (its tokenizer.json says `ignore_merges`).
+            "ignore_merges": pre == "gpt-4o",
             "vocab": vocab, "merges": merges
         }
     }))

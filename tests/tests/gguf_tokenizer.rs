@@ -132,3 +132,91 @@ fn sentencepiece_gguf_vocabulary_tokenizes_like_the_hf_tokenizer() {
         );
     }
 }
+
+/// gpt-oss's o200k vocabulary as llama.cpp's converter stores it
+/// (`tokenizer.ggml.model = gpt2`, `tokenizer.ggml.pre = gpt-4o`: tokens by
+/// id with the unused ids as padding tokens, control types for the special
+/// ones, merges as `"a b"`), rebuilt by charm, tokenizes exactly like the
+/// real gpt-oss `tokenizer.json` (from `scripts/fetch_test_material.sh`).
+#[test]
+fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
+    let hf_path = material("tests/material/gptoss/tokenizer.json");
+    let hf: Value = serde_json::from_str(&std::fs::read_to_string(&hf_path).unwrap()).unwrap();
+    let mut pieces: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: usize, piece: &str, ty: i32| {
+        if pieces.len() <= id {
+            pieces.resize(id + 1, None);
+        }
+        pieces[id] = Some((piece.to_string(), ty));
+    };
+    for (p, id) in hf["model"]["vocab"].as_object().unwrap() {
+        put(id.as_u64().unwrap() as usize, p, 1);
+    }
+    for t in hf["added_tokens"].as_array().unwrap() {
+        let ty = if t["special"].as_bool().unwrap() { 3 } else { 4 };
+        put(t["id"].as_u64().unwrap() as usize, t["content"].as_str().unwrap(), ty);
+    }
+    let (tokens, types): (Vec<String>, Vec<i32>) = pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| p.unwrap_or((format!("[PAD{i}]"), 5)))
+        .unzip();
+    let merges: Vec<String> = hf["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match m {
+            Value::String(s) => s.clone(),
+            Value::Array(a) => format!("{} {}", a[0].as_str().unwrap(), a[1].as_str().unwrap()),
+            _ => panic!("merge {m}"),
+        })
+        .collect();
+    let bytes = gguf_bytes(&[
+        ("general.architecture", 8, string("gpt-oss")),
+        ("tokenizer.ggml.model", 8, string("gpt2")),
+        ("tokenizer.ggml.pre", 8, string("gpt-4o")),
+        (
+            "tokenizer.ggml.tokens",
+            9,
+            array(8, tokens.iter().map(|p| string(p)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            9,
+            array(5, types.iter().map(|t| t.to_le_bytes().to_vec()).collect()),
+        ),
+        (
+            "tokenizer.ggml.merges",
+            9,
+            array(8, merges.iter().map(|m| string(m)).collect()),
+        ),
+        ("tokenizer.ggml.add_bos_token", 7, vec![0]),
+    ]);
+    let gguf = GgufFile::from_bytes("gptoss-vocab.gguf", bytes).unwrap();
+    let ours = TextCodec::from_gguf(&gguf).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(&hf_path, dir.path().join("tokenizer.json")).unwrap();
+    let theirs = TextCodec::load(dir.path()).unwrap();
+    for text in [
+        "Hello world",
+        "The quick brown fox jumps over the lazy dog.",
+        "HTTPServer's JSONParser didn't parse 'camelCaseWords' or ALLCAPS'll",
+        "  leading and  double  spaces ",
+        "line one\nline two\n\n\ttabbed\r\n",
+        "numbers 12345 and 3.14159, 1000000",
+        "émoji 🚀 and ünïcode, 中文, 日本語, Ελληνικά",
+        "rare bytes: \u{1F9E0}\u{0301}",
+        "path/to/file.rs and a//b",
+        "code: fn main() { println!(\"hi\"); }",
+        "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant",
+    ] {
+        let a = ours.encode(text).unwrap();
+        let b = theirs.encode(text).unwrap();
+        assert_eq!(a, b, "ids of {text:?}");
+        assert_eq!(
+            ours.decode(&a, false).unwrap(),
+            theirs.decode(&b, false).unwrap(),
+            "text of {text:?}"
+        );
+    }
+}
