@@ -266,7 +266,7 @@ pub struct Weight {
     rows: usize,
     cols: usize,
     data: WeightData,
-    /// Q8_0 / Q4_0 / Q6_K rows repacked for this CPU's matrix-vector products
+    /// Rows repacked for this CPU's matrix-vector products (`qdot::tiled::packable`)
     /// ([`Weight::pack_for_cpu`]); `data` stays for everything else.
     packed: Option<Buf<u8>>,
 }
@@ -435,7 +435,7 @@ impl Weight {
         }
     }
 
-    /// Adds a copy of Q8_0 / Q4_0 / Q6_K rows in the packed transposed layout
+    /// Adds a copy of Q8_0 / Q4_0 / MXFP4 / Q4_K / Q6_K rows in the packed transposed layout
     /// ([`qdot::tiled::pack_rows`]: the same size, the same bits) that
     /// matrix-vector products read instead of the GGUF rows; other formats,
     /// widths and CPUs are left as they are. Costs one copy of the matrix
@@ -807,14 +807,20 @@ mod tests {
     fn packed_copies_change_no_bit() {
         use rand::SeedableRng;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q6_K,
-            GgmlType::Q4_K,
-            GgmlType::MXFP4,
-        ] {
-            let (rows, cols) = (40, 512);
+        // 2880: gpt-oss's width, 11 chunks and two blocks (Q8_0, Q4_0 and
+        // MXFP4 rows past their whole chunks).
+        let shapes = [
+            (GgmlType::Q8_0, 512),
+            (GgmlType::Q4_0, 512),
+            (GgmlType::Q6_K, 512),
+            (GgmlType::Q4_K, 512),
+            (GgmlType::MXFP4, 512),
+            (GgmlType::MXFP4, 2880),
+            (GgmlType::Q8_0, 2880),
+            (GgmlType::Q4_0, 2880),
+        ];
+        for (ty, cols) in shapes {
+            let rows = 40;
             let bytes: Vec<u8> = (0..rows)
                 .flat_map(|_| gguf::dot::tests::random_row(&mut rng, ty, cols))
                 .collect();
@@ -826,8 +832,8 @@ mod tests {
                 Weight::try_new(rows, cols, data).unwrap()
             };
             let (plain, packed) = (make(), make().pack_for_cpu());
-            // Packed where this CPU multiplies the layout (Q8_0 / Q4_0 /
-            // Q6_K on AVX2 or VNNI), left alone elsewhere.
+            // Packed where this CPU multiplies the layout (on AVX2 or
+            // VNNI), left alone elsewhere.
             assert_eq!(packed.is_packed(), qdot::tiled::packable(ty, cols), "{ty}");
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let x = gguf::dot::tests::acts(&mut rng, cols);
@@ -843,13 +849,22 @@ mod tests {
             assert_eq!((bits(&c), bits(&d)), (bits(&a), bits(&a)), "{ty} matvec_many");
             assert_eq!(packed.row_dot(7, &x).to_bits(), a[7].to_bits());
             // Two and three rows (packed: the chunk-transposed path, plain:
-            // the row dot) and five (both chunk-transposed where usable).
-            for n in [2, 3, 5] {
+            // the row dot) and five and nine (both chunk-transposed where
+            // usable): each element the row dot of the folding kernel.
+            for n in [2, 3, 5, 9] {
                 let xs = gguf::dot::tests::acts(&mut rng, n * cols);
                 let (mut e, mut f) = (vec![0.0; n * rows], vec![0.0; n * rows]);
                 plain.matmul(&xs, n, &mut e);
                 packed.matmul(&xs, n, &mut f);
-                assert_eq!(bits(&e), bits(&f), "{ty} matmul of {n} rows");
+                assert_eq!(bits(&e), bits(&f), "{ty} {cols} matmul of {n} rows");
+                let plain = &plain;
+                let want: Vec<f32> = (0..n)
+                    .flat_map(|t| {
+                        let x = &xs[t * cols..(t + 1) * cols];
+                        (0..rows).map(move |r| plain.row_dot(r, x))
+                    })
+                    .collect();
+                assert_eq!(bits(&e), bits(&want), "{ty} {cols} matmul of {n} rows against row_dot");
             }
         }
     }
@@ -869,7 +884,8 @@ mod tests {
             };
             Weight::try_new(rows, cols, data).unwrap()
         };
-        // Tiled (Q8_0, Q4_0, packed or not) next to untiled (Q4_K, MXFP4) rows.
+        // Tiled rows (Q8_0, Q4_0 packed or not, Q4_K and MXFP4 arranged per
+        // product from four activation rows on) side by side.
         let ws = [
             make(GgmlType::Q8_0, 24),
             make(GgmlType::Q4_0, 40).pack_for_cpu(),

@@ -49,9 +49,10 @@
 //!   CPUs without a vector unit charm knows).
 //! - `x86`: AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) sums.
 //! - `neon`: AArch64 sums (widening multiplies).
-//! - [`tiled`]: Q8_0 and Q4_0 matrix products on x86 with both sides
-//!   chunk-transposed, so no block needs a horizontal fold (same bits),
-//!   and decode's packed copies of Q8_0, Q4_0 and Q6_K rows.
+//! - [`tiled`]: Q8_0, Q4_0, MXFP4, Q4_K and Q6_K matrix products on x86
+//!   with both sides chunk-transposed, so no block needs a horizontal fold
+//!   (same bits), and decode's packed copies of the same rows (the blocks
+//!   past a row's last whole chunk through this module's per-block code).
 
 mod acts;
 #[cfg(target_arch = "aarch64")]

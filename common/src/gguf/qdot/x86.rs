@@ -298,12 +298,18 @@ unsafe fn e8m0x8(p: *const u8, stride: usize) -> __m256 {
     // SAFETY: the caller's pointer covers eight blocks of `stride` bytes.
     unsafe {
         let e = |b: usize| *p.add(b * stride) as i32;
-        let e = _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7));
-        let one = _mm256_set1_epi32(1);
-        let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, one));
-        let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
-        _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(e, one)))
+        e8m0_lanes(_mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7)))
     }
+}
+
+/// `2^(e - 128)` of eight exponent bytes `e` (i32 lanes, 0..=255):
+/// [`super::super::types::e8m0_to_f32_half`]'s bits, lane by lane.
+#[inline(always)]
+pub(crate) unsafe fn e8m0_lanes(e: __m256i) -> __m256 {
+    let one = _mm256_set1_epi32(1);
+    let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, one));
+    let subnormal = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(e, one)))
 }
 
 /// A full chunk's weight scales, lane `b` for block `b`, shared by every
@@ -462,8 +468,8 @@ unsafe fn rows_dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &[u8], a
             } else {
                 chunk.len() / ty.block_bytes()
             };
-            let codes = decode::<VNNI>(ty, chunk, k);
             if k == 8 {
+                let codes = decode::<VNNI>(ty, chunk, k);
                 let w = scales(ty, chunk);
                 for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                     let (mut lo, mut hi) = sums::<VNNI>(ty, &codes, &a.qs[b0 * QK..(b0 + 8) * QK], 8);
@@ -477,27 +483,56 @@ unsafe fn rows_dot<const VNNI: bool, const N: usize>(ty: GgmlType, row: &[u8], a
                 }
             } else {
                 // The last chunk of a row that is not a multiple of 256.
-                for (a, acc) in acts.iter().zip(acc.iter_mut()) {
-                    let (lo, hi) = sums::<VNNI>(ty, &codes, &a.qs[b0 * QK..(b0 + k) * QK], k);
-                    let s16 = &a.s16[2 * b0..2 * (b0 + k)];
-                    let mut raw = Raw::default();
-                    _mm256_storeu_si256(raw.lo.as_mut_ptr() as *mut __m256i, lo);
-                    _mm256_storeu_si256(raw.hi.as_mut_ptr() as *mut __m256i, hi);
-                    if offset {
-                        for b in 0..k {
-                            raw.lo[b] -= 128 * s16[2 * b];
-                            raw.hi[b] -= 128 * s16[2 * b + 1];
-                        }
-                    }
-                    let mut lanes = [0.0f32; 8];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
-                    combine(ty, chunk, k, &raw, &a.d[b0..b0 + k], s16, &mut lanes);
-                    *acc = _mm256_loadu_ps(lanes.as_ptr());
-                }
+                partial::<VNNI, N>(ty, chunk, b0, acts, &mut acc);
             }
             b0 += k;
         }
         lane_sums(acc)
+    }
+}
+
+/// Adds the terms of a partial chunk (`chunk`: fewer than eight blocks of
+/// a 32-element type, the row's blocks `b0..`) to the lanes of each
+/// accumulator through [`combine`], block `b` of the chunk to lane `b`:
+/// the last chunk of a row that is not whole chunks, here and in
+/// [`super::tiled`]'s chunk-transposed rows, whose whole chunks leave
+/// their terms in the same lanes first.
+///
+/// # Safety
+/// The CPU must run the instruction set (AVX2, with `VNNI` AVX-512 VNNI);
+/// each activation row must hold `b0 + chunk.len() / bytes` blocks.
+#[inline(always)]
+pub(crate) unsafe fn partial<const VNNI: bool, const N: usize>(
+    ty: GgmlType,
+    chunk: &[u8],
+    b0: usize,
+    acts: [&Q8Acts; N],
+    acc: &mut [__m256; N],
+) {
+    let k = chunk.len() / ty.block_bytes();
+    debug_assert!(k < 8 && ty.block_elems() == QK);
+    let offset = VNNI && ty == GgmlType::Q8_0;
+    // SAFETY: `chunk` holds `k` blocks and every activation row the
+    // blocks `b0..b0 + k` (the caller's promise).
+    unsafe {
+        let codes = decode::<VNNI>(ty, chunk, k);
+        for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+            let (lo, hi) = sums::<VNNI>(ty, &codes, &a.qs[b0 * QK..(b0 + k) * QK], k);
+            let s16 = &a.s16[2 * b0..2 * (b0 + k)];
+            let mut raw = Raw::default();
+            _mm256_storeu_si256(raw.lo.as_mut_ptr() as *mut __m256i, lo);
+            _mm256_storeu_si256(raw.hi.as_mut_ptr() as *mut __m256i, hi);
+            if offset {
+                for b in 0..k {
+                    raw.lo[b] -= 128 * s16[2 * b];
+                    raw.hi[b] -= 128 * s16[2 * b + 1];
+                }
+            }
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *acc);
+            combine(ty, chunk, k, &raw, &a.d[b0..b0 + k], s16, &mut lanes);
+            *acc = _mm256_loadu_ps(lanes.as_ptr());
+        }
     }
 }
 

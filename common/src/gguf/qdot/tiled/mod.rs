@@ -1,4 +1,4 @@
-//! Matrix-matrix products (prefill) of Q8_0, Q4_0, Q4_K and Q6_K rows on x86: the same
+//! Matrix-matrix products (prefill) of Q8_0, Q4_0, MXFP4, Q4_K and Q6_K rows on x86: the same
 //! definition and bits as [`super::dot`], with the data laid out so that
 //! no block needs a horizontal fold.
 //!
@@ -14,7 +14,8 @@
 //! - Activations: [`Q8Acts::arrange`] adds the transposed codes and the
 //!   per-block code totals (once per activation row).
 //! - Weights: [`arrange_row`] writes one row's codes (nibbles unpacked,
-//!   Q8_0 offset by 128 for `vpdpbusd`; a Q4_K super-block is one chunk,
+//!   MXFP4's looked up to their signed values, Q8_0's and MXFP4's offset
+//!   by 128 for `vpdpbusd`; a Q4_K super-block is one chunk,
 //!   its sub-blocks the eight blocks) and widened scales (Q4_K: `d`,
 //!   `dmin` and the 6-bit scales and mins) into an
 //!   [`ArrangedRow`], once per row per product, shared by every activation
@@ -27,20 +28,30 @@
 //!   of the last four its second half, each with its own scale).
 //!
 //! - Decode: [`pack_rows`] stores whole matrices in the same transposed
-//!   order but still packed (Q4_0's nibbles in pairs, the eight f16 scales of
-//!   a chunk after its codes: the GGUF row size exactly), once at load;
+//!   order but still packed (Q4_0's and MXFP4's nibbles in pairs, the
+//!   eight f16 scales or E8M0 exponents of a chunk after its codes: the
+//!   GGUF row size exactly), once at load;
 //!   [`dot_rows_packed`] multiplies them with one activation row. Q4_K
 //!   ([`q4k`]: nibble pairs in the transposed order, the 6-bit scales
 //!   decoded per chunk in registers) and Q6_K (the output head of
 //!   llama.cpp's Q4_0 files; [`q6k`]: its 6-bit codes split into nibble
 //!   and top-bit steps) are packed the same way, the GGUF's size.
 //!
+//! Rows of the 32-element types (Q8_0, Q4_0, MXFP4) need not be whole
+//! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The whole
+//! chunks run through these kernels and leave block `b`'s term in lane `b`;
+//! the blocks past the last whole chunk (fewer than eight, kept as stored:
+//! in a packed row after its chunks, in an [`ArrangedRow`] beside its
+//! codes) then go through the folding kernel's per-block code into the
+//! same lanes, before the one lane reduction, exactly as [`super::dot`]
+//! treats a row's partial last chunk.
+//!
 //! Integer sums are exact in any order and the float part is
 //! [`super::combine`]'s operations in its order, so results equal
 //! [`super::dot`] bit for bit (tested against it on every instruction set
 //! this CPU runs).
 
-use super::super::types::{f16_le, scale_min_k4, GgmlType, QK};
+use super::super::types::{e8m0_to_f32_half, f16_le, scale_min_k4, GgmlType, KVALUES_MXFP4, QK};
 use super::Q8Acts;
 use crate::Isa;
 
@@ -51,36 +62,47 @@ pub mod q4k;
 pub mod q6k;
 
 /// Whether [`pack_rows`] and [`dot_rows_packed`] (decode) take rows of `ty`
-/// with `cols` elements here: Q8_0, Q4_0, Q4_K and Q6_K, whole chunks, on
-/// an AVX2 or AVX-512 VNNI CPU.
+/// with `cols` elements here: the same rows as [`usable`].
 pub fn packable(ty: GgmlType, cols: usize) -> bool {
     packable_on(Isa::active(), ty, cols)
 }
 
 /// [`packable`] for a chosen instruction set (which this CPU must run).
 pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    (matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K) && usable_on(isa, ty, cols))
-        || (ty == GgmlType::Q6_K
-            && cols > 0
-            && cols.is_multiple_of(CHUNK)
-            && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
-            && isa.runs())
+    usable_on(isa, ty, cols)
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0, Q4_0, Q4_K or Q6_K, whole chunks, and an AVX2 or AVX-512 VNNI CPU
-/// (the active instruction set, [`Isa::active`]).
+/// Q8_0, Q4_0 or MXFP4 rows of at least one chunk (any number of blocks
+/// past it), Q4_K or Q6_K rows (whole super-blocks, so whole chunks), on an
+/// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
 }
 
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_K | GgmlType::Q6_K)
-        && cols > 0
-        && cols.is_multiple_of(CHUNK)
-        && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
-        && isa.runs()
+    let width = match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 => cols >= CHUNK && cols.is_multiple_of(QK),
+        GgmlType::Q4_K | GgmlType::Q6_K => cols > 0 && cols.is_multiple_of(CHUNK),
+        _ => false,
+    };
+    width && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs()
+}
+
+/// Bytes of one whole chunk of `ty` (eight blocks, or one super-block).
+fn chunk_bytes(ty: GgmlType) -> usize {
+    CHUNK / ty.block_elems() * ty.block_bytes()
+}
+
+/// Bytes before the codes of a block of a 32-element type: the f16 scale
+/// (Q8_0, Q4_0), MXFP4's exponent byte.
+fn head(ty: GgmlType) -> usize {
+    if ty == GgmlType::MXFP4 {
+        1
+    } else {
+        2
+    }
 }
 
 /// Whether arranging a row of `ty` for each product ([`arrange_row`]) pays
@@ -110,20 +132,18 @@ pub struct ArrangedRow {
     k_scales: Vec<i32>,
     /// Q4_K: per chunk, the super-block's `dmin` in all eight lanes.
     dmin: Vec<f32>,
+    /// The blocks past the last whole chunk, as stored (their terms come
+    /// from the per-block kernel).
+    tail: Vec<u8>,
 }
 
 impl Q8Acts {
     /// Adds the chunk-transposed codes and block totals [`dot_many_arranged`]
-    /// reads (requantizing clears them).
-    ///
-    /// # Panics
-    /// If the row is not a whole number of chunks (256 elements).
+    /// reads (requantizing clears them). The codes past the last whole
+    /// chunk stay in their order (the per-block kernel reads them from
+    /// `qs`).
     pub fn arrange(&mut self) {
-        assert!(
-            self.len().is_multiple_of(CHUNK),
-            "{} activations are not whole chunks of {CHUNK}",
-            self.len()
-        );
+        let whole = self.len() / CHUNK * CHUNK;
         self.qt.clear();
         self.qt.resize(self.len(), 0);
         // SAFETY: i8 and u8 have the same layout.
@@ -145,6 +165,7 @@ impl Q8Acts {
         }
         #[cfg(not(target_arch = "x86_64"))]
         transpose_scalar(src, dst);
+        dst[whole..].copy_from_slice(&src[whole..]);
         self.tot.clear();
         self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
         q6k::half_offsets(&self.s16, &mut self.off6);
@@ -193,6 +214,9 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     out.ty = Some(ty);
     out.isa = Some(isa);
     out.cols = cols;
+    let whole = cols / CHUNK * chunk_bytes(ty);
+    out.tail.clear();
+    out.tail.extend_from_slice(&row[whole..]);
     if ty == GgmlType::Q6_K {
         // The decode packing is already the transposed order.
         out.codes.resize(row.len(), 0);
@@ -201,12 +225,13 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
         }
         return;
     }
-    out.codes.resize(cols, 0);
-    out.d.resize(cols / QK, 0.0);
+    out.codes.resize(cols / CHUNK * CHUNK, 0);
+    out.d.resize(cols / CHUNK * 8, 0.0);
     if ty == GgmlType::Q4_K {
         return arrange_q4_k(isa, row, out);
     }
-    let offset = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
+    let offset = isa == Isa::Avx512Vnni && matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4);
+    let row = &row[..whole];
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `usable_on` checked that the CPU runs AVX2 (both ISAs
     // include it, and F16C); the buffers hold the row's codes and scales.
@@ -255,13 +280,18 @@ fn arrange_q4_k(isa: Isa, row: &[u8], out: &mut ArrangedRow) {
     }
 }
 
-/// [`arrange_row_on`]'s layout, element by element (the reference of the
-/// vector version); `offset` flips Q8_0's codes by 128.
+/// [`arrange_row_on`]'s layout of whole chunks (`row`), element by
+/// element (the reference of the vector version); `offset` flips Q8_0's
+/// and MXFP4's codes by 128.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &mut [f32]) {
     let bs = ty.block_bytes();
     for (o, b) in d.iter_mut().zip(row.chunks_exact(bs)) {
-        *o = f16_le([b[0], b[1]]);
+        *o = if ty == GgmlType::MXFP4 {
+            e8m0_to_f32_half(b[0])
+        } else {
+            f16_le([b[0], b[1]])
+        };
     }
     for (chunk, dst) in row.chunks_exact(8 * bs).zip(codes.chunks_exact_mut(CHUNK)) {
         for b in 0..8 {
@@ -269,7 +299,8 @@ fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &
             for j in 0..8 {
                 for k in 0..4 {
                     let c = codes[4 * j + k];
-                    dst[32 * j + 4 * b + k] = if offset && ty == GgmlType::Q8_0 { c ^ 0x80 } else { c };
+                    let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4);
+                    dst[32 * j + 4 * b + k] = if offset && signed { c ^ 0x80 } else { c };
                 }
             }
         }
@@ -277,8 +308,8 @@ fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &
 }
 
 /// A block's 32 codes as the multiply takes them: Q4_0's nibbles (element
-/// `i < 16` the low nibble of byte `i`, `16 + i` its high nibble), Q8_0's
-/// bytes.
+/// `i < 16` the low nibble of byte `i`, `16 + i` its high nibble), MXFP4's
+/// nibbles looked up in [`KVALUES_MXFP4`] (signed bytes), Q8_0's bytes.
 fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
     let mut c = [0u8; QK];
     match ty {
@@ -286,6 +317,12 @@ fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
             for i in 0..16 {
                 c[i] = block[2 + i] & 0x0f;
                 c[16 + i] = block[2 + i] >> 4;
+            }
+        }
+        GgmlType::MXFP4 => {
+            for i in 0..16 {
+                c[i] = KVALUES_MXFP4[(block[1 + i] & 0x0f) as usize] as u8;
+                c[16 + i] = KVALUES_MXFP4[(block[1 + i] >> 4) as usize] as u8;
             }
         }
         _ => c.copy_from_slice(&block[2..2 + QK]),
@@ -366,9 +403,9 @@ pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [
     match row.isa {
         // SAFETY: rows are only arranged for an instruction set this CPU
         // runs (`usable_on`); the widths were checked above.
-        Some(Isa::Avx512Vnni) => return unsafe { x86::many_vnni(ty, row, acts.acts, out) },
+        Some(Isa::Avx512Vnni) => return unsafe { x86::many_vnni(ty, row, &row.tail, acts.acts, out) },
         // SAFETY: as above.
-        Some(Isa::Avx2) => return unsafe { x86::many_avx2(ty, row, acts.acts, out) },
+        Some(Isa::Avx2) => return unsafe { x86::many_avx2(ty, row, &row.tail, acts.acts, out) },
         _ => {}
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -384,11 +421,19 @@ pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [
 /// If [`usable`] is false for `ty` and the activations' width, `row` is
 /// not one packed row of that width, or `out` and `acts` differ in length.
 pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &mut [f32]) {
+    dot_many_packed_on(Isa::active(), ty, row, acts, out)
+}
+
+/// [`dot_many_packed`] on a chosen instruction set, for a row packed on it
+/// ([`pack_rows_on`]; tests and benchmarks).
+///
+/// # Panics
+/// As [`dot_many_packed`], and if [`usable_on`] is false for `isa`.
+pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &mut [f32]) {
     assert_eq!(acts.len(), out.len(), "one output per activation row");
     if acts.is_empty() {
         return;
     }
-    let isa = Isa::active();
     assert!(
         usable_on(isa, ty, acts.width),
         "{ty} rows of {} are not packed here",
@@ -413,10 +458,12 @@ pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &
 
 /// `rows` rows of `ty` × `cols` (`data`: GGUF row order) in the packed
 /// transposed layout for the active instruction set, the same size: per
-/// chunk, the codes' eight steps (Q4_0: four steps of packed nibble bytes,
-/// low nibbles the elements `4j..4j + 4` of each block and high nibbles
-/// `16 + 4j..`; Q8_0: eight steps of code bytes, offset by 128 for VNNI),
-/// then the chunk's eight f16 scales. Q6_K: [`q6k`]'s layout.
+/// whole chunk, the codes' eight steps (Q4_0 and MXFP4: four steps of
+/// packed nibble bytes, low nibbles the elements `4j..4j + 4` of each
+/// block and high nibbles `16 + 4j..`; Q8_0: eight steps of code bytes,
+/// offset by 128 for VNNI), then the chunk's eight f16 scales (MXFP4: its
+/// eight exponent bytes); then the blocks past the last whole chunk as
+/// stored. Q6_K: [`q6k`]'s layout; Q4_K: [`q4k`]'s.
 ///
 /// # Panics
 /// If [`packable`] is false or `data` does not hold `rows` rows.
@@ -457,45 +504,58 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     if ty == GgmlType::Q4_K {
         return q4k::pack_into(data, out);
     }
+    if data.is_empty() {
+        return;
+    }
     let flip = isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0;
     #[cfg(target_arch = "x86_64")]
     {
         use rayon::prelude::*;
-        let cb = 8 * ty.block_bytes();
-        // Runs of chunks per task: the copy of a large matrix on every core.
-        out.par_chunks_mut(cb * 64)
-            .zip(data.par_chunks(cb * 64))
+        let (cb, rb) = (chunk_bytes(ty), data.len() / rows.max(1));
+        let whole = cols / CHUNK * cb;
+        // Runs of about 64 chunks per task: the copy of a large matrix on
+        // every core.
+        let run = rb * (64 / (cols / CHUNK)).max(1);
+        out.par_chunks_mut(run)
+            .zip(data.par_chunks(run))
             .for_each(|(dst, src)| {
-                for (s, d) in src.chunks_exact(cb).zip(dst.chunks_exact_mut(cb)) {
-                    // SAFETY: `usable_on` checked that AVX2 runs; `s` and `d`
-                    // hold one chunk of `ty`.
-                    unsafe { x86::pack_chunk(ty, s, d, flip) };
+                for (s, d) in src.chunks_exact(rb).zip(dst.chunks_exact_mut(rb)) {
+                    for (s, d) in s[..whole].chunks_exact(cb).zip(d[..whole].chunks_exact_mut(cb)) {
+                        // SAFETY: `usable_on` checked that AVX2 runs; `s` and `d`
+                        // hold one chunk of `ty`.
+                        unsafe { x86::pack_chunk(ty, s, d, flip) };
+                    }
+                    d[whole..].copy_from_slice(&s[whole..]);
                 }
             });
     }
     #[cfg(not(target_arch = "x86_64"))]
-    pack_scalar(ty, data, flip, out);
+    pack_scalar(ty, data, cols, flip, out);
 }
 
-/// [`pack_rows_on`]'s layout, byte by byte (the reference of the vector
-/// version).
+/// [`pack_rows_on`]'s layout of rows of `cols`, byte by byte (the
+/// reference of the vector version).
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-fn pack_scalar(ty: GgmlType, data: &[u8], flip: bool, out: &mut [u8]) {
-    let bs = ty.block_bytes();
-    let cb = 8 * bs;
-    for (src, dst) in data.chunks_exact(cb).zip(out.chunks_exact_mut(cb)) {
-        let code_bytes = cb - 16;
-        let step_src = code_bytes / 8 / 4; // dwords per block: Q4_0 4, Q8_0 8
-        for b in 0..8 {
-            let blk = &src[b * bs..(b + 1) * bs];
-            dst[code_bytes + 2 * b..code_bytes + 2 * b + 2].copy_from_slice(&blk[..2]);
-            for j in 0..step_src {
-                for k in 0..4 {
-                    let v = blk[2 + 4 * j + k];
-                    dst[32 * j + 4 * b + k] = if flip { v ^ 0x80 } else { v };
+fn pack_scalar(ty: GgmlType, data: &[u8], cols: usize, flip: bool, out: &mut [u8]) {
+    let (bs, h) = (ty.block_bytes(), head(ty));
+    let (cb, rb) = (8 * bs, ty.row_bytes(cols).expect("whole blocks"));
+    let whole = cols / CHUNK * cb;
+    for (src, dst) in data.chunks_exact(rb).zip(out.chunks_exact_mut(rb)) {
+        for (src, dst) in src[..whole].chunks_exact(cb).zip(dst[..whole].chunks_exact_mut(cb)) {
+            let code_bytes = cb - 8 * h;
+            let step_src = code_bytes / 8 / 4; // dwords per block: Q4_0 / MXFP4 4, Q8_0 8
+            for b in 0..8 {
+                let blk = &src[b * bs..(b + 1) * bs];
+                dst[code_bytes + h * b..code_bytes + h * (b + 1)].copy_from_slice(&blk[..h]);
+                for j in 0..step_src {
+                    for k in 0..4 {
+                        let v = blk[h + 4 * j + k];
+                        dst[32 * j + 4 * b + k] = if flip { v ^ 0x80 } else { v };
+                    }
                 }
             }
         }
+        dst[whole..].copy_from_slice(&src[whole..]);
     }
 }
 
@@ -536,7 +596,7 @@ pub fn dot_rows_packed_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &Q8Acts, ou
             (Isa::Avx512Vnni, GgmlType::Q6_K) => q6k::dot_rows::<true>(rows, rb, acts, out),
             (_, GgmlType::Q6_K) => q6k::dot_rows::<false>(rows, rb, acts, out),
             (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
-            (_, GgmlType::Q8_0) => x86::packed_avx2::<true>(ty, rows, rb, acts, out),
+            (_, GgmlType::Q8_0 | GgmlType::MXFP4) => x86::packed_avx2::<true>(ty, rows, rb, acts, out),
             _ => x86::packed_avx2::<false>(ty, rows, rb, acts, out),
         }
     }

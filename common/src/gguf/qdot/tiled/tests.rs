@@ -13,9 +13,22 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
         if !isa.runs() {
             continue;
         }
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::MXFP4,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
             for case in 0..12 {
-                let cols = CHUNK * rng.gen_range(1..=8);
+                // Whole chunks, and for the 32-element types as many as
+                // seven blocks past them.
+                let tail = if ty.block_elems() == QK {
+                    QK * (case as usize % 8)
+                } else {
+                    0
+                };
+                let cols = CHUNK * rng.gen_range(1..=8) + tail;
                 let mut row = random_row(&mut rng, ty, cols);
                 if ty == GgmlType::Q6_K && case % 3 == 0 {
                     // Every code 63 with scales ±127: the AVX2 16-bit sums'
@@ -116,7 +129,7 @@ fn vector_arrangement_equals_the_scalar_one() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
         for offset in [false, true] {
             let cols = CHUNK * 3;
             let row = random_row(&mut rng, ty, cols);
@@ -132,13 +145,18 @@ fn vector_arrangement_equals_the_scalar_one() {
             );
         }
     }
-    let x: Vec<f32> = (0..2 * CHUNK).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
-    let mut a = Q8Acts::new(&x);
-    a.arrange();
-    let src: Vec<u8> = a.qs.iter().map(|&q| q as u8).collect();
-    let mut want = vec![0u8; src.len()];
-    transpose_scalar(&src, &mut want);
-    assert_eq!(a.qt.iter().map(|&q| q as u8).collect::<Vec<_>>(), want);
+    // Activations of whole chunks, and with three blocks past them (kept
+    // in their order).
+    for cols in [2 * CHUNK, 2 * CHUNK + 3 * QK] {
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+        let mut a = Q8Acts::new(&x);
+        a.arrange();
+        let src: Vec<u8> = a.qs.iter().map(|&q| q as u8).collect();
+        let mut want = src.clone();
+        transpose_scalar(&src, &mut want);
+        assert_eq!(a.qt.iter().map(|&q| q as u8).collect::<Vec<_>>(), want);
+        assert_eq!(a.tot.len(), cols / QK);
+    }
 }
 
 #[test]
@@ -147,7 +165,7 @@ fn packed_rows_give_the_row_dot_bits() {
     // Only the active instruction set multiplies packed rows (the layout
     // is chosen at load); the AVX2 layout is checked through `pack_rows_on`.
     let isa = Isa::active();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
         for &chunks in &[1usize, 3, 8] {
             let cols = CHUNK * chunks;
             if !usable_on(isa, ty, cols) {
@@ -168,7 +186,8 @@ fn packed_rows_give_the_row_dot_bits() {
                 assert_eq!(g.to_bits(), want.to_bits(), "{ty} {cols} row {r}");
             }
             if isa == Isa::Avx512Vnni {
-                // The AVX2 layout differs only by Q8_0's offset.
+                // The AVX2 layout differs only by Q8_0's offset (MXFP4's
+                // table is offset in the kernel, not in the layout).
                 let avx2 = pack_rows_on(Isa::Avx2, ty, &data, rows, cols);
                 let flipped: Vec<u8> = avx2
                     .chunks_exact(8 * ty.block_bytes())
@@ -253,16 +272,24 @@ fn vector_packing_equals_the_scalar_one() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(14);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
         for isa in [Isa::Avx2, Isa::Avx512Vnni] {
             if !isa.runs() {
                 continue;
             }
-            let (rows, cols) = (70, 3 * CHUNK);
-            let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
-            let mut want = vec![0u8; data.len()];
-            pack_scalar(ty, &data, isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0, &mut want);
-            assert!(pack_rows_on(isa, ty, &data, rows, cols) == want, "{ty} {isa:?}");
+            for cols in [3 * CHUNK, 2880, CHUNK + QK] {
+                let rows = 70;
+                let data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
+                let mut want = vec![0u8; data.len()];
+                pack_scalar(
+                    ty,
+                    &data,
+                    cols,
+                    isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0,
+                    &mut want,
+                );
+                assert!(pack_rows_on(isa, ty, &data, rows, cols) == want, "{ty} {isa:?} {cols}");
+            }
         }
     }
 }
@@ -277,15 +304,133 @@ fn requantizing_drops_the_arrangement() {
 }
 
 #[test]
-fn only_whole_chunks_of_q8_0_q4_0_and_q4_k_are_usable() {
+fn usable_rows_hold_a_whole_chunk() {
+    let x86 = matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni);
     assert!(!usable(GgmlType::Q5_K, 4096));
+    assert!(!usable(GgmlType::Q4_1, 4096));
     assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
-    assert!(!usable(GgmlType::Q8_0, 32 * 9));
-    assert!(!usable(GgmlType::Q8_0, 0));
-    assert_eq!(
-        usable(GgmlType::Q8_0, 2048),
-        matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni)
-    );
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+        // Blocks past the last whole chunk (gpt-oss's 2880 = 11 chunks
+        // and two blocks), but at least one chunk.
+        assert_eq!(usable(ty, 32 * 9), x86, "{ty}");
+        assert_eq!(usable(ty, 2880), x86, "{ty}");
+        assert_eq!(packable(ty, 2880), x86, "{ty}");
+        assert!(!usable(ty, 32 * 7), "{ty}");
+        assert!(!usable(ty, 0), "{ty}");
+        assert_eq!(usable(ty, 2048), x86, "{ty}");
+    }
+}
+
+/// `rows` random rows of `ty` × `cols`; row 0 holds the largest codes
+/// (Q8_0: -128 and 127; Q4_0: nibbles 15 and 0; MXFP4: ±12, and its
+/// exponents at the ends of their range).
+fn rows_with_extremes(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(rng, ty, cols)).collect();
+    let rb = ty.row_bytes(cols).unwrap();
+    for (b, blk) in data[..rb].chunks_exact_mut(ty.block_bytes()).enumerate() {
+        match ty {
+            GgmlType::Q8_0 => {
+                for (i, v) in blk[2..].iter_mut().enumerate() {
+                    *v = if (i + b) % 3 == 0 { 0x80 } else { 0x7f };
+                }
+            }
+            GgmlType::Q4_0 => blk[2..].fill(if b % 2 == 0 { 0xff } else { 0xf0 }),
+            _ => {
+                blk[0] = [0, 1, 2, 127, 128, 254, 255][b % 7];
+                blk[1..].fill(if b % 3 == 0 { 0xff } else { 0x77 });
+            }
+        }
+    }
+    data
+}
+
+#[test]
+fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
+    // Rows of 32-element types that are not whole chunks: the chunks run
+    // through the transposed kernels, the last blocks through the
+    // per-block code into the same lanes; every path must give `dot`'s
+    // bits (the scalar reference's, and the folding kernel's on the same
+    // instruction set), packed (decode and prefill) and arranged.
+    let mut rng = ChaCha8Rng::seed_from_u64(19);
+    let mut ran = false;
+    for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+        if !isa.runs() {
+            continue;
+        }
+        ran = true;
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+            // gpt-oss's width, 32 k for k not a multiple of 8, whole chunks.
+            for cols in [2880, 32 * 9, 32 * 13, 32 * 30, 32 * 67, CHUNK, 3 * CHUNK] {
+                let rows = 4;
+                let data = rows_with_extremes(&mut rng, ty, rows, cols);
+                let rb = data.len() / rows;
+                let xs: Vec<Vec<f32>> = (0..9)
+                    .map(|n| {
+                        (0..cols)
+                            .map(|i| match n % 3 {
+                                // ±127 codes everywhere.
+                                0 => {
+                                    if (i + n) % 3 == 0 {
+                                        -1.0
+                                    } else {
+                                        1.0
+                                    }
+                                }
+                                _ => rng.gen_range(-1.0f32..1.0) * 10f32.powi(n as i32 % 5 - 2),
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let mut acts: Vec<Q8Acts> = xs.iter().map(|x| Q8Acts::new(x)).collect();
+                let want: Vec<Vec<u32>> = (0..rows)
+                    .map(|r| {
+                        let row = &data[r * rb..(r + 1) * rb];
+                        acts.iter()
+                            .map(|a| {
+                                let v = dot_on(Isa::Scalar, ty, row, a).to_bits();
+                                assert_eq!(dot_on(isa, ty, row, a).to_bits(), v, "{isa:?} {ty} {cols} fold");
+                                v
+                            })
+                            .collect()
+                    })
+                    .collect();
+                for a in &mut acts {
+                    a.arrange();
+                }
+                let packed = pack_rows_on(isa, ty, &data, rows, cols);
+                assert_eq!(packed.len(), data.len());
+                for (t, a) in acts.iter().enumerate() {
+                    let mut got = vec![0.0f32; rows];
+                    dot_rows_packed_on(isa, ty, &packed, a, &mut got);
+                    for r in 0..rows {
+                        assert_eq!(
+                            got[r].to_bits(),
+                            want[r][t],
+                            "{isa:?} {ty} {cols} packed row {r} act {t}"
+                        );
+                    }
+                }
+                let mut arranged = ArrangedRow::default();
+                for n in [1, 2, 3, 4, 5, 9] {
+                    let many: Vec<&Q8Acts> = acts.iter().take(n).collect();
+                    let batch = ArrangedActs::new(&many);
+                    for r in 0..rows {
+                        let mut got = vec![0.0f32; n];
+                        dot_many_packed_on(isa, ty, &packed[r * rb..(r + 1) * rb], &batch, &mut got);
+                        let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(bits, want[r][..n], "{isa:?} {ty} {cols} many packed row {r}, {n} acts");
+                        arrange_row_on(isa, ty, &data[r * rb..(r + 1) * rb], &mut arranged);
+                        dot_many_arranged(&arranged, &batch, &mut got);
+                        let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(bits, want[r][..n], "{isa:?} {ty} {cols} arranged row {r}, {n} acts");
+                    }
+                }
+            }
+        }
+    }
+    if !ran {
+        eprintln!("no AVX2 here: partial chunks not exercised");
+    }
 }
 
 #[test]

@@ -3,7 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{ArrangedRow, GgmlType, Q8Acts, CHUNK};
+use super::{chunk_bytes, head, ArrangedRow, GgmlType, Q8Acts, CHUNK, KVALUES_MXFP4};
+use crate::gguf::qdot::x86::{e8m0_lanes, partial};
 
 /// Dwords `j` of four 128-bit rows per 128-bit half: `out[j]` lane `b`
 /// (of 4) is dword `j` of row `b`.
@@ -32,20 +33,40 @@ unsafe fn pair(src: *const u8, stride: usize, b: usize, off: usize) -> __m256i {
     }
 }
 
-/// A Q4_0 chunk's packed code bytes transposed (`src` at its first block):
-/// step `j` holds bytes `4j..4j + 4` of each block's 16, lane `b` for block
-/// `b`.
+/// A Q4_0 or MXFP4 chunk's packed code bytes transposed (`src` at its
+/// first block, whose 16 code bytes start at `off`): step `j` holds bytes
+/// `4j..4j + 4` of each block's 16, lane `b` for block `b`.
 #[inline(always)]
-unsafe fn q4_steps(src: *const u8, bs: usize) -> [__m256i; 4] {
+unsafe fn q4_steps(src: *const u8, bs: usize, off: usize) -> [__m256i; 4] {
     // SAFETY: the caller's pointer covers a chunk of eight blocks.
     unsafe {
         transpose4([
-            pair(src, bs, 0, 2),
-            pair(src, bs, 1, 2),
-            pair(src, bs, 2, 2),
-            pair(src, bs, 3, 2),
+            pair(src, bs, 0, off),
+            pair(src, bs, 1, off),
+            pair(src, bs, 2, off),
+            pair(src, bs, 3, off),
         ])
     }
+}
+
+/// `kvalues_mxfp4` in both 128-bit halves (`vpshufb` looks a nibble up in
+/// its own half), each value offset by 128 when `flip` (VNNI's unsigned
+/// operand: `v ^ 0x80 = v + 128` for a signed byte).
+#[inline(always)]
+unsafe fn mx_table(flip: bool) -> __m256i {
+    // SAFETY: the table is 16 bytes.
+    unsafe {
+        let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i));
+        _mm256_xor_si256(t, _mm256_set1_epi8(if flip { -128 } else { 0 }))
+    }
+}
+
+/// Eight MXFP4 exponent bytes at `p` (a packed chunk's), widened to their
+/// scales `2^(e - 128)`.
+#[inline(always)]
+unsafe fn e8m0_8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's pointer covers 8 bytes.
+    unsafe { e8m0_lanes(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
 }
 
 /// The chunk transposition of eight 32-byte code blocks `stride` bytes
@@ -71,8 +92,9 @@ pub(super) unsafe fn transpose32(src: *const u8, stride: usize, dst: *mut u8, fl
     }
 }
 
-/// [`super::arrange_row_on`]'s layout: codes (Q4_0 unpacked, Q8_0's
-/// flipped by 128 when `offset`) and widened scales.
+/// [`super::arrange_row_on`]'s layout of whole chunks: codes (Q4_0
+/// unpacked, MXFP4's looked up, Q8_0's and MXFP4's flipped by 128 when
+/// `offset`) and widened scales.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &mut [f32]) {
     let bs = ty.block_bytes();
@@ -83,11 +105,24 @@ pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut
         for c in 0..codes.len() / CHUNK {
             let src = row.as_ptr().add(c * 8 * bs);
             let dst = codes.as_mut_ptr().add(c * CHUNK);
-            let h = |b: usize| (src.add(b * bs) as *const i16).read_unaligned();
-            let scales = _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+            let scales = if ty == GgmlType::MXFP4 {
+                let e = |b: usize| *src.add(b * bs) as i32;
+                e8m0_lanes(_mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7)))
+            } else {
+                let h = |b: usize| (src.add(b * bs) as *const i16).read_unaligned();
+                _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+            };
             _mm256_storeu_ps(d.as_mut_ptr().add(8 * c), scales);
-            if ty == GgmlType::Q4_0 {
-                for (j, o) in q4_steps(src, bs).into_iter().enumerate() {
+            if ty == GgmlType::MXFP4 {
+                let table = mx_table(offset);
+                for (j, o) in q4_steps(src, bs, 1).into_iter().enumerate() {
+                    let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(o, low4));
+                    let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(o, 4), low4));
+                    _mm256_storeu_si256(dst.add(32 * j) as *mut __m256i, lo);
+                    _mm256_storeu_si256(dst.add(32 * (4 + j)) as *mut __m256i, hi);
+                }
+            } else if ty == GgmlType::Q4_0 {
+                for (j, o) in q4_steps(src, bs, 2).into_iter().enumerate() {
                     let lo = _mm256_and_si256(o, low4);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(o, 4), low4);
                     _mm256_storeu_si256(dst.add(32 * j) as *mut __m256i, lo);
@@ -103,17 +138,17 @@ pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut
 /// One chunk of [`super::pack_rows_on`]'s layout.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn pack_chunk(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: bool) {
-    let bs = ty.block_bytes();
-    let codes = 8 * bs - 16;
+    let (bs, h) = (ty.block_bytes(), head(ty));
+    let codes = 8 * (bs - h);
     // SAFETY: `src` and `dst` hold one chunk (eight blocks) of `ty`.
     unsafe {
         let s = src.as_ptr();
         let d = dst.as_mut_ptr();
         for b in 0..8 {
-            (d.add(codes + 2 * b) as *mut u16).write_unaligned((s.add(b * bs) as *const u16).read_unaligned());
+            std::ptr::copy_nonoverlapping(s.add(b * bs), d.add(codes + h * b), h);
         }
-        if ty == GgmlType::Q4_0 {
-            for (j, o) in q4_steps(s, bs).into_iter().enumerate() {
+        if matches!(ty, GgmlType::Q4_0 | GgmlType::MXFP4) {
+            for (j, o) in q4_steps(s, bs, h).into_iter().enumerate() {
                 _mm256_storeu_si256(d.add(32 * j) as *mut __m256i, o);
             }
         } else {
@@ -124,8 +159,16 @@ pub(super) unsafe fn pack_chunk(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: 
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn packed_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
-    // SAFETY: forwarded.
-    unsafe { packed::<true, false>(ty, rows, rb, acts, out) }
+    let tail = rb > acts.len() / CHUNK * chunk_bytes(ty);
+    // SAFETY (all): forwarded.
+    unsafe {
+        match (ty == GgmlType::MXFP4, tail) {
+            (true, true) => packed::<true, false, true, true>(ty, rows, rb, acts, out),
+            (true, false) => packed::<true, false, true, false>(ty, rows, rb, acts, out),
+            (false, true) => packed::<true, false, false, true>(ty, rows, rb, acts, out),
+            (false, false) => packed::<true, false, false, false>(ty, rows, rb, acts, out),
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,f16c")]
@@ -136,15 +179,27 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
     acts: &Q8Acts,
     out: &mut [f32],
 ) {
-    // SAFETY: forwarded.
-    unsafe { packed::<false, SIGNED>(ty, rows, rb, acts, out) }
+    let tail = rb > acts.len() / CHUNK * chunk_bytes(ty);
+    // SAFETY (all): forwarded.
+    unsafe {
+        match (ty == GgmlType::MXFP4, tail) {
+            (true, true) => packed::<false, SIGNED, true, true>(ty, rows, rb, acts, out),
+            (true, false) => packed::<false, SIGNED, true, false>(ty, rows, rb, acts, out),
+            (false, true) => packed::<false, SIGNED, false, true>(ty, rows, rb, acts, out),
+            (false, false) => packed::<false, SIGNED, false, false>(ty, rows, rb, acts, out),
+        }
+    }
 }
 
 /// The packed rows' loop: per chunk, the codes' steps (Q4_0's and Q4_K's
-/// nibbles split as they are loaded) against the activation steps, then
-/// the same term as `body` (Q4_K's from its packed scales, [`k_term`]).
+/// nibbles split as they are loaded, MXFP4's looked up) against the
+/// activation steps, then the same term as `body` (Q4_K's from its packed
+/// scales, [`k_term`]); then the blocks past the last whole chunk
+/// ([`partial`], into the same lanes). `MX`: MXFP4; `TAIL`: rows with
+/// blocks past their whole chunks (instances of their own, so the other
+/// rows' loops carry no branch or call for them: 2–4 % in cache).
 #[inline(always)]
-unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
+unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAIL: bool>(
     ty: GgmlType,
     rows: &[u8],
     rb: usize,
@@ -153,11 +208,14 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
 ) {
     let q4 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K);
     let k4 = ty == GgmlType::Q4_K;
+    let mx = MX;
     let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
     let low4 = _mm256_set1_epi8(0x0f);
+    let table = mx_table(VNNI);
     let chunks = acts.len() / CHUNK;
-    let cb = rb / chunks;
-    let codes = cb - 16;
+    let cb = chunk_bytes(ty);
+    let codes = cb - 8 * head(ty);
+    let whole = chunks * cb;
     let pf = crate::prefetch::distance();
     // SAFETY: each row holds `chunks` chunks of `cb` bytes (the caller
     // checked the sizes); the activations hold `chunks` chunks of codes
@@ -173,7 +231,30 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
                 let w = |j: usize| _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
                 let mut s0 = _mm256_setzero_si256();
                 let mut s1 = _mm256_setzero_si256();
-                if q4 && VNNI {
+                if mx {
+                    for j in 0..4 {
+                        let v = w(j);
+                        let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
+                        let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+                        if VNNI {
+                            // Offset by 128 (the table's), less 128 S below.
+                            s0 = madd::<true, false>(s0, lo, q(j));
+                            s1 = madd::<true, false>(s1, hi, q(4 + j));
+                        } else {
+                            // |w| times q·sign(w), summed in 16 bits: a pair
+                            // is at most 2 · 12 · 127 = 3048 in magnitude,
+                            // eight steps' 24384 < 2^15 ([`widen_q4`]).
+                            let pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(q(j), lo));
+                            let ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(q(4 + j), hi));
+                            s0 = _mm256_add_epi16(s0, pl);
+                            s1 = _mm256_add_epi16(s1, ph);
+                        }
+                    }
+                    if !VNNI {
+                        s0 = widen_q4(s0, s1);
+                        s1 = _mm256_setzero_si256();
+                    }
+                } else if q4 && VNNI {
                     // The high nibbles multiplied in place (16 times their
                     // value: no shift per step; VNNI's 32-bit sums cannot
                     // saturate) and the sum divided by 16 once, exactly.
@@ -210,8 +291,20 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool>(
                 if !SIGNED {
                     i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
                 }
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i));
+                let dw = if mx {
+                    e8m0_8(p.add(codes))
+                } else {
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i))
+                };
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
+            }
+            if TAIL {
+                let tail = &row[whole..];
+                acc = if VNNI {
+                    tail_vnni::<1>(ty, tail, 8 * chunks, [acts], [acc])[0]
+                } else {
+                    tail_avx2::<1>(ty, tail, 8 * chunks, [acts], [acc])[0]
+                };
             }
             *o = crate::gguf::qdot::x86::lane_sums([acc])[0];
         }
@@ -231,7 +324,8 @@ unsafe fn widen_q4(a: __m256i, b: __m256i) -> __m256i {
     unsafe { _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1)) }
 }
 
-/// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`.
+/// `acc + Σ` of four-product groups, lane `i` over bytes `4i..4i + 4`
+/// (`SIGNED`, AVX2: signed `w` as `|w|` times `q·sign(w)`).
 #[inline(always)]
 pub(super) unsafe fn madd<const VNNI: bool, const SIGNED: bool>(acc: __m256i, w: __m256i, q: __m256i) -> __m256i {
     if VNNI {
@@ -328,6 +422,46 @@ struct Packed {
     ty: GgmlType,
     p: *const u8,
     cb: usize,
+}
+
+/// A packed MXFP4 row (a type of its own, so that the other types' loops
+/// carry no branch for it): Q4_0's nibble steps looked up in
+/// [`mx_table`] (the signed values, or with `flip` (VNNI) the values
+/// offset by 128), the chunk's eight exponent bytes after its codes.
+#[derive(Clone, Copy)]
+struct PackedMx {
+    p: *const u8,
+    flip: bool,
+}
+
+/// Bytes of a packed MXFP4 chunk: 128 of nibbles, 8 exponents.
+const MX_CHUNK: usize = 136;
+
+impl Row for PackedMx {
+    #[inline(always)]
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: the caller's `c` is below the row's chunk count.
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0f);
+            let table = mx_table(self.flip);
+            let v = _mm256_loadu_si256(self.p.add(c * MX_CHUNK + 32 * j) as *const __m256i);
+            (
+                _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)),
+                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, c: usize) -> __m256 {
+        // SAFETY: as above.
+        unsafe { e8m0_8(self.p.add(c * MX_CHUNK + 128)) }
+    }
+
+    #[inline(always)]
+    unsafe fn k_scales(self, _: usize) -> (__m256i, __m256i, __m256) {
+        (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
+    }
 }
 
 impl Row for Packed {
@@ -439,94 +573,172 @@ unsafe fn q6_k_term(
     }
 }
 
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn many_vnni(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn many_vnni(ty: GgmlType, row: &ArrangedRow, tail: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<true>(ty, row.codes.len() / CHUNK, Arranged(row), acts, out) }
+    unsafe { many::<true>(ty, row.codes.len() / CHUNK, Arranged(row), tail, acts, out) }
 }
 
-#[target_feature(enable = "avx2")]
-pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, acts: &[&Q8Acts], out: &mut [f32]) {
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, tail: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<false>(ty, row.codes.len() / CHUNK, Arranged(row), acts, out) }
+    unsafe { many::<false>(ty, row.codes.len() / CHUNK, Arranged(row), tail, acts, out) }
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = CHUNK / ty.block_elems() * ty.block_bytes();
-    let packed = Packed {
-        ty,
-        p: row.as_ptr(),
-        cb,
-    };
-    // SAFETY: forwarded; `row` holds whole chunks of `cb` bytes.
-    unsafe { many::<true>(ty, row.len() / cb, packed, acts, out) }
+    let cb = chunk_bytes(ty);
+    let chunks = row.len() / cb;
+    let tail = &row[chunks * cb..];
+    let p = row.as_ptr();
+    // SAFETY (both): forwarded; `row` holds `chunks` whole chunks of `cb`
+    // bytes, then fewer than eight blocks.
+    unsafe {
+        if ty == GgmlType::MXFP4 {
+            return many::<true>(ty, chunks, PackedMx { p, flip: true }, tail, acts, out);
+        }
+        many::<true>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
+    }
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = CHUNK / ty.block_elems() * ty.block_bytes();
-    let packed = Packed {
-        ty,
-        p: row.as_ptr(),
-        cb,
-    };
+    let cb = chunk_bytes(ty);
+    let chunks = row.len() / cb;
+    let tail = &row[chunks * cb..];
+    let p = row.as_ptr();
     // SAFETY: as above.
-    unsafe { many::<false>(ty, row.len() / cb, packed, acts, out) }
+    unsafe {
+        if ty == GgmlType::MXFP4 {
+            return many::<false>(ty, chunks, PackedMx { p, flip: false }, tail, acts, out);
+        }
+        many::<false>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
+    }
 }
 
-/// Quads of activation rows, then the one to three left.
+/// Quads of activation rows, then the one to three left; `tail` the row's
+/// blocks past its `chunks` whole chunks, as stored.
 #[inline(always)]
-unsafe fn many<const VNNI: bool>(ty: GgmlType, chunks: usize, row: impl Row, acts: &[&Q8Acts], out: &mut [f32]) {
+unsafe fn many<const VNNI: bool>(
+    ty: GgmlType,
+    chunks: usize,
+    row: impl Row,
+    tail: &[u8],
+    acts: &[&Q8Acts],
+    out: &mut [f32],
+) {
+    if !tail.is_empty() {
+        // SAFETY: forwarded.
+        return unsafe { many_rows::<VNNI, true>(ty, (chunks, row, tail), acts, out) };
+    }
+    // SAFETY: forwarded.
+    unsafe { many_rows::<VNNI, false>(ty, (chunks, row, tail), acts, out) }
+}
+
+/// [`many`] for rows with (`TAIL`) or without blocks past their whole
+/// chunks: instances of their own, so the whole-chunk loops carry no
+/// branch or call for a tail.
+#[inline(always)]
+unsafe fn many_rows<const VNNI: bool, const TAIL: bool>(
+    ty: GgmlType,
+    r: (usize, impl Row, &[u8]),
+    acts: &[&Q8Acts],
+    out: &mut [f32],
+) {
     let n = acts.len();
     let mut t = 0;
     // SAFETY (every call): forwarded; `t + N <= n` indexes `acts` and `out`.
     unsafe {
         while t + 4 <= n {
-            let v = dot::<VNNI, 4>(ty, chunks, row, [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]]);
+            let v = dot::<VNNI, TAIL, 4>(ty, r, [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]]);
             out[t..t + 4].copy_from_slice(&v);
             t += 4;
         }
         match n - t {
-            1 => out[t..].copy_from_slice(&dot::<VNNI, 1>(ty, chunks, row, [acts[t]])),
-            2 => out[t..].copy_from_slice(&dot::<VNNI, 2>(ty, chunks, row, [acts[t], acts[t + 1]])),
-            3 => out[t..].copy_from_slice(&dot::<VNNI, 3>(ty, chunks, row, [acts[t], acts[t + 1], acts[t + 2]])),
+            1 => out[t..].copy_from_slice(&dot::<VNNI, TAIL, 1>(ty, r, [acts[t]])),
+            2 => out[t..].copy_from_slice(&dot::<VNNI, TAIL, 2>(ty, r, [acts[t], acts[t + 1]])),
+            3 => out[t..].copy_from_slice(&dot::<VNNI, TAIL, 3>(ty, r, [acts[t], acts[t + 1], acts[t + 2]])),
             _ => {}
         }
     }
 }
 
+/// The chunk loop of `ty` for `N` activation rows, then the tail's blocks
+/// ([`partial`]) into the same lanes, then the lane sums.
 #[inline(always)]
-unsafe fn dot<const VNNI: bool, const N: usize>(
+unsafe fn dot<const VNNI: bool, const TAIL: bool, const N: usize>(
     ty: GgmlType,
-    chunks: usize,
-    row: impl Row,
+    (chunks, row, tail): (usize, impl Row, &[u8]),
     acts: [&Q8Acts; N],
 ) -> [f32; N] {
-    // SAFETY (both): forwarded.
-    if VNNI {
-        unsafe { body::<N>(ty, chunks, row, acts) }
-    } else if ty == GgmlType::Q8_0 {
-        unsafe { body_avx2::<true, N>(ty, chunks, row, acts) }
-    } else {
-        unsafe { body_avx2::<false, N>(ty, chunks, row, acts) }
+    // SAFETY (all): forwarded; the tail holds the row's blocks from
+    // `8 * chunks` on.
+    unsafe {
+        let mut acc = if VNNI {
+            body::<N>(ty, chunks, row, acts)
+        } else if matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4) {
+            body_avx2::<true, N>(ty, chunks, row, acts)
+        } else {
+            body_avx2::<false, N>(ty, chunks, row, acts)
+        };
+        if TAIL {
+            acc = if VNNI {
+                tail_vnni::<N>(ty, tail, 8 * chunks, acts, acc)
+            } else {
+                tail_avx2::<N>(ty, tail, 8 * chunks, acts, acc)
+            };
+        }
+        crate::gguf::qdot::x86::lane_sums(acc)
     }
 }
 
+/// [`partial`] out of line, the lanes in and out by value: inlined into
+/// the chunk loops (or given the accumulators' address) it cost the
+/// whole-chunk prefill up to a third of its speed, and a row has at most
+/// one tail.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline(never)]
+unsafe fn tail_vnni<const N: usize>(
+    ty: GgmlType,
+    tail: &[u8],
+    b0: usize,
+    acts: [&Q8Acts; N],
+    mut acc: [__m256; N],
+) -> [__m256; N] {
+    // SAFETY: forwarded.
+    unsafe { partial::<true, N>(ty, tail, b0, acts, &mut acc) };
+    acc
+}
+
+/// [`tail_vnni`] for AVX2.
+#[target_feature(enable = "avx2,f16c")]
+#[inline(never)]
+unsafe fn tail_avx2<const N: usize>(
+    ty: GgmlType,
+    tail: &[u8],
+    b0: usize,
+    acts: [&Q8Acts; N],
+    mut acc: [__m256; N],
+) -> [__m256; N] {
+    // SAFETY: forwarded.
+    unsafe { partial::<false, N>(ty, tail, b0, acts, &mut acc) };
+    acc
+}
+
 /// AVX2's chunk loop, step pair by step pair across the activation rows
-/// (one accumulator per row): Q8_0 (`SIGNED`) as `|w|` times the
+/// (one accumulator per row): Q8_0 and MXFP4 (`SIGNED`) as `|w|` times the
 /// activation codes with `w`'s signs, widened per step; Q4_0 (unsigned
 /// nibbles) with every step's `vpmaddubsw` pairs summed in 16 bits and
 /// widened once per chunk ([`widen_q4`]'s bound), less 8 times the block
 /// totals (Q4_K's nibbles the same, with its own term). Then
-/// [`super::super::combine`]'s term and lane sums, as `body`.
+/// [`super::super::combine`]'s term per lane, as `body`.
 #[inline(always)]
 unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     ty: GgmlType,
     chunks: usize,
     row: impl Row,
     acts: [&Q8Acts; N],
-) -> [f32; N] {
+) -> [__m256; N] {
     let k_quant = ty == GgmlType::Q4_K;
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
@@ -582,7 +794,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
         }
-        crate::gguf::qdot::x86::lane_sums(acc)
+        acc
     }
 }
 
@@ -591,7 +803,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
 /// before each widening (a pair is at most 2 · 63 · 127 = 16002 in
 /// magnitude, two 32004 < 2^15: exact), then [`q6_k_term`].
 #[inline(always)]
-unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
+unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [__m256; N] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); N];
     // SAFETY: as `body`.
@@ -617,16 +829,16 @@ unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q
                 *acc = _mm256_add_ps(*acc, q6_k_term(c, ks, a, lo, hi));
             }
         }
-        crate::gguf::qdot::x86::lane_sums(acc)
+        acc
     }
 }
 
 /// The VNNI chunk loop: block `b`'s integer sum in lane `b`, less the
-/// activation total times the type's offset (Q4_0's 8; Q8_0's codes carry
-/// +128; Q4_K's sub-block mins in its own term), then
-/// [`super::super::combine`]'s term and lane sums.
+/// activation total times the type's offset (Q4_0's 8; Q8_0's and MXFP4's
+/// codes carry +128; Q4_K's sub-block mins in its own term), then
+/// [`super::super::combine`]'s term per lane.
 #[inline(always)]
-unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [f32; N] {
+unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [__m256; N] {
     let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
     let count = _mm_cvtsi32_si128(shift);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -670,6 +882,6 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
         }
-        crate::gguf::qdot::x86::lane_sums(acc)
+        acc
     }
 }
