@@ -160,8 +160,9 @@ pub struct ConvertArgs {
     /// Output container directory (must not exist).
     #[arg(long)]
     pub out: PathBuf,
-    /// How routed experts are stored (a .gguf source keeps its own blocks:
-    /// leave this out).
+    /// How routed experts are stored (a .gguf source, and a checkpoint whose
+    /// experts are stored in GGML blocks such as gpt-oss's MXFP4, keep their
+    /// own blocks: leave this out).
     #[arg(long, value_enum)]
     pub quant: Option<QuantChoice>,
     /// Columns per scale: int8 0 (= per row, default) or a divisor of the
