@@ -861,26 +861,8 @@ mod tests {
                 tools: None,
             },
         };
-        let v: Value = block_on(async {
-            let r = shaped().whole(ticket(&pieces, FinishReason::Stop)).await.unwrap();
-            serde_json::from_str(&body(r).await).unwrap()
-        });
-        assert_eq!(
-            v["content"],
-            json!([{"type": "thinking", "thinking": "weigh it up", "signature": signature("weigh it up")},
-                   {"type": "text", "text": "Paris."}])
-        );
-        let events = block_on(async { sse(&body(shaped().stream(ticket(&pieces, FinishReason::Stop))).await) });
+        let events = assert_thinking_then_paris(shaped, &pieces);
         let data: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
-        let starts: Vec<&Value> = data
-            .iter()
-            .filter(|d| d["type"] == "content_block_start")
-            .map(|d| &d["content_block"]["type"])
-            .collect();
-        assert_eq!(starts, [&json!("thinking"), &json!("text")]);
-        let thinking: String = data.iter().filter_map(|d| d["delta"]["thinking"].as_str()).collect();
-        let text: String = data.iter().filter_map(|d| d["delta"]["text"].as_str()).collect();
-        assert_eq!((thinking.as_str(), text.as_str()), ("weigh it up", "Paris."));
         let sig: Vec<&Value> = data
             .iter()
             .copied()
@@ -909,8 +891,14 @@ mod tests {
                 ..Shape::default()
             },
         };
+        assert_thinking_then_paris(shaped, &pieces);
+    }
+
+    /// `pieces` answered whole and streamed by `shaped()`: a thinking block
+    /// "weigh it up" (signed) then the text "Paris."; returns the stream's events.
+    fn assert_thinking_then_paris(shaped: impl Fn() -> Reply, pieces: &[&str]) -> Vec<(Option<String>, Value)> {
         let v: Value = block_on(async {
-            let r = shaped().whole(ticket(&pieces, FinishReason::Stop)).await.unwrap();
+            let r = shaped().whole(ticket(pieces, FinishReason::Stop)).await.unwrap();
             serde_json::from_str(&body(r).await).unwrap()
         });
         assert_eq!(
@@ -918,7 +906,7 @@ mod tests {
             json!([{"type": "thinking", "thinking": "weigh it up", "signature": signature("weigh it up")},
                    {"type": "text", "text": "Paris."}])
         );
-        let events = block_on(async { sse(&body(shaped().stream(ticket(&pieces, FinishReason::Stop))).await) });
+        let events = block_on(async { sse(&body(shaped().stream(ticket(pieces, FinishReason::Stop))).await) });
         let data: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
         let starts: Vec<&Value> = data
             .iter()
@@ -929,5 +917,6 @@ mod tests {
         let thinking: String = data.iter().filter_map(|d| d["delta"]["thinking"].as_str()).collect();
         let text: String = data.iter().filter_map(|d| d["delta"]["text"].as_str()).collect();
         assert_eq!((thinking.as_str(), text.as_str()), ("weigh it up", "Paris."));
+        events
     }
 }

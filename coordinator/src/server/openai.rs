@@ -1028,24 +1028,11 @@ mod tests {
             harmony: false,
             tools: None,
         };
-        let v = block_on(async {
-            let r = reply_shaped(shape.clone())
-                .whole(ticket(&THOUGHT, FinishReason::Stop))
-                .await
-                .unwrap();
-            serde_json::from_str::<Value>(&body(r).await).unwrap()
-        });
+        let (v, chunks) = whole_and_chunks(shape, &THOUGHT);
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
         let m = &v["choices"][0]["message"];
         assert_eq!(m["reasoning_content"], "weigh it up");
         assert_eq!(m["content"], "Paris.");
-        let chunks: Vec<Value> = block_on(async {
-            let r = reply_shaped(shape).stream(ticket(&THOUGHT, FinishReason::Stop));
-            sse(&body(r).await).into_iter().map(|(_, v)| v).collect()
-        });
-        let deltas: Vec<&Value> = chunks[..chunks.len() - 1]
-            .iter()
-            .map(|c| &c["choices"][0]["delta"])
-            .collect();
         let r: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
         let c: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
         assert_eq!((r.as_str(), c.as_str()), ("weigh it up", "Paris."));
@@ -1054,6 +1041,23 @@ mod tests {
         assert_eq!(v["choices"][0]["message"]["content"], THOUGHT.concat());
         assert!(v["choices"][0]["message"].get("reasoning_content").is_none());
     }
+    /// `pieces` answered whole and streamed under `shape`: the whole reply,
+    /// and the streamed chunks but the final, empty one.
+    fn whole_and_chunks(shape: Shape, pieces: &[&str]) -> (Value, Vec<Value>) {
+        let v = block_on(async {
+            let r = reply_shaped(shape.clone())
+                .whole(ticket(pieces, FinishReason::Stop))
+                .await
+                .unwrap();
+            serde_json::from_str::<Value>(&body(r).await).unwrap()
+        });
+        let chunks: Vec<Value> = block_on(async {
+            let r = reply_shaped(shape).stream(ticket(pieces, FinishReason::Stop));
+            sse(&body(r).await).into_iter().map(|(_, v)| v).collect()
+        });
+        (v, chunks[..chunks.len() - 1].to_vec())
+    }
+
     /// A harmony answer as the engine decodes it for gpt-oss (markers kept),
     /// one token's text per piece.
     const HARMONY_CALL: [&str; 16] = [
@@ -1084,13 +1088,8 @@ mod tests {
             harmony: true,
             tools: Some(p),
         };
-        let v = block_on(async {
-            let r = reply_shaped(shape.clone())
-                .whole(ticket(&HARMONY_CALL, FinishReason::Stop))
-                .await
-                .unwrap();
-            serde_json::from_str::<Value>(&body(r).await).unwrap()
-        });
+        let (v, chunks) = whole_and_chunks(shape, &HARMONY_CALL);
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
         let c = &v["choices"][0];
         assert_eq!(c["finish_reason"], "tool_calls");
         assert_eq!(c["message"]["reasoning_content"], "Need weather.");
@@ -1100,14 +1099,6 @@ mod tests {
             c["message"]["tool_calls"][0]["function"]["arguments"],
             r#"{"city":"Paris"}"#
         );
-        let chunks: Vec<Value> = block_on(async {
-            let r = reply_shaped(shape).stream(ticket(&HARMONY_CALL, FinishReason::Stop));
-            sse(&body(r).await).into_iter().map(|(_, v)| v).collect()
-        });
-        let deltas: Vec<&Value> = chunks[..chunks.len() - 1]
-            .iter()
-            .map(|c| &c["choices"][0]["delta"])
-            .collect();
         let r: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
         let text: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
         assert_eq!((r.as_str(), text.as_str()), ("Need weather.", ""));
@@ -1116,7 +1107,7 @@ mod tests {
             .filter_map(|d| d["tool_calls"][0]["function"]["arguments"].as_str())
             .collect();
         assert_eq!(args, r#"{"city":"Paris"}"#);
-        assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(chunks[chunks.len() - 1]["choices"][0]["finish_reason"], "tool_calls");
         // A final answer: reasoning, then content; the end token is no text.
         let answer = [
             "<|channel|>analysis<|message|>",
