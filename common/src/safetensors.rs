@@ -308,19 +308,11 @@ impl TensorFiles {
                     first,
                     step,
                 };
-                let strided = |b, first, step| Derive::Strided {
-                    expert: x,
-                    b,
-                    first,
-                    step,
-                };
                 let mut add = |name: &str, entry: Entry| {
                     self.entries.insert(format!("{prefix}{x}.{name}"), entry);
                 };
                 add("gate_proj.weight", view(&gu, vec![i, h], columns(0, 2)));
                 add("up_proj.weight", view(&gu, vec![i, h], columns(1, 2)));
-                add("gate_proj.bias", view(&gub, vec![i], strided(i2, 0, 2)));
-                add("up_proj.bias", view(&gub, vec![i], strided(i2, 1, 2)));
                 let down = Derive::Columns {
                     expert: x,
                     a: i,
@@ -329,12 +321,46 @@ impl TensorFiles {
                     step: 1,
                 };
                 add("down_proj.weight", view(&d, vec![h, i], down));
-                add("down_proj.bias", view(&db, vec![h], strided(h, 0, 1)));
             }
-            for n in ["gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"] {
-                self.entries.remove(&format!("{prefix}{n}"));
-            }
+            self.entries.remove(&format!("{prefix}gate_up_proj"));
+            self.entries.remove(&format!("{prefix}down_proj"));
+            self.split_gpt_oss_biases(&prefix, e, i, h);
         }
+    }
+
+    /// Per-expert views of gpt-oss's fused biases (`gate_up_proj_bias`
+    /// `[E, 2I]`, gate and up alternating; `down_proj_bias` `[E, H]`) as
+    /// `experts.{e}.{gate,up,down}_proj.bias`, whatever the matrices are
+    /// stored in. Biases of unexpected sizes are left as they are.
+    fn split_gpt_oss_biases(&mut self, prefix: &str, e: usize, i: usize, h: usize) {
+        let get = |n: &str| self.entries.get(&format!("{prefix}{n}")).cloned();
+        let (Some(gub), Some(db)) = (get("gate_up_proj_bias"), get("down_proj_bias")) else {
+            return;
+        };
+        let sized = |t: &Entry, n: usize| t.dtype.bitsize() >= 16 && t.end - t.start == n * (t.dtype.bitsize() / 8);
+        if !sized(&gub, e * 2 * i) || !sized(&db, e * h) {
+            return;
+        }
+        for x in 0..e {
+            let strided = |base: &Entry, len: usize, b: usize, first: usize, step: usize| Entry {
+                shape: vec![len],
+                derive: Some(Derive::Strided {
+                    expert: x,
+                    b,
+                    first,
+                    step,
+                }),
+                ..base.clone()
+            };
+            let mut add = |name: &str, entry: Entry| {
+                self.entries.insert(format!("{prefix}{x}.{name}"), entry);
+            };
+            add("gate_proj.bias", strided(&gub, i, 2 * i, 0, 2));
+            add("up_proj.bias", strided(&gub, i, 2 * i, 1, 2));
+            add("down_proj.bias", strided(&db, h, h, 0, 1));
+        }
+        self.entries.remove(&format!("{prefix}gate_up_proj_bias"));
+        self.entries.remove(&format!("{prefix}down_proj_bias"));
     }
 
     /// gpt-oss's MXFP4 experts as released: `gate_up_proj_blocks`
@@ -342,7 +368,8 @@ impl TensorFiles {
     /// rows are outputs, gate and up alternating) and `down_proj_blocks`
     /// `[E, H, I/32, 16]` with its scales, beside the biases: the per-expert
     /// matrices become GGML MXFP4 views ([`crate::gguf::mxfp4`]: the same
-    /// values, nibbles reordered), the biases as in the dense layout.
+    /// values, nibbles reordered), the biases as in the dense layout
+    /// ([`TensorFiles::split_gpt_oss_biases`]).
     fn split_gpt_oss_mxfp4(&mut self, prefix: &str) {
         let get = |n: &str| self.entries.get(&format!("{prefix}{n}")).cloned();
         let (Some(gub), Some(db), Some(gb), Some(gs), Some(dbl), Some(ds)) = (
@@ -407,32 +434,7 @@ impl TensorFiles {
         ] {
             self.entries.remove(&format!("{prefix}{n}"));
         }
-        // The biases: as in the dense layout, below.
-        let view = |base: &Entry, shape: Vec<usize>, derive: Derive| Entry {
-            shape,
-            derive: Some(derive),
-            ..base.clone()
-        };
-        let sized = |t: &Entry, n: usize| t.dtype.bitsize() >= 16 && t.end - t.start == n * (t.dtype.bitsize() / 8);
-        if !sized(&gub, e * i2) || !sized(&db, e * h) {
-            return;
-        }
-        for x in 0..e {
-            let strided = |b, first, step| Derive::Strided {
-                expert: x,
-                b,
-                first,
-                step,
-            };
-            let mut add = |name: &str, entry: Entry| {
-                self.entries.insert(format!("{prefix}{x}.{name}"), entry);
-            };
-            add("gate_proj.bias", view(&gub, vec![i], strided(i2, 0, 2)));
-            add("up_proj.bias", view(&gub, vec![i], strided(i2, 1, 2)));
-            add("down_proj.bias", view(&db, vec![h], strided(h, 0, 1)));
-        }
-        self.entries.remove(&format!("{prefix}gate_up_proj_bias"));
-        self.entries.remove(&format!("{prefix}down_proj_bias"));
+        self.split_gpt_oss_biases(prefix, e, i, h);
     }
 
     /// Names a vision-language checkpoint's language model as the text

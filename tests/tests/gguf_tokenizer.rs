@@ -108,26 +108,38 @@ fn sentencepiece_gguf_vocabulary_tokenizes_like_the_hf_tokenizer() {
         ("tokenizer.ggml.add_bos_token", 7, vec![1]),
     ]);
     let gguf = GgufFile::from_bytes("llama2-vocab.gguf", bytes).unwrap();
-    let ours = TextCodec::from_gguf(&gguf).unwrap();
+    assert_tokenizes_alike(
+        &gguf,
+        &hf_path,
+        true,
+        &[
+            "Hello world",
+            "The quick brown fox jumps over the lazy dog.",
+            "  leading and  double  spaces ",
+            "line one\nline two\n\n\ttabbed",
+            "numbers 12345 and 3.14159",
+            "émoji 🚀 and ünïcode, 中文, 日本語",
+            "rare bytes: \u{1F9E0}\u{0301}",
+            "code: fn main() { println!(\"hi\"); }",
+        ],
+    );
+}
+
+/// The tokenizer rebuilt from `gguf`'s metadata and the `tokenizer.json` at
+/// `hf_path` give the same ids for every text, and decode them (skipping
+/// special tokens or not) to the same text.
+fn assert_tokenizes_alike(gguf: &GgufFile, hf_path: &std::path::Path, skip_special: bool, texts: &[&str]) {
+    let ours = TextCodec::from_gguf(gguf).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(&hf_path, dir.path().join("tokenizer.json")).unwrap();
+    std::fs::copy(hf_path, dir.path().join("tokenizer.json")).unwrap();
     let theirs = TextCodec::load(dir.path()).unwrap();
-    for text in [
-        "Hello world",
-        "The quick brown fox jumps over the lazy dog.",
-        "  leading and  double  spaces ",
-        "line one\nline two\n\n\ttabbed",
-        "numbers 12345 and 3.14159",
-        "émoji 🚀 and ünïcode, 中文, 日本語",
-        "rare bytes: \u{1F9E0}\u{0301}",
-        "code: fn main() { println!(\"hi\"); }",
-    ] {
+    for text in texts {
         let a = ours.encode(text).unwrap();
         let b = theirs.encode(text).unwrap();
         assert_eq!(a, b, "ids of {text:?}");
         assert_eq!(
-            ours.decode(&a, true).unwrap(),
-            theirs.decode(&b, true).unwrap(),
+            ours.decode(&a, skip_special).unwrap(),
+            theirs.decode(&b, skip_special).unwrap(),
             "text of {text:?}"
         );
     }
@@ -193,30 +205,22 @@ fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
         ("tokenizer.ggml.add_bos_token", 7, vec![0]),
     ]);
     let gguf = GgufFile::from_bytes("gptoss-vocab.gguf", bytes).unwrap();
-    let ours = TextCodec::from_gguf(&gguf).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(&hf_path, dir.path().join("tokenizer.json")).unwrap();
-    let theirs = TextCodec::load(dir.path()).unwrap();
-    for text in [
-        "Hello world",
-        "The quick brown fox jumps over the lazy dog.",
-        "HTTPServer's JSONParser didn't parse 'camelCaseWords' or ALLCAPS'll",
-        "  leading and  double  spaces ",
-        "line one\nline two\n\n\ttabbed\r\n",
-        "numbers 12345 and 3.14159, 1000000",
-        "émoji 🚀 and ünïcode, 中文, 日本語, Ελληνικά",
-        "rare bytes: \u{1F9E0}\u{0301}",
-        "path/to/file.rs and a//b",
-        "code: fn main() { println!(\"hi\"); }",
-        "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant",
-    ] {
-        let a = ours.encode(text).unwrap();
-        let b = theirs.encode(text).unwrap();
-        assert_eq!(a, b, "ids of {text:?}");
-        assert_eq!(
-            ours.decode(&a, false).unwrap(),
-            theirs.decode(&b, false).unwrap(),
-            "text of {text:?}"
-        );
-    }
+    assert_tokenizes_alike(
+        &gguf,
+        &hf_path,
+        false,
+        &[
+            "Hello world",
+            "The quick brown fox jumps over the lazy dog.",
+            "HTTPServer's JSONParser didn't parse 'camelCaseWords' or ALLCAPS'll",
+            "  leading and  double  spaces ",
+            "line one\nline two\n\n\ttabbed\r\n",
+            "numbers 12345 and 3.14159, 1000000",
+            "émoji 🚀 and ünïcode, 中文, 日本語, Ελληνικά",
+            "rare bytes: \u{1F9E0}\u{0301}",
+            "path/to/file.rs and a//b",
+            "code: fn main() { println!(\"hi\"); }",
+            "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant",
+        ],
+    );
 }
