@@ -38,13 +38,13 @@
 //!   and top-bit steps) are packed the same way, the GGUF's size.
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4) need not be whole
-//! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The whole
-//! chunks run through these kernels and leave block `b`'s term in lane `b`;
-//! the blocks past the last whole chunk (fewer than eight, kept as stored:
-//! in a packed row after its chunks, in an [`ArrangedRow`] beside its
-//! codes) then go through the folding kernel's per-block code into the
-//! same lanes, before the one lane reduction, exactly as [`super::dot`]
-//! treats a row's partial last chunk.
+//! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
+//! blocks past the last whole chunk (fewer than eight) are a *tail*, laid
+//! out like a chunk of `k` lanes ([`pack_tail`]: their scales first, then
+//! the steps of `4k` bytes; the activations' tail the same,
+//! [`Q8Acts::arrange`]). The kernels read it with masked loads into lanes
+//! `0..k` and add its terms into those lanes only, before the one lane
+//! reduction, exactly as [`super::dot`] treats a row's partial last chunk.
 //!
 //! Integer sums are exact in any order and the float part is
 //! [`super::combine`]'s operations in its order, so results equal
@@ -132,16 +132,17 @@ pub struct ArrangedRow {
     k_scales: Vec<i32>,
     /// Q4_K: per chunk, the super-block's `dmin` in all eight lanes.
     dmin: Vec<f32>,
-    /// The blocks past the last whole chunk, as stored (their terms come
-    /// from the per-block kernel).
+    /// The blocks past the last whole chunk in the packed tail layout
+    /// ([`pack_tail`]).
     tail: Vec<u8>,
 }
 
 impl Q8Acts {
     /// Adds the chunk-transposed codes and block totals [`dot_many_arranged`]
-    /// reads (requantizing clears them). The codes past the last whole
-    /// chunk stay in their order (the per-block kernel reads them from
-    /// `qs`).
+    /// reads (requantizing clears them). The `k` blocks past the last whole
+    /// chunk are transposed as a chunk of `k` lanes (step `j`: `4k` bytes,
+    /// bytes `4j..4j + 4` of each block), as [`pack_tail`] lays out a
+    /// weight row's.
     pub fn arrange(&mut self) {
         let whole = self.len() / CHUNK * CHUNK;
         self.qt.clear();
@@ -165,7 +166,7 @@ impl Q8Acts {
         }
         #[cfg(not(target_arch = "x86_64"))]
         transpose_scalar(src, dst);
-        dst[whole..].copy_from_slice(&src[whole..]);
+        transpose_blocks(&src[whole..], &mut dst[whole..], false);
         self.tot.clear();
         self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
         q6k::half_offsets(&self.s16, &mut self.off6);
@@ -181,11 +182,48 @@ impl Q8Acts {
 /// reference of the vector version).
 fn transpose_scalar(src: &[u8], dst: &mut [u8]) {
     for (src, dst) in src.chunks_exact(CHUNK).zip(dst.chunks_exact_mut(CHUNK)) {
-        for b in 0..8 {
-            for j in 0..8 {
-                dst[32 * j + 4 * b..32 * j + 4 * b + 4].copy_from_slice(&src[QK * b + 4 * j..QK * b + 4 * j + 4]);
+        transpose_blocks(src, dst, false);
+    }
+}
+
+/// `k` blocks of 32 code bytes stored back to back (`src`) as a chunk of
+/// `k` lanes (`dst`): step `j` (`4k` bytes) holds bytes `4j..4j + 4` of
+/// each block, each byte xor 0x80 when `flip`. With `k = 8` this is the
+/// chunk transposition; a tail's is the same with fewer lanes.
+fn transpose_blocks(src: &[u8], dst: &mut [u8], flip: bool) {
+    transpose_lanes(src, QK, QK / 4, dst, flip)
+}
+
+/// [`transpose_blocks`] for blocks `stride` bytes apart whose first
+/// `4 * steps` bytes are codes (`src` at the first code).
+fn transpose_lanes(src: &[u8], stride: usize, steps: usize, dst: &mut [u8], flip: bool) {
+    let k = dst.len() / (4 * steps);
+    for b in 0..k {
+        for j in 0..steps {
+            for x in 0..4 {
+                let v = src[stride * b + 4 * j + x];
+                dst[4 * k * j + 4 * b + x] = if flip { v ^ 0x80 } else { v };
             }
         }
+    }
+}
+
+/// The `k` blocks of a 32-element type past a row's whole chunks (`src`,
+/// as stored) in the packed tail layout (`dst`, the same size): the `k`
+/// scales (f16, MXFP4's exponent bytes) first, then the codes as a chunk
+/// of `k` lanes ([`transpose_lanes`]: Q8_0's eight steps of code bytes,
+/// xor 0x80 when `flip`; Q4_0's and MXFP4's four steps of nibble pairs).
+/// The kernels load the scales with one 16-byte read from the tail's
+/// start, which the codes after them keep inside the row.
+pub(crate) fn pack_tail(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: bool) {
+    let (bs, h) = (ty.block_bytes(), head(ty));
+    let k = src.len() / bs;
+    debug_assert!(k < 8 && ty.block_elems() == QK && dst.len() == src.len());
+    for b in 0..k {
+        dst[h * b..h * (b + 1)].copy_from_slice(&src[bs * b..bs * b + h]);
+    }
+    if k > 0 {
+        transpose_lanes(&src[h..], bs, (bs - h) / 4, &mut dst[h * k..], flip);
     }
 }
 
@@ -216,7 +254,15 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     out.cols = cols;
     let whole = cols / CHUNK * chunk_bytes(ty);
     out.tail.clear();
-    out.tail.extend_from_slice(&row[whole..]);
+    out.tail.resize(row.len() - whole, 0);
+    if ty.block_elems() == QK {
+        pack_tail(
+            ty,
+            &row[whole..],
+            &mut out.tail,
+            isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0,
+        );
+    }
     if ty == GgmlType::Q6_K {
         // The decode packing is already the transposed order.
         out.codes.resize(row.len(), 0);
@@ -462,8 +508,8 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
 /// packed nibble bytes, low nibbles the elements `4j..4j + 4` of each
 /// block and high nibbles `16 + 4j..`; Q8_0: eight steps of code bytes,
 /// offset by 128 for VNNI), then the chunk's eight f16 scales (MXFP4: its
-/// eight exponent bytes); then the blocks past the last whole chunk as
-/// stored. Q6_K: [`q6k`]'s layout; Q4_K: [`q4k`]'s.
+/// eight exponent bytes); then the blocks past the last whole chunk in the
+/// tail layout ([`pack_tail`]). Q6_K: [`q6k`]'s layout; Q4_K: [`q4k`]'s.
 ///
 /// # Panics
 /// If [`packable`] is false or `data` does not hold `rows` rows.
@@ -525,7 +571,7 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
                         // hold one chunk of `ty`.
                         unsafe { x86::pack_chunk(ty, s, d, flip) };
                     }
-                    d[whole..].copy_from_slice(&s[whole..]);
+                    pack_tail(ty, &s[whole..], &mut d[whole..], flip);
                 }
             });
     }
@@ -543,19 +589,12 @@ fn pack_scalar(ty: GgmlType, data: &[u8], cols: usize, flip: bool, out: &mut [u8
     for (src, dst) in data.chunks_exact(rb).zip(out.chunks_exact_mut(rb)) {
         for (src, dst) in src[..whole].chunks_exact(cb).zip(dst[..whole].chunks_exact_mut(cb)) {
             let code_bytes = cb - 8 * h;
-            let step_src = code_bytes / 8 / 4; // dwords per block: Q4_0 / MXFP4 4, Q8_0 8
             for b in 0..8 {
-                let blk = &src[b * bs..(b + 1) * bs];
-                dst[code_bytes + h * b..code_bytes + h * (b + 1)].copy_from_slice(&blk[..h]);
-                for j in 0..step_src {
-                    for k in 0..4 {
-                        let v = blk[h + 4 * j + k];
-                        dst[32 * j + 4 * b + k] = if flip { v ^ 0x80 } else { v };
-                    }
-                }
+                dst[code_bytes + h * b..code_bytes + h * (b + 1)].copy_from_slice(&src[b * bs..b * bs + h]);
             }
+            transpose_lanes(&src[h..], bs, (bs - h) / 4, &mut dst[..code_bytes], flip);
         }
-        dst[whole..].copy_from_slice(&src[whole..]);
+        pack_tail(ty, &src[whole..], &mut dst[whole..], flip);
     }
 }
 

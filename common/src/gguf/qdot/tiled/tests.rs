@@ -145,8 +145,8 @@ fn vector_arrangement_equals_the_scalar_one() {
             );
         }
     }
-    // Activations of whole chunks, and with three blocks past them (kept
-    // in their order).
+    // Activations of whole chunks, and with three blocks past them (a
+    // chunk of three lanes: step `j` holds bytes `4j..4j + 4` of each).
     for cols in [2 * CHUNK, 2 * CHUNK + 3 * QK] {
         let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
         let mut a = Q8Acts::new(&x);
@@ -154,6 +154,13 @@ fn vector_arrangement_equals_the_scalar_one() {
         let src: Vec<u8> = a.qs.iter().map(|&q| q as u8).collect();
         let mut want = src.clone();
         transpose_scalar(&src, &mut want);
+        for b in 0..(cols - 2 * CHUNK) / QK {
+            for j in 0..8 {
+                for x in 0..4 {
+                    want[2 * CHUNK + 12 * j + 4 * b + x] = src[2 * CHUNK + QK * b + 4 * j + x];
+                }
+            }
+        }
         assert_eq!(a.qt.iter().map(|&q| q as u8).collect::<Vec<_>>(), want);
         assert_eq!(a.tot.len(), cols / QK);
     }

@@ -3,8 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{chunk_bytes, head, ArrangedRow, GgmlType, Q8Acts, CHUNK, KVALUES_MXFP4};
-use crate::gguf::qdot::x86::{e8m0_lanes, partial};
+use super::{chunk_bytes, head, ArrangedRow, GgmlType, Q8Acts, CHUNK, KVALUES_MXFP4, QK};
+use crate::gguf::qdot::x86::e8m0_lanes;
 
 /// Dwords `j` of four 128-bit rows per 128-bit half: `out[j]` lane `b`
 /// (of 4) is dword `j` of row `b`.
@@ -195,7 +195,7 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
 /// nibbles split as they are loaded, MXFP4's looked up) against the
 /// activation steps, then the same term as `body` (Q4_K's from its packed
 /// scales, [`k_term`]); then the blocks past the last whole chunk
-/// ([`partial`], into the same lanes). `MX`: MXFP4; `TAIL`: rows with
+/// ([`tail_lanes`], into the same lanes). `MX`: MXFP4; `TAIL`: rows with
 /// blocks past their whole chunks (instances of their own, so the other
 /// rows' loops carry no branch or call for them: 2–4 % in cache).
 #[inline(always)]
@@ -617,7 +617,7 @@ pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
 }
 
 /// Quads of activation rows, then the one to three left; `tail` the row's
-/// blocks past its `chunks` whole chunks, as stored.
+/// blocks past its `chunks` whole chunks ([`super::pack_tail`]'s layout).
 #[inline(always)]
 unsafe fn many<const VNNI: bool>(
     ty: GgmlType,
@@ -664,7 +664,7 @@ unsafe fn many_rows<const VNNI: bool, const TAIL: bool>(
 }
 
 /// The chunk loop of `ty` for `N` activation rows, then the tail's blocks
-/// ([`partial`]) into the same lanes, then the lane sums.
+/// ([`tail_lanes`]) into the same lanes, then the lane sums.
 #[inline(always)]
 unsafe fn dot<const VNNI: bool, const TAIL: bool, const N: usize>(
     ty: GgmlType,
@@ -692,10 +692,10 @@ unsafe fn dot<const VNNI: bool, const TAIL: bool, const N: usize>(
     }
 }
 
-/// [`partial`] out of line, the lanes in and out by value: inlined into
-/// the chunk loops (or given the accumulators' address) it cost the
-/// whole-chunk prefill up to a third of its speed, and a row has at most
-/// one tail.
+/// A row's tail ([`super::pack_tail`]'s layout, `k = tail.len() / block
+/// bytes` blocks from block `b0` on) into lanes `0..k` of the
+/// accumulators: out of line, the lanes in and out by value (the
+/// whole-chunk loops keep their registers; a row has at most one tail).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[inline(never)]
 unsafe fn tail_vnni<const N: usize>(
@@ -703,11 +703,10 @@ unsafe fn tail_vnni<const N: usize>(
     tail: &[u8],
     b0: usize,
     acts: [&Q8Acts; N],
-    mut acc: [__m256; N],
+    acc: [__m256; N],
 ) -> [__m256; N] {
     // SAFETY: forwarded.
-    unsafe { partial::<true, N>(ty, tail, b0, acts, &mut acc) };
-    acc
+    unsafe { tail_lanes::<true, N>(ty, tail, b0, acts, acc) }
 }
 
 /// [`tail_vnni`] for AVX2.
@@ -718,11 +717,90 @@ unsafe fn tail_avx2<const N: usize>(
     tail: &[u8],
     b0: usize,
     acts: [&Q8Acts; N],
-    mut acc: [__m256; N],
+    acc: [__m256; N],
 ) -> [__m256; N] {
     // SAFETY: forwarded.
-    unsafe { partial::<false, N>(ty, tail, b0, acts, &mut acc) };
-    acc
+    unsafe { tail_lanes::<false, N>(ty, tail, b0, acts, acc) }
+}
+
+/// The chunk term of a tail of `k < 8` blocks (Q8_0, Q4_0, MXFP4): the
+/// weight and activation steps (`4k` bytes each) loaded masked into lanes
+/// `0..k`, the same integer sums and offsets as the chunk loops, the same
+/// `(dw * dx) * f32(i)` term, added into lanes `0..k` only (the other
+/// lanes keep their bits), which is what [`super::super::combine`] does
+/// for a row's partial last chunk.
+#[inline(always)]
+unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
+    ty: GgmlType,
+    tail: &[u8],
+    b0: usize,
+    acts: [&Q8Acts; N],
+    mut acc: [__m256; N],
+) -> [__m256; N] {
+    let (h, k) = (head(ty), tail.len() / ty.block_bytes());
+    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    let low4 = _mm256_set1_epi8(0x0f);
+    let mx = ty == GgmlType::MXFP4;
+    // Q8_0 and MXFP4 on VNNI carry +128 (packed / looked up), Q4_0 its 8.
+    let shift = match ty {
+        GgmlType::Q4_0 => Some(3),
+        _ if VNNI => Some(7),
+        _ => None,
+    };
+    // SAFETY: `tail` holds `k` blocks in the tail layout: `h * k` scale
+    // bytes, then `4k` bytes per step; the 16-byte scale read stays in it
+    // (at least 16 code bytes per block follow the scales). The
+    // activations are arranged for the row's width: their tail's steps
+    // from `32 * b0` in `qt`, and `tot`, `d` from `b0`, `k` entries each,
+    // read masked.
+    unsafe {
+        let p = tail.as_ptr();
+        let step = |base: *const u8, j: usize| _mm256_maskload_epi32(base.add(4 * k * j) as *const i32, mask);
+        let mut w = [_mm256_setzero_si256(); 8];
+        if ty == GgmlType::Q8_0 {
+            for (j, w) in w.iter_mut().enumerate() {
+                *w = step(p.add(h * k), j);
+            }
+        } else {
+            let table = mx_table(VNNI);
+            for j in 0..4 {
+                let v = step(p.add(h * k), j);
+                let (lo, hi) = (
+                    _mm256_and_si256(v, low4),
+                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                );
+                (w[j], w[4 + j]) = if mx {
+                    (_mm256_shuffle_epi8(table, lo), _mm256_shuffle_epi8(table, hi))
+                } else {
+                    (lo, hi)
+                };
+            }
+        }
+        let dw = if mx {
+            e8m0_8(p)
+        } else {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        };
+        for (a, acc) in acts.iter().zip(acc.iter_mut()) {
+            let q0 = a.qt.as_ptr().add(QK * b0) as *const u8;
+            let mut s = _mm256_setzero_si256();
+            for (j, &w) in w.iter().enumerate() {
+                s = if ty == GgmlType::Q4_0 || VNNI {
+                    madd::<VNNI, false>(s, w, step(q0, j))
+                } else {
+                    madd::<VNNI, true>(s, w, step(q0, j))
+                };
+            }
+            if let Some(shift) = shift {
+                let tot = _mm256_maskload_epi32(a.tot.as_ptr().add(b0), mask);
+                s = _mm256_sub_epi32(s, _mm256_sll_epi32(tot, _mm_cvtsi32_si128(shift)));
+            }
+            let dx = _mm256_maskload_ps(a.d.as_ptr().add(b0), mask);
+            let sum = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s)));
+            *acc = _mm256_blendv_ps(*acc, sum, _mm256_castsi256_ps(mask));
+        }
+        acc
+    }
 }
 
 /// AVX2's chunk loop, step pair by step pair across the activation rows
