@@ -67,6 +67,8 @@ fn main() {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::MXFP4,
     ] {
         let Some(rb) = ty.row_bytes(cols) else {
@@ -76,7 +78,7 @@ fn main() {
         let mut data: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
         // Small finite f16 scales where each type keeps them.
         let f16_at: &[usize] = match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
             GgmlType::Q6_K => &[208],
             GgmlType::MXFP4 => &[],
             _ => &[0, 2],

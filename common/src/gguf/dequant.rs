@@ -13,6 +13,8 @@
 //! | Q4_1, Q5_1 | `(d * q) + m` |
 //! | Q4_K, Q5_K | `(d * sc) * q - (dmin * m)`, `sc`, `m` the 6-bit sub-block scale and min |
 //! | Q6_K | `(d * sc) * q`, `sc` the i8 scale of the 16-element group |
+//! | IQ4_NL | `d * k`, `k` = `kvalues_iq4nl[nibble]` |
+//! | IQ4_XS | `(d * (ls - 32)) * k`, `ls` the 6-bit sub-block scale, `k` as IQ4_NL |
 //! | MXFP4 | `k * d`, `k` = `kvalues_mxfp4[nibble]`, `d` = `2^(e - 128)` (exact) |
 //! | F16 | exact widening, NaN payloads kept as numpy keeps them |
 //! | BF16 | `bits << 16` (exact) |
@@ -28,8 +30,9 @@
 //! promised to match (IEEE leaves them open).
 
 use super::types::{
-    e8m0_to_f32_half, f16_bits_to_f32, f16_le, scale_min_k4, BlockMxfp4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, KVALUES_MXFP4, QK, QK_K,
+    e8m0_to_f32_half, f16_bits_to_f32, f16_le, iq4_xs_scale, scale_min_k4, BlockIq4Nl, BlockIq4Xs, BlockMxfp4,
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, KVALUES_IQ4NL,
+    KVALUES_MXFP4, QK, QK_K,
 };
 use super::GgufError;
 
@@ -81,6 +84,8 @@ pub(crate) fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4_K => blocks::<BlockQ4K>(bytes, out),
         GgmlType::Q5_K => blocks::<BlockQ5K>(bytes, out),
         GgmlType::Q6_K => blocks::<BlockQ6K>(bytes, out),
+        GgmlType::IQ4_NL => blocks::<BlockIq4Nl>(bytes, out),
+        GgmlType::IQ4_XS => blocks::<BlockIq4Xs>(bytes, out),
         GgmlType::MXFP4 => blocks::<BlockMxfp4>(bytes, out),
     }
 }
@@ -114,6 +119,8 @@ block_impl! {
     BlockQ4K => QK_K, q4_k;
     BlockQ5K => QK_K, q5_k;
     BlockQ6K => QK_K, q6_k;
+    BlockIq4Nl => QK, iq4_nl;
+    BlockIq4Xs => QK_K, iq4_xs;
     BlockMxfp4 => QK, mxfp4;
 }
 
@@ -258,6 +265,33 @@ fn q6_k(b: &BlockQ6K, out: &mut [f32; QK_K]) {
     }
 }
 
+/// IQ4_NL's levels of the 16 low and the 16 high nibbles of `qs`, times
+/// `d`, into `out` (32 elements): `d * k`.
+#[inline(always)]
+fn iq4_levels(d: f32, qs: &[u8], out: &mut [f32]) {
+    let (lo, hi) = out.split_at_mut(16);
+    for j in 0..16 {
+        lo[j] = d * KVALUES_IQ4NL[(qs[j] & 0x0f) as usize] as f32;
+        hi[j] = d * KVALUES_IQ4NL[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
+#[inline(always)]
+fn iq4_nl(b: &BlockIq4Nl, out: &mut [f32; QK]) {
+    // qs = np.take_along_axis(kvalues, qs, axis=-1).astype(np.float32); d * qs
+    iq4_levels(f16_le(b.d), &b.qs, out);
+}
+
+#[inline(always)]
+fn iq4_xs(b: &BlockIq4Xs, out: &mut [f32; QK_K]) {
+    // dl = (d * scales.astype(np.float32)); dl * qs, scales = ls - 32
+    let d = f16_le(b.d);
+    for (ib, (o, qs)) in out.chunks_exact_mut(QK).zip(b.qs.chunks_exact(16)).enumerate() {
+        let dl = d * iq4_xs_scale(b.scales_h, &b.scales_l, ib) as f32;
+        iq4_levels(dl, qs, o);
+    }
+}
+
 #[inline(always)]
 fn mxfp4(b: &BlockMxfp4, out: &mut [f32; QK]) {
     // const float d = GGML_E8M0_TO_FP32_HALF(x[i].e);
@@ -276,6 +310,45 @@ mod tests {
 
     fn f16(v: f32) -> [u8; 2] {
         half::f16::from_f32(v).to_bits().to_le_bytes()
+    }
+
+    #[test]
+    fn iq4_blocks_follow_the_definition() {
+        // IQ4_NL: byte j = j | (15 - j) << 4: every level once in each half.
+        let mut b = vec![0u8; 18];
+        b[..2].copy_from_slice(&f16(0.5));
+        for j in 0..16 {
+            b[2 + j] = (j as u8) | ((15 - j as u8) << 4);
+        }
+        let v = dequantize(GgmlType::IQ4_NL, &b, 32).unwrap();
+        for j in 0..16 {
+            assert_eq!(v[j], 0.5 * KVALUES_IQ4NL[j] as f32);
+            assert_eq!(v[16 + j], 0.5 * KVALUES_IQ4NL[15 - j] as f32);
+        }
+        assert_eq!((v[0], v[15]), (-63.5, 56.5));
+        // IQ4_XS: sub-block scales ls = 0, 9, 18, ..., 63 (ls - 32 from -32
+        // to 31), each split into scales_l's nibble and scales_h's two bits.
+        let ls: [u16; 8] = [0, 9, 18, 27, 36, 45, 54, 63];
+        let mut b = vec![0u8; 136];
+        b[..2].copy_from_slice(&f16(0.25));
+        let mut h = 0u16;
+        for (i, &l) in ls.iter().enumerate() {
+            h |= (l >> 4) << (2 * i);
+            b[4 + i / 2] |= ((l & 0x0f) as u8) << (4 * (i % 2));
+        }
+        b[2..4].copy_from_slice(&h.to_le_bytes());
+        for (j, q) in b[8..].iter_mut().enumerate() {
+            *q = (j % 16) as u8 | (((j / 16) % 16) as u8) << 4;
+        }
+        let v = dequantize(GgmlType::IQ4_XS, &b, 256).unwrap();
+        for (ib, &l) in ls.iter().enumerate() {
+            let dl = 0.25 * (l as i32 - 32) as f32;
+            for j in 0..16 {
+                assert_eq!(v[32 * ib + j], dl * KVALUES_IQ4NL[j] as f32, "sub-block {ib}");
+                assert_eq!(v[32 * ib + 16 + j], dl * KVALUES_IQ4NL[ib] as f32, "sub-block {ib}");
+            }
+            assert_eq!(iq4_xs_scale([b[2], b[3]], &b[4..8], ib), l as i32 - 32);
+        }
     }
 
     #[test]

@@ -16,7 +16,8 @@
 
 use super::dequant::{dequantize_into, Block};
 use super::types::{
-    BlockMxfp4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK_K,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0, GgmlType, QK_K,
 };
 
 /// Reference dot product of a row of `ty` (`row`: its bytes, `x.len()`
@@ -60,7 +61,7 @@ pub fn dot_tolerance(ty: GgmlType) -> f32 {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 1e-5,
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 1e-5,
-        GgmlType::MXFP4 => 1e-5,
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS | GgmlType::MXFP4 => 1e-5,
     }
 }
 
@@ -188,6 +189,8 @@ fn by_type<const AVX2: bool>(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         GgmlType::Q4_K => blocks::<AVX2, BlockQ4K>(row, x),
         GgmlType::Q5_K => blocks::<AVX2, BlockQ5K>(row, x),
         GgmlType::Q6_K => blocks::<AVX2, BlockQ6K>(row, x),
+        GgmlType::IQ4_NL => blocks::<AVX2, BlockIq4Nl>(row, x),
+        GgmlType::IQ4_XS => blocks::<AVX2, BlockIq4Xs>(row, x),
         GgmlType::MXFP4 => blocks::<AVX2, BlockMxfp4>(row, x),
     }
 }
@@ -242,7 +245,7 @@ pub(crate) mod tests {
         let mut row: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
         let f16_at: &[usize] = match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::MXFP4 => &[],
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q6_K => &[208],
         };

@@ -24,18 +24,20 @@ pub enum GgmlType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
     MXFP4,
 }
 
 /// Elements per K-quant super-block (`QK_K`).
 pub const QK_K: usize = 256;
-/// Elements per legacy block (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`)
-/// and per MXFP4 block (`QK_MXFP4`).
+/// Elements per legacy block (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`),
+/// per IQ4_NL block (`QK4_NL`) and per MXFP4 block (`QK_MXFP4`).
 pub const QK: usize = 32;
 
 impl GgmlType {
     /// Every supported type, in ggml id order of their families.
-    pub const ALL: [GgmlType; 12] = [
+    pub const ALL: [GgmlType; 14] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -47,6 +49,8 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
         GgmlType::MXFP4,
     ];
 
@@ -64,6 +68,8 @@ impl GgmlType {
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
+            20 => GgmlType::IQ4_NL,
+            23 => GgmlType::IQ4_XS,
             30 => GgmlType::BF16,
             39 => GgmlType::MXFP4,
             _ => return None,
@@ -83,6 +89,8 @@ impl GgmlType {
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::IQ4_XS => 23,
             GgmlType::BF16 => 30,
             GgmlType::MXFP4 => 39,
         }
@@ -102,6 +110,8 @@ impl GgmlType {
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
+            GgmlType::IQ4_NL => "IQ4_NL",
+            GgmlType::IQ4_XS => "IQ4_XS",
             GgmlType::MXFP4 => "MXFP4",
         }
     }
@@ -110,8 +120,14 @@ impl GgmlType {
     pub fn block_elems(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::MXFP4 => QK,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => QK_K,
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL
+            | GgmlType::MXFP4 => QK,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => QK_K,
         }
     }
 
@@ -128,6 +144,8 @@ impl GgmlType {
             GgmlType::Q4_K => size_of::<BlockQ4K>(),
             GgmlType::Q5_K => size_of::<BlockQ5K>(),
             GgmlType::Q6_K => size_of::<BlockQ6K>(),
+            GgmlType::IQ4_NL => size_of::<BlockIq4Nl>(),
+            GgmlType::IQ4_XS => size_of::<BlockIq4Xs>(),
             GgmlType::MXFP4 => size_of::<BlockMxfp4>(),
         }
     }
@@ -310,6 +328,35 @@ block!(
 );
 
 block!(
+    /// IQ4_NL, 32 elements: nibbles as Q4_0's (element `j < 16` the low
+    /// nibble of `qs[j]`, `j + 16` its high nibble), each naming one of
+    /// sixteen non-uniform levels; value `d * kvalues_iq4nl[nibble]`
+    /// ([`KVALUES_IQ4NL`]).
+    BlockIq4Nl, 18, {
+        /// f16 scale.
+        d: [u8; 2],
+        qs: [u8; 16],
+    }
+);
+
+block!(
+    /// IQ4_XS, 256 elements in 8 sub-blocks of 32 with 6-bit scales
+    /// ([`iq4_xs_scale`]); sub-block `b`'s nibbles are `qs[16b..16b + 16]`
+    /// in IQ4_NL's order; value `(d * (ls - 32)) * kvalues_iq4nl[nibble]`.
+    BlockIq4Xs, 136, {
+        /// f16 super-block scale.
+        d: [u8; 2],
+        /// Little-endian u16: the top two bits of sub-block `b`'s scale at
+        /// bits `2b..2b + 2`.
+        scales_h: [u8; 2],
+        /// The low four bits of sub-block `b`'s scale: the low nibble of
+        /// byte `b / 2` for even `b`, the high nibble for odd `b`.
+        scales_l: [u8; 4],
+        qs: [u8; 128],
+    }
+);
+
+block!(
     /// MXFP4 (OCP microscaling FP4), 32 elements: an E8M0 exponent `e` and
     /// 4-bit codes, element `j < 16` the low nibble of `qs[j]`, element
     /// `j + 16` its high nibble (as Q4_0); value
@@ -327,6 +374,20 @@ block!(
 /// the code is the sign (code 8, E2M1's -0, is plain 0 here). The doubling
 /// is undone by the scale, [`e8m0_to_f32_half`].
 pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// IQ4_NL's and IQ4_XS's sixteen levels (`kvalues_iq4nl` in ggml), a
+/// non-uniform 4-bit grid scaled by the block's `d`.
+pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// The signed scale `ls - 32` of sub-block `b` (0..8) of an IQ4_XS block
+/// (`scales_h`, `scales_l` its fields): `ls = ((scales_l[b / 2] >> 4 (b %
+/// 2)) & 0xf) | (((scales_h >> 2b) & 3) << 4)`, 0..=63.
+#[inline(always)]
+pub fn iq4_xs_scale(scales_h: [u8; 2], scales_l: &[u8], b: usize) -> i32 {
+    let h = u16::from_le_bytes(scales_h);
+    let ls = ((scales_l[b / 2] >> (4 * (b % 2))) & 0x0f) as i32 | ((((h >> (2 * b)) & 3) as i32) << 4);
+    ls - 32
+}
 
 /// Half the value of an E8M0 exponent byte, `2^(e - 128)`, exactly (ggml's
 /// `GGML_E8M0_TO_FP32_HALF`; every byte is a finite power of two, 255
@@ -394,6 +455,8 @@ mod tests {
             (GgmlType::Q4_K, 12, 256, 144),
             (GgmlType::Q5_K, 13, 256, 176),
             (GgmlType::Q6_K, 14, 256, 210),
+            (GgmlType::IQ4_NL, 20, 32, 18),
+            (GgmlType::IQ4_XS, 23, 256, 136),
             (GgmlType::BF16, 30, 1, 2),
             (GgmlType::MXFP4, 39, 32, 17),
         ];

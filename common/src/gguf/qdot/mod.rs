@@ -10,13 +10,15 @@
 //! block `b` of the row (a K-quant super-block is 8 such blocks) yields two
 //! exact integer sums over its halves, `lo = Σ_{i<16} c_i q_i` and
 //! `hi = Σ_{16≤i<32} c_i q_i` (`c` the stored weight code: the nibble, the
-//! 5- or 6-bit code, Q8_0's signed byte, or MXFP4's `kvalues_mxfp4[nibble]`
-//! in `-12..=12`; `q` the activation codes), and
+//! 5- or 6-bit code, Q8_0's signed byte, MXFP4's `kvalues_mxfp4[nibble]`
+//! in `-12..=12`, or IQ4_NL's and IQ4_XS's `kvalues_iq4nl[nibble]` in
+//! `-127..=113`; `q` the activation codes), and
 //! with `S = a.s16[2b] + a.s16[2b + 1]`, `dx = a.d[b]`, one f32 term:
 //!
 //! | type | term |
 //! |---|---|
-//! | Q8_0 | `(d * dx) * f32(lo + hi)` |
+//! | Q8_0, IQ4_NL | `(d * dx) * f32(lo + hi)` |
+//! | IQ4_XS | `(d * dx) * f32((ls - 32) (lo + hi))` |
 //! | MXFP4 | `(e8m0_half(e) * dx) * f32(lo + hi)` |
 //! | Q4_0 / Q5_0 | `(d * dx) * f32(lo + hi - 8 S)` / `- 16 S` |
 //! | Q4_1 / Q5_1 | `(d * dx) * f32(lo + hi) + (m * dx) * f32(S)` |
@@ -24,7 +26,8 @@
 //! | Q6_K | `(d * dx) * f32(sc₀ (lo - 32 s16[2b]) + sc₁ (hi - 32 s16[2b + 1]))` |
 //!
 //! (`d`, `m`, `dmin` the f16 fields widened; `sc`, `mn` the sub-block's
-//! 6-bit scale and min; `sc₀`, `sc₁` Q6_K's i8 scales of the two halves;
+//! 6-bit scale and min; `ls` IQ4_XS's 6-bit sub-block scale
+//! ([`super::types::iq4_xs_scale`]); `sc₀`, `sc₁` Q6_K's i8 scales of the two halves;
 //! `e8m0_half(e)` MXFP4's `2^(e - 128)`, [`super::types::e8m0_to_f32_half`]:
 //! ggml's `GGML_E8M0_TO_FP32_HALF(x[ib].e) * GGML_FP16_TO_FP32(y[ib].d) * sumi`,
 //! with the f32 activation scale in place of the f16 one).
@@ -66,7 +69,7 @@ pub use acts::Q8Acts;
 
 pub use crate::isa::Isa;
 
-use super::types::{e8m0_to_f32_half, f16_le, scale_min_k4, GgmlType, QK, QK_K};
+use super::types::{e8m0_to_f32_half, f16_le, iq4_xs_scale, scale_min_k4, GgmlType, QK, QK_K};
 
 /// Whether `ty` has an integer dot product here (every quantized type).
 pub fn supports(ty: GgmlType) -> bool {
@@ -239,10 +242,11 @@ pub(crate) unsafe fn row_dot<S: Sums>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -
 pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32], s16: &[i32], acc: &mut [f32; 8]) {
     let half = |b: usize| (s16[2 * b], s16[2 * b + 1]);
     match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
             let (bs, off) = match ty {
                 GgmlType::Q8_0 => (34, 0),
                 GgmlType::Q4_0 => (18, 8),
+                GgmlType::IQ4_NL => (18, 0),
                 _ => (22, 16),
             };
             for b in 0..k {
@@ -276,6 +280,13 @@ pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32
                 let i = sc as i32 * (raw.lo[b] + raw.hi[b]);
                 let m = mn as i32 * (s0 + s1);
                 acc[b] += (d * dx[b]) * i as f32 - (dmin * dx[b]) * m as f32;
+            }
+        }
+        GgmlType::IQ4_XS => {
+            let d = f16_le([chunk[0], chunk[1]]);
+            for b in 0..8 {
+                let sc = iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b);
+                acc[b] += (d * dx[b]) * (sc * (raw.lo[b] + raw.hi[b])) as f32;
             }
         }
         GgmlType::Q6_K => {

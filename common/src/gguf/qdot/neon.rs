@@ -1,13 +1,13 @@
 //! AArch64 integer sums: each 16-element half of a block decoded into one
 //! 128-bit register of codes (unsigned codes all below 128, so they are
-//! valid `i8`; Q8_0's bytes and MXFP4's `kvalues_mxfp4`, looked up with
-//! `tbl`, are signed), multiplied by the activation codes with widening
+//! valid `i8`; Q8_0's bytes, MXFP4's `kvalues_mxfp4` and IQ4_NL's /
+//! IQ4_XS's `kvalues_iq4nl`, looked up with `tbl`, are signed), multiplied by the activation codes with widening
 //! `smull` (i8 × i8 → i16, never overflowing), pairwise-added into i32
 //! lanes and summed across the register.
 
 use std::arch::aarch64::*;
 
-use super::super::types::{GgmlType, KVALUES_MXFP4, QK};
+use super::super::types::{GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK};
 use super::{Raw, Sums};
 
 /// Advanced SIMD sums.
@@ -75,6 +75,18 @@ impl Sums for Neon {
                     let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
                     for b in 0..nblocks {
                         let x = vld1q_u8(c.add(17 * b + 1));
+                        let lo = vqtbl1q_s8(table, vandq_u8(x, low4));
+                        let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(x));
+                        put(b, vreinterpretq_u8_s8(lo), vreinterpretq_u8_s8(hi));
+                    }
+                }
+                GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+                    // kvalues_iq4nl[nibble]; IQ4_XS's sub-block `b` at
+                    // bytes 8 + 16b of its super-block.
+                    let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
+                    let (bs, at) = if ty == GgmlType::IQ4_NL { (18, 2) } else { (16, 8) };
+                    for b in 0..nblocks {
+                        let x = vld1q_u8(c.add(bs * b + at));
                         let lo = vqtbl1q_s8(table, vandq_u8(x, low4));
                         let hi = vqtbl1q_s8(table, vshrq_n_u8::<4>(x));
                         put(b, vreinterpretq_u8_s8(lo), vreinterpretq_u8_s8(hi));

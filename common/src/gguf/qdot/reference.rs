@@ -2,7 +2,7 @@
 //! weight codes spelled out one by one ([`codes`]), multiplied by the
 //! activation codes in `i32`.
 
-use super::super::types::{GgmlType, KVALUES_MXFP4, QK};
+use super::super::types::{GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK};
 use super::{Raw, Sums};
 
 /// The portable path.
@@ -31,7 +31,8 @@ impl Sums for Scalar {
 /// The 32 weight codes of block `b` of a chunk: up to eight blocks of a
 /// 32-element type, or the 8 sub-blocks of one K-quant super-block. The
 /// codes are unsigned (0..=63) except Q8_0's, which are its signed bytes,
-/// and MXFP4's, `kvalues_mxfp4[nibble]` (-12..=12).
+/// MXFP4's, `kvalues_mxfp4[nibble]` (-12..=12), and IQ4_NL's and IQ4_XS's,
+/// `kvalues_iq4nl[nibble]` (-127..=113).
 pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
     let mut c = [0i16; QK];
     let nib = |qs: &[u8], c: &mut [i16; QK]| {
@@ -59,6 +60,14 @@ pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
             nib(&chunk[17 * b + 1..], &mut c);
             for v in &mut c {
                 *v = KVALUES_MXFP4[*v as usize] as i16;
+            }
+        }
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+            // sumi1 += q8[j] * kvalues_iq4nl[q4[j] & 0xf]; sumi2 += q8[j + 16] * kvalues_iq4nl[q4[j] >> 4]
+            let at = if ty == GgmlType::IQ4_NL { 18 * b + 2 } else { 8 + 16 * b };
+            nib(&chunk[at..], &mut c);
+            for v in &mut c {
+                *v = KVALUES_IQ4NL[*v as usize] as i16;
             }
         }
         GgmlType::Q4_1 => nib(&chunk[20 * b + 4..], &mut c),

@@ -5,7 +5,7 @@ use super::reference::codes;
 use super::*;
 use crate::gguf::dequantize_into;
 use crate::gguf::dot::tests::{acts, random_row};
-use crate::gguf::types::KVALUES_MXFP4;
+use crate::gguf::types::{KVALUES_IQ4NL, KVALUES_MXFP4};
 
 /// Every quantized type.
 fn quantized() -> impl Iterator<Item = GgmlType> {
@@ -81,6 +81,11 @@ fn value(ty: GgmlType, chunk: &[u8], b: usize, i: usize, c: i16) -> f32 {
         GgmlType::Q6_K => {
             let sc = chunk[192 + (32 * b + i) / 16] as i8;
             (f16(208) * sc as f32) * (c - 32) as f32
+        }
+        GgmlType::IQ4_NL => f16(18 * b) * c as f32,
+        GgmlType::IQ4_XS => {
+            let sc = crate::gguf::types::iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b);
+            (f16(0) * sc as f32) * c as f32
         }
         _ => unreachable!(),
     }
@@ -166,6 +171,61 @@ fn extreme_codes_stay_exact() {
         for &isa in Isa::available() {
             let got = dot_on(isa, GgmlType::Q8_0, &row, &a);
             assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} pattern {pattern}");
+        }
+    }
+}
+
+#[test]
+fn iq4_extreme_codes_stay_exact() {
+    // Levels of -127 (nibble 0) and 113 (nibble 15) against activation
+    // codes of ±127 (the largest `vpmaddubsw` pairs these types form); one
+    // 32-element block or one IQ4_XS sub-block holds them, the others zero,
+    // so the result is exactly `(d * dx) * (s Σ k q)`.
+    for pattern in 0..4usize {
+        let nib = |i: usize| -> u8 {
+            match pattern {
+                0 => 0,
+                1 => 15,
+                2 => (i % 2 * 15) as u8,
+                _ => (i / 8 % 2 * 15) as u8,
+            }
+        };
+        let qs: Vec<u8> = (0..16).map(|j| nib(j) | (nib(j + 16) << 4)).collect();
+        let k: Vec<i32> = (0..32).map(|i| KVALUES_IQ4NL[nib(i) as usize] as i32).collect();
+        let x: Vec<f32> = (0..256)
+            .map(|i| if (i + pattern) % 3 == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let one = half::f16::from_f32(1.0).to_bits().to_le_bytes();
+        // IQ4_NL: one block.
+        let mut row = one.to_vec();
+        row.extend(&qs);
+        let a = Q8Acts::new(&x[..32]);
+        let isum: i32 = k.iter().zip(&a.qs).map(|(&w, &q)| w * q as i32).sum();
+        let want = (1.0f32 * a.d[0]) * isum as f32;
+        for &isa in Isa::available() {
+            let got = dot_on(isa, GgmlType::IQ4_NL, &row, &a);
+            assert_eq!(got.to_bits(), want.to_bits(), "IQ4_NL {isa:?} pattern {pattern}");
+        }
+        // IQ4_XS: sub-block 3 with ls = 63 (scale 31), the others zero
+        // scales (ls = 32) and zero codes' level 1.
+        let mut row = one.to_vec();
+        let ls = |b: usize| if b == 3 { 63u16 } else { 32 };
+        let h: u16 = (0..8).map(|b| (ls(b) >> 4) << (2 * b)).sum();
+        row.extend(h.to_le_bytes());
+        row.extend((0..4).map(|i| (ls(2 * i) & 15) as u8 | (((ls(2 * i + 1) & 15) as u8) << 4)));
+        for b in 0..8 {
+            if b == 3 {
+                row.extend(&qs);
+            } else {
+                row.extend([0x88u8; 16]);
+            }
+        }
+        let a = Q8Acts::new(&x);
+        let isum: i32 = k.iter().zip(&a.qs[96..128]).map(|(&w, &q)| w * q as i32).sum();
+        let want = (1.0f32 * a.d[3]) * (31 * isum) as f32;
+        for &isa in Isa::available() {
+            let got = dot_on(isa, GgmlType::IQ4_XS, &row, &a);
+            assert_eq!(got.to_bits(), want.to_bits(), "IQ4_XS {isa:?} pattern {pattern}");
         }
     }
 }

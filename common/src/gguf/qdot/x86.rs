@@ -6,7 +6,9 @@
 //! through `vpsignb` on AVX2 (|w| times q·sign(w)) and through an offset of
 //! 128 on VNNI (Σ (w + 128) q − 128 Σ q), exact either way. MXFP4's
 //! nibbles become their signed values (`kvalues_mxfp4`, -12..=12) by one
-//! `vpshufb` table lookup and go through `vpsignb` on both.
+//! `vpshufb` table lookup and go through `vpsignb` on both; so do IQ4_NL's
+//! and IQ4_XS's (`kvalues_iq4nl`, -127..=113: a `vpmaddubsw` pair is at
+//! most 2 · 127 · 127 = 32258, inside i16).
 //!
 //! The f32 terms of a whole chunk of eight blocks are formed in one 256-bit
 //! register, lane `b` for block `b`, with the same operations in the same
@@ -15,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::types::{scale_min_k4, GgmlType, KVALUES_MXFP4, QK, QK_K};
+use super::super::types::{iq4_xs_scale, scale_min_k4, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK, QK_K};
 use super::{combine, Q8Acts, Raw};
 
 /// [`super::dot`] compiled for AVX2.
@@ -176,6 +178,15 @@ unsafe fn decode<const VNNI: bool>(ty: GgmlType, chunk: &[u8], nblocks: usize) -
                     *vb = _mm256_shuffle_epi8(table, nibbles16(c.add(17 * b + 1)));
                 }
             }
+            GgmlType::IQ4_NL | GgmlType::IQ4_XS => {
+                // kvalues_iq4nl as MXFP4's table; IQ4_XS's sub-block `b`
+                // at bytes 8 + 16b of its super-block.
+                let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
+                let (bs, at) = if ty == GgmlType::IQ4_NL { (18, 2) } else { (16, 8) };
+                for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
+                    *vb = _mm256_shuffle_epi8(table, nibbles16(c.add(bs * b + at)));
+                }
+            }
             GgmlType::Q5_0 => {
                 for (b, vb) in v.iter_mut().enumerate().take(nblocks) {
                     let p = c.add(22 * b);
@@ -249,7 +260,8 @@ unsafe fn sums<const VNNI: bool>(ty: GgmlType, codes: &[__m256i; 8], q: &[i8], n
             let x = load32(q.as_ptr().add(b * QK) as *const u8);
             let c = codes[b];
             // Signed codes: |w| times q·sign(w) (q is never -128).
-            v[b] = if ty == GgmlType::MXFP4 || (ty == GgmlType::Q8_0 && !VNNI) {
+            let signed = matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_NL | GgmlType::IQ4_XS);
+            v[b] = if signed || (ty == GgmlType::Q8_0 && !VNNI) {
                 mul::<VNNI>(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c))
             } else {
                 mul::<VNNI>(c, x)
@@ -341,6 +353,16 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
             GgmlType::Q4_0 => only_d(f16x8(c, 18)),
             GgmlType::Q5_0 => only_d(f16x8(c, 22)),
             GgmlType::MXFP4 => only_d(e8m0x8(c, 17)),
+            GgmlType::IQ4_NL => only_d(f16x8(c, 18)),
+            GgmlType::IQ4_XS => {
+                let sc: [i32; 8] = std::array::from_fn(|b| iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b));
+                Scales {
+                    d: f16x1(c),
+                    m: zero_f,
+                    sc: _mm256_loadu_si256(sc.as_ptr() as *const __m256i),
+                    mn: zero_i,
+                }
+            }
             GgmlType::Q4_1 => Scales {
                 d: f16x8(c, 20),
                 m: f16x8(c.add(2), 20),
@@ -406,12 +428,12 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
         let raw = _mm256_add_epi32(lo, hi);
         let total = _mm256_add_epi32(s.0, s.1);
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 => {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => {
                 // raw - off * total with off = 0, 8 or 16: the product as
                 // a shift (the same wrapping i32 result, without
                 // `vpmulld`'s two uops and ten-cycle latency).
                 let i = match ty {
-                    GgmlType::Q8_0 | GgmlType::MXFP4 => raw,
+                    GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => raw,
                     GgmlType::Q4_0 => _mm256_sub_epi32(raw, _mm256_slli_epi32::<3>(total)),
                     _ => _mm256_sub_epi32(raw, _mm256_slli_epi32::<4>(total)),
                 };
@@ -429,6 +451,7 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
                     _mm256_mul_ps(_mm256_mul_ps(w.m, dx), f32s(m)),
                 )
             }
+            GgmlType::IQ4_XS => _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(_mm256_mullo_epi32(w.sc, raw))),
             GgmlType::Q6_K => {
                 // sc₀ (lo - 32 Σq₀) + sc₁ (hi - 32 Σq₁), the 32 as a shift.
                 let i = _mm256_add_epi32(
