@@ -10,7 +10,8 @@ Run by hand (CI needs no Python: the outputs are committed):
 Writes into tests/fixtures/gguf/:
 
 - `types.gguf`: one tensor of every weight type charm reads (F32, F16, BF16,
-  Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS), 4 rows x 512
+  Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4, IQ4_NL, IQ4_XS, Q2_K,
+  Q3_K), 4 rows x 512
   columns each, plus stacked 3-D expert tensors, 1-D vectors, and metadata
   of every GGUF value type (scalars, strings, arrays, a nested array), with
   `general.alignment = 64`. Written by `gguf.GGUFWriter`.
@@ -28,10 +29,10 @@ Q5_1, MXFP4) are quantized from random normal data with
 valid blocks (finite f16 scales; MXFP4 exponents that keep every value and
 dot product finite in f32, the subnormal-scale bytes 0 and 1 included), so
 that codes the quantizer never writes (e.g. Q8_0's -128, MXFP4's -0) are
-covered too. The package cannot quantize Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS:
-those tensors are random valid blocks (finite f16 scales, including
-negative, zero and subnormal ones) written as raw bytes with their type
-(the IQ4 ones last, from a generator of their own).
+covered too. The package cannot quantize Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+Q2_K, Q3_K: those tensors are random valid blocks (finite f16 scales,
+including negative, zero and subnormal ones) written as raw bytes with their
+type (the last four last, from a generator of their own).
 """
 
 import json
@@ -60,18 +61,21 @@ def f16_scales(n, g=None):
     return v.view(np.uint16)
 
 
-def iq4_tensors():
-    """IQ4_NL and IQ4_XS tensors (ROWS x COLS) of random valid blocks (the
-    package cannot quantize them): random bytes with finite f16 scales at
-    byte 0. From a generator of their own, so that the tensors and `x`
-    written before they were added keep their bytes."""
+def later_tensors():
+    """IQ4_NL, IQ4_XS, Q2_K and Q3_K tensors (ROWS x COLS) of random valid
+    blocks (the package cannot quantize them): random bytes with finite f16
+    scales where each layout keeps them. From a generator of their own, so
+    that the tensors and `x` written before they were added keep their
+    bytes (and each type its bytes when a later one is added)."""
     g = np.random.default_rng(20261205)
+    f16_at = {T.IQ4_NL: [0], T.IQ4_XS: [0], T.Q2_K: [80, 82], T.Q3_K: [108]}
     out = []
-    for qtype in (T.IQ4_NL, T.IQ4_XS):
+    for qtype in (T.IQ4_NL, T.IQ4_XS, T.Q2_K, T.Q3_K):
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         n = ROWS * COLS // block
         b = g.integers(0, 256, size=(n, size), dtype=np.uint8)
-        b[:, 0:2] = f16_scales(n, g).view(np.uint8).reshape(n, 2)
+        for at in f16_at[qtype]:
+            b[:, at : at + 2] = f16_scales(n, g).view(np.uint8).reshape(n, 2)
         out.append((f"t.{qtype.name.lower()}", np.ascontiguousarray(b.reshape(ROWS, -1)), qtype))
     return out
 
@@ -174,7 +178,7 @@ def main():
     tensors.append(("t.norm", plain(T.F32, (512,))[0], None))
     tensors.append(("t.vec_q8_0", quantized(T.Q8_0, (256,)), T.Q8_0))
     tensors.append(("t.vec_bf16", plain(T.BF16, (64,))[0], T.BF16))
-    tensors += iq4_tensors()
+    tensors += later_tensors()
     for name, data, raw in tensors:
         w.add_tensor(name, data, raw_dtype=raw)
     w.write_header_to_file()

@@ -64,6 +64,8 @@ fn main() {
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q5_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
@@ -80,6 +82,8 @@ fn main() {
         let f16_at: &[usize] = match ty {
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
             GgmlType::Q6_K => &[208],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
             GgmlType::MXFP4 => &[],
             _ => &[0, 2],
         };

@@ -615,7 +615,7 @@ fn tensors_past_the_end_are_named() {
 fn unknown_and_unsupported_types_name_the_tensor_and_id() {
     for (id, says) in [
         (99, "unknown type id 99"),
-        (11, "Q3_K (id 11)"),
+        (18, "IQ3_XXS (id 18)"),
         (16, "IQ2_XXS (id 16)"),
     ] {
         let b = Build::new().tensor("blk.0.attn_q.weight", &[256], id, 0).data(1024);

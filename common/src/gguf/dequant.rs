@@ -11,6 +11,8 @@
 //! |---|---|
 //! | Q4_0, Q5_0, Q8_0 | `d * q` (one product) |
 //! | Q4_1, Q5_1 | `(d * q) + m` |
+//! | Q2_K | `(d * sc) * q - (dmin * m)`, `sc`, `m` the 4-bit scale and min of the 16-element group |
+//! | Q3_K | `(d * (sc - 32)) * q`, `sc` the 6-bit scale of the 16-element group, `q` in -4..=3 |
 //! | Q4_K, Q5_K | `(d * sc) * q - (dmin * m)`, `sc`, `m` the 6-bit sub-block scale and min |
 //! | Q6_K | `(d * sc) * q`, `sc` the i8 scale of the 16-element group |
 //! | IQ4_NL | `d * k`, `k` = `kvalues_iq4nl[nibble]` |
@@ -30,9 +32,9 @@
 //! promised to match (IEEE leaves them open).
 
 use super::types::{
-    e8m0_to_f32_half, f16_bits_to_f32, f16_le, iq4_xs_scale, scale_min_k4, BlockIq4Nl, BlockIq4Xs, BlockMxfp4,
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, KVALUES_IQ4NL,
-    KVALUES_MXFP4, QK, QK_K,
+    e8m0_to_f32_half, f16_bits_to_f32, f16_le, iq4_xs_scale, q3_k_scale, scale_min_k4, BlockIq4Nl, BlockIq4Xs,
+    BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK, QK_K,
 };
 use super::GgufError;
 
@@ -81,6 +83,8 @@ pub(crate) fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q5_0 => blocks::<BlockQ5_0>(bytes, out),
         GgmlType::Q5_1 => blocks::<BlockQ5_1>(bytes, out),
         GgmlType::Q8_0 => blocks::<BlockQ8_0>(bytes, out),
+        GgmlType::Q2_K => blocks::<BlockQ2K>(bytes, out),
+        GgmlType::Q3_K => blocks::<BlockQ3K>(bytes, out),
         GgmlType::Q4_K => blocks::<BlockQ4K>(bytes, out),
         GgmlType::Q5_K => blocks::<BlockQ5K>(bytes, out),
         GgmlType::Q6_K => blocks::<BlockQ6K>(bytes, out),
@@ -116,6 +120,8 @@ block_impl! {
     BlockQ5_0 => QK, q5_0;
     BlockQ5_1 => QK, q5_1;
     BlockQ8_0 => QK, q8_0;
+    BlockQ2K => QK_K, q2_k;
+    BlockQ3K => QK_K, q3_k;
     BlockQ4K => QK_K, q4_k;
     BlockQ5K => QK_K, q5_k;
     BlockQ6K => QK_K, q6_k;
@@ -200,6 +206,39 @@ fn q8_0(b: &BlockQ8_0, out: &mut [f32; QK]) {
     let d = f16_le(b.d);
     for (o, &q) in out.iter_mut().zip(&b.qs) {
         *o = q as i8 as f32 * d;
+    }
+}
+
+/// The two-bit code of element `e` (0..256) of a Q2_K / Q3_K block:
+/// bits `2j..2j + 2` of `qs[32 (e / 128) + e % 32]`, `j = (e / 32) % 4`.
+#[inline(always)]
+fn low2(qs: &[u8; 64], e: usize) -> u8 {
+    (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3
+}
+
+#[inline(always)]
+fn q2_k(b: &BlockQ2K, out: &mut [f32; QK_K]) {
+    // dl = d * (scales & 0xF); ml = dmin * (scales >> 4); dl * qs - ml
+    let (d, dmin) = (f16_le(b.d), f16_le(b.dmin));
+    for (g, o) in out.chunks_exact_mut(16).enumerate() {
+        let (dl, ml) = (d * (b.scales[g] & 0x0f) as f32, dmin * (b.scales[g] >> 4) as f32);
+        for (l, o) in o.iter_mut().enumerate() {
+            *o = dl * low2(&b.qs, 16 * g + l) as f32 - ml;
+        }
+    }
+}
+
+#[inline(always)]
+fn q3_k(b: &BlockQ3K, out: &mut [f32; QK_K]) {
+    // dl = d * (scales - 32); q = ql - ((hmask bit ^ 1) << 2); dl * q
+    let d = f16_le(b.d);
+    for (g, o) in out.chunks_exact_mut(16).enumerate() {
+        let dl = d * q3_k_scale(&b.scales, g) as f32;
+        for (l, o) in o.iter_mut().enumerate() {
+            let e = 16 * g + l;
+            let high = (b.hmask[e % 32] >> (e / 32)) & 1;
+            *o = dl * (low2(&b.qs, e) as i32 - 4 * (1 - high as i32)) as f32;
+        }
     }
 }
 
@@ -480,6 +519,72 @@ mod tests {
                 let want = if i / 16 == g { -2.0 * y[i] } else { y[i] };
                 assert_eq!(z[i], want, "scale {g} element {i}");
             }
+        }
+    }
+
+    #[test]
+    fn q2_k_and_q3_k_follow_ggml_loops() {
+        // dequantize_row_q2_K / _q3_K spelled out as ggml writes them (the
+        // Q3_K scales through its kmask shuffle of four u32 words), on
+        // patterned blocks; every value is an exact small multiple of 2^-3.
+        let mut q2 = vec![0u8; 84];
+        for (i, v) in q2.iter_mut().enumerate().take(80) {
+            *v = (i * 53 % 256) as u8;
+        }
+        q2[80..82].copy_from_slice(&f16(0.5));
+        q2[82..84].copy_from_slice(&f16(0.125));
+        let y = dequantize(GgmlType::Q2_K, &q2, 256).unwrap();
+        let (mut want, mut is) = (Vec::new(), 0);
+        for n in 0..2 {
+            let q = &q2[16 + 32 * n..];
+            for shift in [0, 2, 4, 6] {
+                for half in 0..2 {
+                    let sc = q2[is];
+                    is += 1;
+                    let (dl, ml) = (0.5 * (sc & 0xf) as f32, 0.125 * (sc >> 4) as f32);
+                    for l in 0..16 {
+                        want.push(dl * ((q[l + 16 * half] >> shift) & 3) as f32 - ml);
+                    }
+                }
+            }
+        }
+        assert_eq!(y, want);
+
+        let mut q3 = vec![0u8; 110];
+        for (i, v) in q3.iter_mut().enumerate().take(108) {
+            *v = (i * 71 % 256) as u8;
+        }
+        q3[108..].copy_from_slice(&f16(0.25));
+        let y = dequantize(GgmlType::Q3_K, &q3, 256).unwrap();
+        let mut aux = [0u32; 4];
+        for (w, c) in aux.iter_mut().zip(q3[96..108].chunks(4)) {
+            *w = u32::from_le_bytes(c.try_into().unwrap());
+        }
+        let (k1, k2, tmp) = (0x0303_0303u32, 0x0f0f_0f0fu32, aux[2]);
+        aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
+        aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
+        aux[0] = (aux[0] & k2) | ((tmp & k1) << 4);
+        aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
+        let scales: Vec<i8> = aux.iter().flat_map(|w| w.to_le_bytes()).map(|b| b as i8).collect();
+        let (mut want, mut is, mut m) = (Vec::new(), 0, 1u8);
+        for n in 0..2 {
+            let q = &q3[32 + 32 * n..];
+            for shift in [0, 2, 4, 6] {
+                for half in 0..2 {
+                    let dl = 0.25 * (scales[is] as i32 - 32) as f32;
+                    is += 1;
+                    for l in 0..16 {
+                        let low = ((q[l + 16 * half] >> shift) & 3) as i32;
+                        let off = if q3[l + 16 * half] & m != 0 { 0 } else { 4 };
+                        want.push(dl * (low - off) as f32);
+                    }
+                }
+                m <<= 1;
+            }
+        }
+        assert_eq!(y, want);
+        for (g, &sc) in scales.iter().enumerate() {
+            assert_eq!(q3_k_scale(&q3[96..108], g), sc as i32 - 32, "group {g}");
         }
     }
 

@@ -16,8 +16,8 @@
 
 use super::dequant::{dequantize_into, Block};
 use super::types::{
-    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8_0, GgmlType, QK_K,
+    BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
+    BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType, QK_K,
 };
 
 /// Reference dot product of a row of `ty` (`row`: its bytes, `x.len()`
@@ -60,7 +60,7 @@ pub fn dot_tolerance(ty: GgmlType) -> f32 {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1e-5,
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 1e-5,
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 1e-5,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 1e-5,
         GgmlType::IQ4_NL | GgmlType::IQ4_XS | GgmlType::MXFP4 => 1e-5,
     }
 }
@@ -186,6 +186,8 @@ fn by_type<const AVX2: bool>(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         GgmlType::Q5_0 => blocks::<AVX2, BlockQ5_0>(row, x),
         GgmlType::Q5_1 => blocks::<AVX2, BlockQ5_1>(row, x),
         GgmlType::Q8_0 => blocks::<AVX2, BlockQ8_0>(row, x),
+        GgmlType::Q2_K => blocks::<AVX2, BlockQ2K>(row, x),
+        GgmlType::Q3_K => blocks::<AVX2, BlockQ3K>(row, x),
         GgmlType::Q4_K => blocks::<AVX2, BlockQ4K>(row, x),
         GgmlType::Q5_K => blocks::<AVX2, BlockQ5K>(row, x),
         GgmlType::Q6_K => blocks::<AVX2, BlockQ6K>(row, x),
@@ -248,6 +250,8 @@ pub(crate) mod tests {
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
             GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
             GgmlType::Q6_K => &[208],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
         };
         for b in row.chunks_exact_mut(ty.block_bytes()) {
             for &at in f16_at {

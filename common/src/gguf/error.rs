@@ -9,7 +9,8 @@ use thiserror::Error;
 use super::types::{ggml_type_name, GgmlType};
 
 /// The weight types charm reads, for error messages.
-const SUPPORTED: &str = "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4";
+const SUPPORTED: &str =
+    "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4";
 
 /// `Q3_K (id 11)` or `unknown type id 99`.
 fn type_desc(id: u32) -> String {
@@ -148,4 +149,18 @@ pub enum GgufError {
         expected: Option<usize>,
         got: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_supported_list_names_every_type_read() {
+        let named: Vec<&str> = SUPPORTED.split(", ").collect();
+        assert_eq!(named.len(), GgmlType::ALL.len());
+        for t in GgmlType::ALL {
+            assert!(named.contains(&t.name()), "{t} missing from SUPPORTED");
+        }
+    }
 }

@@ -21,6 +21,8 @@ pub enum GgmlType {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q2_K,
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
@@ -37,7 +39,7 @@ pub const QK: usize = 32;
 
 impl GgmlType {
     /// Every supported type, in ggml id order of their families.
-    pub const ALL: [GgmlType; 14] = [
+    pub const ALL: [GgmlType; 16] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
@@ -46,6 +48,8 @@ impl GgmlType {
         GgmlType::Q5_0,
         GgmlType::Q5_1,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
@@ -65,6 +69,8 @@ impl GgmlType {
             6 => GgmlType::Q5_0,
             7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
             14 => GgmlType::Q6_K,
@@ -86,6 +92,8 @@ impl GgmlType {
             GgmlType::Q5_0 => 6,
             GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
             GgmlType::Q6_K => 14,
@@ -107,6 +115,8 @@ impl GgmlType {
             GgmlType::Q5_0 => "Q5_0",
             GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q2_K => "Q2_K",
+            GgmlType::Q3_K => "Q3_K",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
             GgmlType::Q6_K => "Q6_K",
@@ -127,7 +137,9 @@ impl GgmlType {
             | GgmlType::Q8_0
             | GgmlType::IQ4_NL
             | GgmlType::MXFP4 => QK,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => QK_K,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
+                QK_K
+            }
         }
     }
 
@@ -141,6 +153,8 @@ impl GgmlType {
             GgmlType::Q5_0 => size_of::<BlockQ5_0>(),
             GgmlType::Q5_1 => size_of::<BlockQ5_1>(),
             GgmlType::Q8_0 => size_of::<BlockQ8_0>(),
+            GgmlType::Q2_K => size_of::<BlockQ2K>(),
+            GgmlType::Q3_K => size_of::<BlockQ3K>(),
             GgmlType::Q4_K => size_of::<BlockQ4K>(),
             GgmlType::Q5_K => size_of::<BlockQ5K>(),
             GgmlType::Q6_K => size_of::<BlockQ6K>(),
@@ -283,6 +297,36 @@ block!(
 );
 
 block!(
+    /// Q2_K, 256 elements in 16 groups of 16 with 4-bit scales and mins
+    /// (`scales[g]`: scale in the low nibble, min in the high). Element `e`
+    /// is bits `2j..2j + 2` of `qs[32n + e % 32]` (`n = e / 128`, `j = (e /
+    /// 32) % 4`), group `e / 16`; value `(d * sc) * q - (dmin * m)`.
+    BlockQ2K, 84, {
+        scales: [u8; 16],
+        qs: [u8; 64],
+        /// f16 super-block scale of the scales.
+        d: [u8; 2],
+        /// f16 super-block scale of the mins.
+        dmin: [u8; 2],
+    }
+);
+
+block!(
+    /// Q3_K, 256 elements in 16 groups of 16 with 6-bit scales
+    /// ([`q3_k_scale`]). Element `e` has its low two bits laid out as
+    /// Q2_K's and its third bit in bit `e / 32` of `hmask[e % 32]`; the
+    /// code is `low - 4` where that bit is clear and `low` where it is set,
+    /// so -4..=3; value `(d * (sc - 32)) * code`.
+    BlockQ3K, 110, {
+        hmask: [u8; 32],
+        qs: [u8; 64],
+        scales: [u8; 12],
+        /// f16 super-block scale.
+        d: [u8; 2],
+    }
+);
+
+block!(
     /// Q4_K, 256 elements in 8 sub-blocks of 32 with 6-bit scales and mins
     /// ([`scale_min_k4`]). Sub-block `2i` is the low nibbles of
     /// `qs[32i..32i + 32]`, sub-block `2i + 1` their high nibbles; value
@@ -375,6 +419,17 @@ block!(
 /// is undone by the scale, [`e8m0_to_f32_half`].
 pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// The signed scale `sc - 32` of group `g` (0..16, 16 elements each) of a
+/// Q3_K block from its twelve scale bytes: the low four bits are the low
+/// (`g < 8`) or high (`g >= 8`) nibble of byte `g % 8`, the top two bits
+/// `(scales[8 + g % 4] >> 2 (g / 4)) & 3`.
+#[inline(always)]
+pub fn q3_k_scale(scales: &[u8], g: usize) -> i32 {
+    let low = (scales[g % 8] >> (4 * (g / 8))) & 0x0f;
+    let high = (scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+    (low | (high << 4)) as i32 - 32
+}
+
 /// IQ4_NL's and IQ4_XS's sixteen levels (`kvalues_iq4nl` in ggml), a
 /// non-uniform 4-bit grid scaled by the block's `d`.
 pub const KVALUES_IQ4NL: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
@@ -452,6 +507,8 @@ mod tests {
             (GgmlType::Q5_0, 6, 32, 22),
             (GgmlType::Q5_1, 7, 32, 24),
             (GgmlType::Q8_0, 8, 32, 34),
+            (GgmlType::Q2_K, 10, 256, 84),
+            (GgmlType::Q3_K, 11, 256, 110),
             (GgmlType::Q4_K, 12, 256, 144),
             (GgmlType::Q5_K, 13, 256, 176),
             (GgmlType::Q6_K, 14, 256, 210),
@@ -469,10 +526,10 @@ mod tests {
             assert_eq!(t.to_string(), t.name());
         }
         assert_eq!(GgmlType::ALL.len(), table.len());
-        for id in [4, 5, 9, 10, 11, 15, 16, 29, 31, 40, 41, 42, 1000, u32::MAX] {
+        for id in [4, 5, 9, 15, 16, 18, 29, 31, 40, 41, 42, 1000, u32::MAX] {
             assert_eq!(GgmlType::from_id(id), None, "id {id}");
         }
-        assert_eq!(ggml_type_name(11), Some("Q3_K"));
+        assert_eq!(ggml_type_name(18), Some("IQ3_XXS"));
         assert_eq!(ggml_type_name(42), None);
     }
 

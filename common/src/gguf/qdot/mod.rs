@@ -22,11 +22,16 @@
 //! | MXFP4 | `(e8m0_half(e) * dx) * f32(lo + hi)` |
 //! | Q4_0 / Q5_0 | `(d * dx) * f32(lo + hi - 8 S)` / `- 16 S` |
 //! | Q4_1 / Q5_1 | `(d * dx) * f32(lo + hi) + (m * dx) * f32(S)` |
+//! | Q2_K | `(d * dx) * f32(sc₀ lo + sc₁ hi) - (dmin * dx) * f32(mn₀ s16[2b] + mn₁ s16[2b + 1])` |
+//! | Q3_K | `(d * dx) * f32(sc₀ (lo - 4 s16[2b]) + sc₁ (hi - 4 s16[2b + 1]))` |
 //! | Q4_K / Q5_K | `(d * dx) * f32(sc (lo + hi)) - (dmin * dx) * f32(mn S)` |
 //! | Q6_K | `(d * dx) * f32(sc₀ (lo - 32 s16[2b]) + sc₁ (hi - 32 s16[2b + 1]))` |
 //!
 //! (`d`, `m`, `dmin` the f16 fields widened; `sc`, `mn` the sub-block's
-//! 6-bit scale and min; `ls` IQ4_XS's 6-bit sub-block scale
+//! 6-bit scale and min; Q2_K's `sc₀`, `mn₀` / `sc₁`, `mn₁` the 4-bit scales
+//! and mins of the block's two 16-element groups, Q3_K's their 6-bit
+//! scales less 32 ([`super::types::q3_k_scale`], codes `low | high << 2`
+//! in 0..8, so the 4 comes off as for Q4_0's 8); `ls` IQ4_XS's 6-bit sub-block scale
 //! ([`super::types::iq4_xs_scale`]); `sc₀`, `sc₁` Q6_K's i8 scales of the two halves;
 //! `e8m0_half(e)` MXFP4's `2^(e - 128)`, [`super::types::e8m0_to_f32_half`]:
 //! ggml's `GGML_E8M0_TO_FP32_HALF(x[ib].e) * GGML_FP16_TO_FP32(y[ib].d) * sumi`,
@@ -69,7 +74,7 @@ pub use acts::Q8Acts;
 
 pub use crate::isa::Isa;
 
-use super::types::{e8m0_to_f32_half, f16_le, iq4_xs_scale, scale_min_k4, GgmlType, QK, QK_K};
+use super::types::{e8m0_to_f32_half, f16_le, iq4_xs_scale, q3_k_scale, scale_min_k4, GgmlType, QK, QK_K};
 
 /// Whether `ty` has an integer dot product here (every quantized type).
 pub fn supports(ty: GgmlType) -> bool {
@@ -280,6 +285,28 @@ pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32
                 let i = sc as i32 * (raw.lo[b] + raw.hi[b]);
                 let m = mn as i32 * (s0 + s1);
                 acc[b] += (d * dx[b]) * i as f32 - (dmin * dx[b]) * m as f32;
+            }
+        }
+        GgmlType::Q2_K => {
+            let (d, dmin) = (f16_le([chunk[80], chunk[81]]), f16_le([chunk[82], chunk[83]]));
+            for b in 0..8 {
+                let (g0, g1) = (chunk[2 * b] as i32, chunk[2 * b + 1] as i32);
+                let (s0, s1) = half(b);
+                let i = (g0 & 15) * raw.lo[b] + (g1 & 15) * raw.hi[b];
+                let m = (g0 >> 4) * s0 + (g1 >> 4) * s1;
+                acc[b] += (d * dx[b]) * i as f32 - (dmin * dx[b]) * m as f32;
+            }
+        }
+        GgmlType::Q3_K => {
+            let d = f16_le([chunk[108], chunk[109]]);
+            for b in 0..8 {
+                let (sc0, sc1) = (
+                    q3_k_scale(&chunk[96..108], 2 * b),
+                    q3_k_scale(&chunk[96..108], 2 * b + 1),
+                );
+                let (s0, s1) = half(b);
+                let i = sc0 * (raw.lo[b] - 4 * s0) + sc1 * (raw.hi[b] - 4 * s1);
+                acc[b] += (d * dx[b]) * i as f32;
             }
         }
         GgmlType::IQ4_XS => {

@@ -105,6 +105,30 @@ impl Sums for Neon {
                         );
                     }
                 }
+                GgmlType::Q2_K | GgmlType::Q3_K => {
+                    // Block b = 4n + j: bits 2j..2j + 2 of qs[32n..32n + 32];
+                    // Q3_K's third bit is bit b of each hmask byte.
+                    let k3 = ty == GgmlType::Q3_K;
+                    let qs = c.add(if k3 { 32 } else { 16 });
+                    let (hm0, hm1) = (vld1q_u8(c), vld1q_u8(c.add(16)));
+                    let three = vdupq_n_u8(3);
+                    let high =
+                        |hm: uint8x16_t, b: i8| vshlq_n_u8::<2>(vandq_u8(vshlq_u8(hm, vdupq_n_s8(-b)), vdupq_n_u8(1)));
+                    for n in 0..2 {
+                        let (x0, x1) = (vld1q_u8(qs.add(32 * n)), vld1q_u8(qs.add(32 * n + 16)));
+                        for j in 0..4 {
+                            let b = 4 * n + j;
+                            let shift = vdupq_n_s8(-2 * j as i8);
+                            let mut lo = vandq_u8(vshlq_u8(x0, shift), three);
+                            let mut hi = vandq_u8(vshlq_u8(x1, shift), three);
+                            if k3 {
+                                lo = vorrq_u8(lo, high(hm0, b as i8));
+                                hi = vorrq_u8(hi, high(hm1, b as i8));
+                            }
+                            put(b, lo, hi);
+                        }
+                    }
+                }
                 GgmlType::Q4_K | GgmlType::Q5_K => {
                     let k5 = ty == GgmlType::Q5_K;
                     let qs = c.add(if k5 { 48 } else { 16 });

@@ -81,6 +81,17 @@ pub(crate) fn codes(ty: GgmlType, chunk: &[u8], b: usize) -> [i16; QK] {
             nib(&p[8..], &mut c);
             high5(&p[4..8], &mut c);
         }
+        GgmlType::Q2_K | GgmlType::Q3_K => {
+            // Bits 2j..2j + 2 of qs[32n + l] for block b = 4n + j; Q3_K's
+            // third bit is bit b of hmask[l].
+            let qs = if ty == GgmlType::Q2_K { 16 } else { 32 };
+            for (l, v) in c.iter_mut().enumerate() {
+                *v = ((chunk[qs + 32 * (b / 4) + l] >> (2 * (b % 4))) & 3) as i16;
+                if ty == GgmlType::Q3_K {
+                    *v |= (((chunk[l] >> b) & 1) << 2) as i16;
+                }
+            }
+        }
         GgmlType::Q4_K | GgmlType::Q5_K => {
             // Sub-block 2i: low nibbles of qs[32i..32i + 32]; 2i + 1: high.
             let qs_at = if ty == GgmlType::Q4_K { 16 } else { 48 };

@@ -83,6 +83,14 @@ fn value(ty: GgmlType, chunk: &[u8], b: usize, i: usize, c: i16) -> f32 {
             (f16(208) * sc as f32) * (c - 32) as f32
         }
         GgmlType::IQ4_NL => f16(18 * b) * c as f32,
+        GgmlType::Q2_K => {
+            let g = chunk[(32 * b + i) / 16];
+            (f16(80) * (g & 15) as f32) * c as f32 - f16(82) * (g >> 4) as f32
+        }
+        GgmlType::Q3_K => {
+            let sc = crate::gguf::types::q3_k_scale(&chunk[96..108], (32 * b + i) / 16);
+            (f16(108) * sc as f32) * (c - 4) as f32
+        }
         GgmlType::IQ4_XS => {
             let sc = crate::gguf::types::iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b);
             (f16(0) * sc as f32) * c as f32

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::types::{iq4_xs_scale, scale_min_k4, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK, QK_K};
+use super::super::types::{iq4_xs_scale, q3_k_scale, scale_min_k4, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK, QK_K};
 use super::{combine, Q8Acts, Raw};
 
 /// [`super::dot`] compiled for AVX2.
@@ -199,6 +199,28 @@ unsafe fn decode<const VNNI: bool>(ty: GgmlType, chunk: &[u8], nblocks: usize) -
                     *vb = _mm256_or_si256(nibbles16(p.add(8)), high_bits32(p.add(4)));
                 }
             }
+            GgmlType::Q2_K | GgmlType::Q3_K => {
+                // Block b = 4n + j: bits 2j..2j + 2 of qs[32n..32n + 32]
+                // (one 16-bit shift, bits from the neighbouring byte masked
+                // off); Q3_K's third bit is bit b of each hmask byte.
+                let k3 = ty == GgmlType::Q3_K;
+                let qs = c.add(if k3 { 32 } else { 16 });
+                let hm = if k3 { load32(c) } else { _mm256_setzero_si256() };
+                let (three, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+                for n in 0..2 {
+                    let x = load32(qs.add(32 * n));
+                    for j in 0..4 {
+                        let b = 4 * n + j;
+                        let low = _mm256_and_si256(_mm256_srl_epi16(x, _mm_cvtsi32_si128(2 * j as i32)), three);
+                        v[b] = if k3 {
+                            let high = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(b as i32)), one);
+                            _mm256_or_si256(low, _mm256_slli_epi16::<2>(high))
+                        } else {
+                            low
+                        };
+                    }
+                }
+            }
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 let k5 = ty == GgmlType::Q5_K;
                 let qs = c.add(if k5 { 48 } else { 16 });
@@ -326,13 +348,15 @@ pub(crate) unsafe fn e8m0_lanes(e: __m256i) -> __m256 {
 
 /// A full chunk's weight scales, lane `b` for block `b`, shared by every
 /// activation row: `d` (all types), `m` (Q4_1 / Q5_1) or `dmin` (K), and
-/// the integer sub-block scales `sc` and mins `mn` (K) or Q6_K's `sc₀`,
-/// `sc₁`.
+/// the integer sub-block scales `sc` and mins `mn` (K) or the two 16-element
+/// groups' scales `sc₀`, `sc₁` (Q2_K, Q3_K, Q6_K), with Q2_K's mins
+/// `mn₀`, `mn₁` in `mn2`.
 struct Scales {
     d: __m256,
     m: __m256,
     sc: __m256i,
     mn: __m256i,
+    mn2: (__m256i, __m256i),
 }
 
 #[inline(always)]
@@ -345,7 +369,9 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
         m: zero_f,
         sc: zero_i,
         mn: zero_i,
+        mn2: (zero_i, zero_i),
     };
+    let ints = |v: [i32; 8]| _mm256_loadu_si256(v.as_ptr() as *const __m256i);
     // SAFETY: `chunk` holds eight blocks (or one super-block) of `ty`.
     unsafe {
         match ty {
@@ -354,26 +380,40 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
             GgmlType::Q5_0 => only_d(f16x8(c, 22)),
             GgmlType::MXFP4 => only_d(e8m0x8(c, 17)),
             GgmlType::IQ4_NL => only_d(f16x8(c, 18)),
-            GgmlType::IQ4_XS => {
-                let sc: [i32; 8] = std::array::from_fn(|b| iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b));
+            GgmlType::IQ4_XS => Scales {
+                sc: ints(std::array::from_fn(|b| {
+                    iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b)
+                })),
+                ..only_d(f16x1(c))
+            },
+            GgmlType::Q2_K => {
+                let g = |i: usize| chunk[i] as i32;
                 Scales {
-                    d: f16x1(c),
-                    m: zero_f,
-                    sc: _mm256_loadu_si256(sc.as_ptr() as *const __m256i),
-                    mn: zero_i,
+                    d: f16x1(c.add(80)),
+                    m: f16x1(c.add(82)),
+                    sc: ints(std::array::from_fn(|b| g(2 * b) & 15)),
+                    mn: ints(std::array::from_fn(|b| g(2 * b + 1) & 15)),
+                    mn2: (
+                        ints(std::array::from_fn(|b| g(2 * b) >> 4)),
+                        ints(std::array::from_fn(|b| g(2 * b + 1) >> 4)),
+                    ),
+                }
+            }
+            GgmlType::Q3_K => {
+                let sc = |g: usize| q3_k_scale(&chunk[96..108], g);
+                Scales {
+                    sc: ints(std::array::from_fn(|b| sc(2 * b))),
+                    mn: ints(std::array::from_fn(|b| sc(2 * b + 1))),
+                    ..only_d(f16x1(c.add(108)))
                 }
             }
             GgmlType::Q4_1 => Scales {
-                d: f16x8(c, 20),
                 m: f16x8(c.add(2), 20),
-                sc: zero_i,
-                mn: zero_i,
+                ..only_d(f16x8(c, 20))
             },
             GgmlType::Q5_1 => Scales {
-                d: f16x8(c, 24),
                 m: f16x8(c.add(2), 24),
-                sc: zero_i,
-                mn: zero_i,
+                ..only_d(f16x8(c, 24))
             },
             GgmlType::Q4_K | GgmlType::Q5_K => {
                 let scales: &[u8; 12] = chunk[4..16].try_into().expect("12 scale bytes");
@@ -385,8 +425,9 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
                 Scales {
                     d: f16x1(c),
                     m: f16x1(c.add(2)),
-                    sc: _mm256_loadu_si256(sc.as_ptr() as *const __m256i),
-                    mn: _mm256_loadu_si256(mn.as_ptr() as *const __m256i),
+                    sc: ints(sc),
+                    mn: ints(mn),
+                    mn2: (zero_i, zero_i),
                 }
             }
             GgmlType::Q6_K => {
@@ -394,10 +435,9 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
                 let split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
                 let eo = _mm_shuffle_epi8(bytes, split);
                 Scales {
-                    d: f16x1(c.add(208)),
-                    m: zero_f,
                     sc: _mm256_cvtepi8_epi32(eo),
                     mn: _mm256_cvtepi8_epi32(_mm_srli_si128(eo, 8)),
+                    ..only_d(f16x1(c.add(208)))
                 }
             }
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no integer terms"),
@@ -452,6 +492,22 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
                 )
             }
             GgmlType::IQ4_XS => _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(_mm256_mullo_epi32(w.sc, raw))),
+            GgmlType::Q2_K => {
+                let i = _mm256_add_epi32(_mm256_mullo_epi32(w.sc, lo), _mm256_mullo_epi32(w.mn, hi));
+                let m = _mm256_add_epi32(_mm256_mullo_epi32(w.mn2.0, s.0), _mm256_mullo_epi32(w.mn2.1, s.1));
+                _mm256_sub_ps(
+                    _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i)),
+                    _mm256_mul_ps(_mm256_mul_ps(w.m, dx), f32s(m)),
+                )
+            }
+            GgmlType::Q3_K => {
+                // sc₀ (lo - 4 Σq₀) + sc₁ (hi - 4 Σq₁), the 4 as a shift.
+                let i = _mm256_add_epi32(
+                    _mm256_mullo_epi32(w.sc, _mm256_sub_epi32(lo, _mm256_slli_epi32::<2>(s.0))),
+                    _mm256_mullo_epi32(w.mn, _mm256_sub_epi32(hi, _mm256_slli_epi32::<2>(s.1))),
+                );
+                _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i))
+            }
             GgmlType::Q6_K => {
                 // sc₀ (lo - 32 Σq₀) + sc₁ (hi - 32 Σq₁), the 32 as a shift.
                 let i = _mm256_add_epi32(
