@@ -325,7 +325,7 @@ mod tests {
     /// renumbering must fail here.
     #[test]
     fn version_tags_and_codes_are_pinned() {
-        assert_eq!(PROTOCOL_VERSION, 1);
+        assert_eq!(PROTOCOL_VERSION, 2);
         let tags: Vec<(u8, &str)> = Tag::ALL.iter().map(|t| (*t as u8, t.name())).collect();
         assert_eq!(
             tags,
@@ -365,7 +365,7 @@ mod tests {
         let bytes = encode(&run()).unwrap();
         #[rustfmt::skip]
         let expected: Vec<u8> = vec![
-            b'C', b'H', b'R', b'M', 1, 0, 3, 0, 25, 0, 0, 0, // header: version 1, tag 3, 25 bytes
+            b'C', b'H', b'R', b'M', 2, 0, 3, 0, 25, 0, 0, 0, // header: version 2, tag 3, 25 bytes
             7,                                   // step (varint)
             1,                                   // layer
             2,                                   // hidden
@@ -383,10 +383,10 @@ mod tests {
         b[0] = b'G';
         assert!(matches!(decode(&b, MAX_FRAME_LEN), Err(FrameError::BadMagic { .. })));
         let mut b = good.clone();
-        b[4] = 2;
+        b[4] = 1;
         let err = decode(&b, MAX_FRAME_LEN).unwrap_err();
-        assert_eq!(err, FrameError::UnsupportedVersion { found: 2 });
-        assert!(err.to_string().contains("version 2") && err.to_string().contains("version 1"));
+        assert_eq!(err, FrameError::UnsupportedVersion { found: 1 });
+        assert!(err.to_string().contains("version 1") && err.to_string().contains("version 2"));
         let mut b = good.clone();
         b[6] = 200;
         assert_eq!(decode(&b, MAX_FRAME_LEN), Err(FrameError::UnknownTag(200)));

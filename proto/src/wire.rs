@@ -371,6 +371,14 @@ pub struct WorkerStats {
     pub cache_bytes: u64,
     pub predicted_correct: u64,
     pub predicted_total: u64,
+    /// The read-ahead policy's cost and decisions: experts read ahead and
+    /// never used, evictions a read-ahead caused that a later step read
+    /// again, layer steps read-ahead stood down for, and times a
+    /// measurement turned it off.
+    pub prefetch_wasted: u64,
+    pub prefetch_harm: u64,
+    pub prefetch_paused_steps: u64,
+    pub prefetch_stand_downs: u64,
 }
 
 /// Why a request or a connection failed.

@@ -123,6 +123,10 @@ fn delta(a: &WorkerStats, b: &WorkerStats) -> WorkerStats {
         cache_bytes: a.cache_bytes,
         predicted_correct: a.predicted_correct.saturating_sub(b.predicted_correct),
         predicted_total: a.predicted_total.saturating_sub(b.predicted_total),
+        prefetch_wasted: a.prefetch_wasted.saturating_sub(b.prefetch_wasted),
+        prefetch_harm: a.prefetch_harm.saturating_sub(b.prefetch_harm),
+        prefetch_paused_steps: a.prefetch_paused_steps.saturating_sub(b.prefetch_paused_steps),
+        prefetch_stand_downs: a.prefetch_stand_downs.saturating_sub(b.prefetch_stand_downs),
     }
 }
 
@@ -139,6 +143,10 @@ fn add(a: &WorkerStats, b: &WorkerStats) -> WorkerStats {
         cache_bytes: b.cache_bytes,
         predicted_correct: a.predicted_correct + b.predicted_correct,
         predicted_total: a.predicted_total + b.predicted_total,
+        prefetch_wasted: a.prefetch_wasted + b.prefetch_wasted,
+        prefetch_harm: a.prefetch_harm + b.prefetch_harm,
+        prefetch_paused_steps: a.prefetch_paused_steps + b.prefetch_paused_steps,
+        prefetch_stand_downs: a.prefetch_stand_downs + b.prefetch_stand_downs,
     }
 }
 
@@ -454,6 +462,10 @@ impl Shared {
             s.prefetch_issued += d.prefetch_issued;
             s.predicted_correct += d.predicted_correct;
             s.predicted_total += d.predicted_total;
+            s.prefetch_wasted += d.prefetch_wasted;
+            s.prefetch_harm += d.prefetch_harm;
+            s.prefetch_paused_steps += d.prefetch_paused_steps;
+            s.prefetch_stand_downs += d.prefetch_stand_downs;
             if m.conn.is_some() {
                 s.cache_bytes += m.latest.cache_bytes;
             }
@@ -614,6 +626,48 @@ mod tests {
 
     fn addr(i: u16) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 20000 + i))
+    }
+
+    #[test]
+    fn deltas_and_sums_carry_every_counter() {
+        // Distinct values in every field: a counter left out of `add` or
+        // `delta` breaks `delta(add(a, b), a) == b`.
+        let a = WorkerStats {
+            requests: 1,
+            experts_served: 2,
+            expert_hits: 3,
+            expert_misses: 4,
+            expert_bytes_read: 5,
+            io_wait_ms: 6.5,
+            prefetch_hits: 7,
+            prefetch_issued: 8,
+            cache_bytes: 9,
+            predicted_correct: 10,
+            predicted_total: 11,
+            prefetch_wasted: 12,
+            prefetch_harm: 13,
+            prefetch_paused_steps: 14,
+            prefetch_stand_downs: 15,
+        };
+        let b = WorkerStats {
+            requests: 101,
+            experts_served: 102,
+            expert_hits: 103,
+            expert_misses: 104,
+            expert_bytes_read: 105,
+            io_wait_ms: 106.25,
+            prefetch_hits: 107,
+            prefetch_issued: 108,
+            cache_bytes: 109,
+            predicted_correct: 110,
+            predicted_total: 111,
+            prefetch_wasted: 112,
+            prefetch_harm: 113,
+            prefetch_paused_steps: 114,
+            prefetch_stand_downs: 115,
+        };
+        assert_eq!(delta(&add(&a, &b), &a), b);
+        assert_eq!(add(&a, &b).prefetch_stand_downs, 130);
     }
 
     #[test]

@@ -870,6 +870,10 @@ impl ExpertService for ClusterService {
                 s.cache_bytes += ls.cache_bytes;
                 s.predicted_correct += ls.predicted_correct;
                 s.predicted_total += ls.predicted_total;
+                s.prefetch_wasted += ls.prefetch_wasted;
+                s.prefetch_harm += ls.prefetch_harm;
+                s.prefetch_paused_steps += ls.prefetch_paused_steps;
+                s.prefetch_stand_downs += ls.prefetch_stand_downs;
                 let r = local.report.lock().unwrap_or_else(|p| p.into_inner());
                 reports.push(
                     WorkerReport {

@@ -266,6 +266,10 @@ pub fn to_wire(s: &ExpertStats, requests: u64, experts_served: u64) -> WorkerSta
         cache_bytes: s.cache_bytes,
         predicted_correct: s.predicted_correct,
         predicted_total: s.predicted_total,
+        prefetch_wasted: s.prefetch_wasted,
+        prefetch_harm: s.prefetch_harm,
+        prefetch_paused_steps: s.prefetch_paused_steps,
+        prefetch_stand_downs: s.prefetch_stand_downs,
     }
 }
 
@@ -320,4 +324,46 @@ fn largest_safetensors(dir: &Path) -> std::io::Result<PathBuf> {
     }
     best.map(|(_, p)| p)
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors file"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_carries_every_store_counter() {
+        let s = ExpertStats {
+            expert_hits: 1,
+            expert_misses: 2,
+            expert_bytes_read: 3,
+            io_wait_ms: 4.5,
+            prefetch_hits: 5,
+            prefetch_issued: 6,
+            cache_bytes: 7,
+            predicted_correct: 8,
+            predicted_total: 9,
+            prefetch_wasted: 10,
+            prefetch_harm: 11,
+            prefetch_paused_steps: 12,
+            prefetch_stand_downs: 13,
+            ..ExpertStats::default()
+        };
+        let w = to_wire(&s, 20, 21);
+        assert_eq!((w.requests, w.experts_served), (20, 21));
+        assert_eq!(
+            (w.expert_hits, w.expert_misses, w.expert_bytes_read, w.io_wait_ms),
+            (1, 2, 3, 4.5)
+        );
+        assert_eq!((w.prefetch_hits, w.prefetch_issued, w.cache_bytes), (5, 6, 7));
+        assert_eq!((w.predicted_correct, w.predicted_total), (8, 9));
+        assert_eq!(
+            (
+                w.prefetch_wasted,
+                w.prefetch_harm,
+                w.prefetch_paused_steps,
+                w.prefetch_stand_downs
+            ),
+            (10, 11, 12, 13)
+        );
+    }
 }
