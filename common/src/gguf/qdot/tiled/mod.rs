@@ -35,7 +35,10 @@
 //!   ([`q4k`]: nibble pairs in the transposed order, the 6-bit scales
 //!   decoded per chunk in registers) and Q6_K (the output head of
 //!   llama.cpp's Q4_0 files; [`q6k`]: its 6-bit codes split into nibble
-//!   and top-bit steps) are packed the same way, the GGUF's size.
+//!   and top-bit steps) are packed the same way, the GGUF's size, and so
+//!   is IQ4_XS ([`iq4xs`]: Q4_0's nibble steps, a super-block per chunk,
+//!   looked up in `kvalues_iq4nl` as MXFP4's are in theirs; its `d` and
+//!   6-bit sub-block scales after them).
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
@@ -58,6 +61,7 @@ use crate::Isa;
 /// Elements per chunk: eight 32-element blocks.
 pub const CHUNK: usize = 8 * QK;
 
+pub mod iq4xs;
 pub mod q4k;
 pub mod q6k;
 
@@ -74,7 +78,8 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
 /// Q8_0, Q4_0 or MXFP4 rows of at least one chunk (any number of blocks
-/// past it), Q4_K or Q6_K rows (whole super-blocks, so whole chunks), on an
+/// past it), Q4_K, Q6_K or IQ4_XS rows (whole super-blocks, so whole
+/// chunks), on an
 /// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
@@ -84,7 +89,7 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 => cols >= CHUNK && cols.is_multiple_of(QK),
-        GgmlType::Q4_K | GgmlType::Q6_K => cols > 0 && cols.is_multiple_of(CHUNK),
+        GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::IQ4_XS => cols > 0 && cols.is_multiple_of(CHUNK),
         _ => false,
     };
     width && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs()
@@ -109,9 +114,9 @@ fn head(ty: GgmlType) -> usize {
 /// against the folding kernel ([`super::dot4`]) when there is no packed
 /// copy: not for Q6_K, whose arrangement is the scalar decode packing
 /// (measured 3.5x slower than `dot4` for 16 activation rows; a packed copy
-/// is 1.6x faster than `dot4`).
+/// is 1.6x faster than `dot4`), nor for IQ4_XS, arranged the same way.
 pub fn arranging_pays(ty: GgmlType) -> bool {
-    ty != GgmlType::Q6_K
+    !matches!(ty, GgmlType::Q6_K | GgmlType::IQ4_XS)
 }
 
 /// One weight row laid out for [`dot_many_arranged`] (reused between rows:
@@ -263,11 +268,16 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
             isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0,
         );
     }
-    if ty == GgmlType::Q6_K {
+    if matches!(ty, GgmlType::Q6_K | GgmlType::IQ4_XS) {
         // The decode packing is already the transposed order.
         out.codes.resize(row.len(), 0);
-        for (s, d) in row.chunks_exact(q6k::BLOCK).zip(out.codes.chunks_exact_mut(q6k::BLOCK)) {
-            q6k::pack_block(s, d);
+        let bs = ty.block_bytes();
+        for (s, d) in row.chunks_exact(bs).zip(out.codes.chunks_exact_mut(bs)) {
+            if ty == GgmlType::Q6_K {
+                q6k::pack_block(s, d);
+            } else {
+                iq4xs::pack_block(s, d);
+            }
         }
         return;
     }
@@ -436,7 +446,7 @@ pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [
     }
     assert_eq!(acts.width, row.cols, "activations do not match the row");
     #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::Q6_K {
+    if matches!(ty, GgmlType::Q6_K | GgmlType::IQ4_XS) {
         // SAFETY: as below; the codes are one packed row of the width.
         return unsafe {
             match row.isa {
@@ -550,6 +560,9 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     if ty == GgmlType::Q4_K {
         return q4k::pack_into(data, out);
     }
+    if ty == GgmlType::IQ4_XS {
+        return iq4xs::pack_into(data, out);
+    }
     if data.is_empty() {
         return;
     }
@@ -635,7 +648,9 @@ pub fn dot_rows_packed_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &Q8Acts, ou
             (Isa::Avx512Vnni, GgmlType::Q6_K) => q6k::dot_rows::<true>(rows, rb, acts, out),
             (_, GgmlType::Q6_K) => q6k::dot_rows::<false>(rows, rb, acts, out),
             (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
-            (_, GgmlType::Q8_0 | GgmlType::MXFP4) => x86::packed_avx2::<true>(ty, rows, rb, acts, out),
+            (_, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS) => {
+                x86::packed_avx2::<true>(ty, rows, rb, acts, out)
+            }
             _ => x86::packed_avx2::<false>(ty, rows, rb, acts, out),
         }
     }

@@ -19,6 +19,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
             GgmlType::MXFP4,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
+            GgmlType::IQ4_XS,
         ] {
             for case in 0..12 {
                 // Whole chunks, and for the 32-element types as many as
@@ -38,6 +39,15 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                         for (i, s) in sb[192..208].iter_mut().enumerate() {
                             *s = if i % 2 == 0 { 127 } else { 0x81 };
                         }
+                    }
+                }
+                if ty == GgmlType::IQ4_XS && case % 3 == 0 {
+                    // Every nibble 0 (level -127) with every scale 63 - 32 =
+                    // 31 or 0 - 32: the largest products and scales.
+                    for sb in row.chunks_exact_mut(iq4xs::BLOCK) {
+                        sb[2..4].fill(if case % 2 == 0 { 0xff } else { 0 });
+                        sb[4..8].fill(if case % 2 == 0 { 0xff } else { 0 });
+                        sb[8..].fill(0);
                     }
                 }
                 let mut acts: Vec<Q8Acts> = (0..4)
@@ -316,6 +326,9 @@ fn usable_rows_hold_a_whole_chunk() {
     assert!(!usable(GgmlType::Q5_K, 4096));
     assert!(!usable(GgmlType::Q4_1, 4096));
     assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
+    assert_eq!(usable(GgmlType::IQ4_XS, 4096), x86);
+    assert_eq!(packable(GgmlType::IQ4_XS, 4096), x86);
+    assert!(!usable(GgmlType::IQ4_NL, 4096));
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
         // Blocks past the last whole chunk (gpt-oss's 2880 = 11 chunks
         // and two blocks), but at least one chunk.
@@ -527,9 +540,14 @@ fn q6_k_whole_chunks_pack_and_have_an_arranged_prefill() {
 }
 
 #[test]
-fn packed_q4_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
+fn packed_q4_k_and_iq4_xs_rows_give_the_row_dot_bits_on_every_instruction_set() {
+    for ty in [GgmlType::Q4_K, GgmlType::IQ4_XS] {
+        packed_super_block_rows_give_the_row_dot_bits(ty);
+    }
+}
+
+fn packed_super_block_rows_give_the_row_dot_bits(ty: GgmlType) {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
-    let ty = GgmlType::Q4_K;
     let mut ran = false;
     for isa in [Isa::Avx2, Isa::Avx512Vnni] {
         if !packable_on(isa, ty, CHUNK) {
@@ -540,10 +558,16 @@ fn packed_q4_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
             let cols = CHUNK * chunks;
             let rows = 6;
             let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
-            // Row 0: every nibble 15 with every 6-bit scale and min 63 (the
-            // 16-bit sums' and the scale decode's largest values).
-            for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(q4k::BLOCK) {
-                sb[4..].fill(0xff);
+            // Row 0: Q4_K every nibble 15 with every 6-bit scale and min 63
+            // (the 16-bit sums' and the scale decode's largest values);
+            // IQ4_XS every nibble 0 (level -127) with every scale 63.
+            for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(ty.block_bytes()) {
+                if ty == GgmlType::Q4_K {
+                    sb[4..].fill(0xff);
+                } else {
+                    sb[2..8].fill(0xff);
+                    sb[8..].fill(0);
+                }
             }
             let x: Vec<f32> = (0..cols)
                 .map(|i| match case {
@@ -571,6 +595,43 @@ fn packed_q4_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
         }
     }
     assert_eq!(ran, Isa::Avx2.runs());
+}
+
+#[test]
+fn the_iq4_xs_layout_holds_every_code_and_scale_once() {
+    let mut rng = ChaCha8Rng::seed_from_u64(19);
+    for _ in 0..8 {
+        let src = random_row(&mut rng, GgmlType::IQ4_XS, CHUNK);
+        let mut p = vec![0u8; iq4xs::BLOCK];
+        iq4xs::pack_block(&src, &mut p);
+        for b in 0..8 {
+            // The nibbles the reference looks up, in lane `b` of each step.
+            for e in 0..32 {
+                let (half, i) = (e / 16, e % 16);
+                let (j, k) = (i / 4, i % 4);
+                let nib = p[32 * j + 4 * b + k] >> (4 * half) & 0x0f;
+                assert_eq!(
+                    nib,
+                    src[8 + 16 * b + i] >> (4 * half) & 0x0f,
+                    "sub-block {b} element {e}"
+                );
+            }
+        }
+        let sc = iq4xs::scales_scalar(&p);
+        for (b, &s) in sc.iter().enumerate() {
+            assert_eq!(s, crate::gguf::types::iq4_xs_scale([src[2], src[3]], &src[4..8], b));
+        }
+        assert_eq!(p[128..136], src[0..8]);
+        #[cfg(target_arch = "x86_64")]
+        if Isa::Avx2.runs() {
+            // The register decode against the scalar one, and d.
+            let (vs, d) = unsafe { iq4xs::scales(p.as_ptr()) };
+            let lanes = unsafe { std::mem::transmute::<std::arch::x86_64::__m256i, [i32; 8]>(vs) };
+            let flanes = unsafe { std::mem::transmute::<std::arch::x86_64::__m256, [f32; 8]>(d) };
+            assert_eq!(lanes, sc);
+            assert_eq!(flanes, [crate::gguf::types::f16_le([src[0], src[1]]); 8]);
+        }
+    }
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::super::types::KVALUES_IQ4NL;
 use super::{chunk_bytes, head, ArrangedRow, GgmlType, Q8Acts, CHUNK, KVALUES_MXFP4, QK};
 use crate::gguf::qdot::x86::e8m0_lanes;
 
@@ -57,6 +58,17 @@ unsafe fn mx_table(flip: bool) -> __m256i {
     // SAFETY: the table is 16 bytes.
     unsafe {
         let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i));
+        _mm256_xor_si256(t, _mm256_set1_epi8(if flip { -128 } else { 0 }))
+    }
+}
+
+/// `kvalues_iq4nl` in both 128-bit halves, offset by 128 when `flip` (as
+/// [`mx_table`]).
+#[inline(always)]
+unsafe fn iq4_table(flip: bool) -> __m256i {
+    // SAFETY: the table is 16 bytes.
+    unsafe {
+        let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i));
         _mm256_xor_si256(t, _mm256_set1_epi8(if flip { -128 } else { 0 }))
     }
 }
@@ -162,7 +174,7 @@ pub(super) unsafe fn packed_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8
     let tail = rb > acts.len() / CHUNK * chunk_bytes(ty);
     // SAFETY (all): forwarded.
     unsafe {
-        match (ty == GgmlType::MXFP4, tail) {
+        match (matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS), tail) {
             (true, true) => packed::<true, false, true, true>(ty, rows, rb, acts, out),
             (true, false) => packed::<true, false, true, false>(ty, rows, rb, acts, out),
             (false, true) => packed::<true, false, false, true>(ty, rows, rb, acts, out),
@@ -182,7 +194,7 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
     let tail = rb > acts.len() / CHUNK * chunk_bytes(ty);
     // SAFETY (all): forwarded.
     unsafe {
-        match (ty == GgmlType::MXFP4, tail) {
+        match (matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS), tail) {
             (true, true) => packed::<false, SIGNED, true, true>(ty, rows, rb, acts, out),
             (true, false) => packed::<false, SIGNED, true, false>(ty, rows, rb, acts, out),
             (false, true) => packed::<false, SIGNED, false, true>(ty, rows, rb, acts, out),
@@ -195,7 +207,9 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
 /// nibbles split as they are loaded, MXFP4's looked up) against the
 /// activation steps, then the same term as `body` (Q4_K's from its packed
 /// scales, [`k_term`]); then the blocks past the last whole chunk
-/// ([`tail_lanes`], into the same lanes). `MX`: MXFP4; `TAIL`: rows with
+/// ([`tail_lanes`], into the same lanes). `MX`: nibbles looked up in a
+/// table (MXFP4's, or IQ4_XS's with its sub-block scales in the term as
+/// Q4_K's); `TAIL`: rows with
 /// blocks past their whole chunks (instances of their own, so the other
 /// rows' loops carry no branch or call for them: 2–4 % in cache).
 #[inline(always)]
@@ -209,9 +223,11 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
     let q4 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K);
     let k4 = ty == GgmlType::Q4_K;
     let mx = MX;
+    let iq = ty == GgmlType::IQ4_XS;
     let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
     let low4 = _mm256_set1_epi8(0x0f);
-    let table = mx_table(VNNI);
+    let ones = _mm256_set1_epi16(1);
+    let table = if iq { iq4_table(VNNI) } else { mx_table(VNNI) };
     let chunks = acts.len() / CHUNK;
     let cb = chunk_bytes(ty);
     let codes = cb - 8 * head(ty);
@@ -241,16 +257,23 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                             s0 = madd::<true, false>(s0, lo, q(j));
                             s1 = madd::<true, false>(s1, hi, q(4 + j));
                         } else {
-                            // |w| times q·sign(w), summed in 16 bits: a pair
-                            // is at most 2 · 12 · 127 = 3048 in magnitude,
-                            // eight steps' 24384 < 2^15 ([`widen_q4`]).
+                            // |w| times q·sign(w). MXFP4's pairs (at most
+                            // 2 · 12 · 127 = 3048 in magnitude) are summed
+                            // in 16 bits, eight steps' 24384 < 2^15
+                            // ([`widen_q4`]); IQ4_XS's (up to 2 · 127 ·
+                            // 127) are widened step by step.
                             let pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(q(j), lo));
                             let ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(q(4 + j), hi));
-                            s0 = _mm256_add_epi16(s0, pl);
-                            s1 = _mm256_add_epi16(s1, ph);
+                            if iq {
+                                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(pl, ones));
+                                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(ph, ones));
+                            } else {
+                                s0 = _mm256_add_epi16(s0, pl);
+                                s1 = _mm256_add_epi16(s1, ph);
+                            }
                         }
                     }
-                    if !VNNI {
+                    if !VNNI && !iq {
                         s0 = widen_q4(s0, s1);
                         s1 = _mm256_setzero_si256();
                     }
@@ -290,6 +313,12 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                 }
                 if !SIGNED {
                     i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
+                }
+                if iq {
+                    let (sc, d) = super::iq4xs::scales(p);
+                    let i = _mm256_mullo_epi32(sc, i);
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i)));
+                    continue;
                 }
                 let dw = if mx {
                     e8m0_8(p.add(codes))
@@ -464,6 +493,44 @@ impl Row for PackedMx {
     }
 }
 
+/// A packed IQ4_XS row ([`super::iq4xs`]'s layout): Q4_0's nibble steps
+/// looked up in [`iq4_table`] (offset by 128 with `flip`, VNNI), `d` in
+/// every lane and the signed sub-block scales ([`super::iq4xs::scales`]).
+#[derive(Clone, Copy)]
+struct PackedIq4 {
+    p: *const u8,
+    flip: bool,
+}
+
+impl Row for PackedIq4 {
+    #[inline(always)]
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: the caller's `c` is below the row's chunk count.
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0f);
+            let table = iq4_table(self.flip);
+            let v = _mm256_loadu_si256(self.p.add(c * super::iq4xs::BLOCK + 32 * j) as *const __m256i);
+            (
+                _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)),
+                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, c: usize) -> __m256 {
+        // SAFETY: as above.
+        unsafe { super::iq4xs::scales(self.p.add(c * super::iq4xs::BLOCK)).1 }
+    }
+
+    #[inline(always)]
+    unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
+        // SAFETY: as above.
+        let sc = unsafe { super::iq4xs::scales(self.p.add(c * super::iq4xs::BLOCK)).0 };
+        (sc, _mm256_setzero_si256(), _mm256_setzero_ps())
+    }
+}
+
 impl Row for Packed {
     #[inline(always)]
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
@@ -597,6 +664,9 @@ pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
         if ty == GgmlType::MXFP4 {
             return many::<true>(ty, chunks, PackedMx { p, flip: true }, tail, acts, out);
         }
+        if ty == GgmlType::IQ4_XS {
+            return many::<true>(ty, chunks, PackedIq4 { p, flip: true }, tail, acts, out);
+        }
         many::<true>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
 }
@@ -611,6 +681,9 @@ pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
     unsafe {
         if ty == GgmlType::MXFP4 {
             return many::<false>(ty, chunks, PackedMx { p, flip: false }, tail, acts, out);
+        }
+        if ty == GgmlType::IQ4_XS {
+            return many::<false>(ty, chunks, PackedIq4 { p, flip: false }, tail, acts, out);
         }
         many::<false>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
@@ -676,7 +749,7 @@ unsafe fn dot<const VNNI: bool, const TAIL: bool, const N: usize>(
     unsafe {
         let mut acc = if VNNI {
             body::<N>(ty, chunks, row, acts)
-        } else if matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4) {
+        } else if matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS) {
             body_avx2::<true, N>(ty, chunks, row, acts)
         } else {
             body_avx2::<false, N>(ty, chunks, row, acts)
@@ -818,6 +891,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     acts: [&Q8Acts; N],
 ) -> [__m256; N] {
     let k_quant = ty == GgmlType::Q4_K;
+    let iq = ty == GgmlType::IQ4_XS;
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -850,7 +924,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 }
             }
             let dw = row.scales(c);
-            let (sc, mn, dmin) = if k_quant {
+            let (sc, mn, dmin) = if k_quant || iq {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
@@ -863,7 +937,9 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                     *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;
                 }
-                let i = if SIGNED {
+                let i = if iq {
+                    _mm256_mullo_epi32(sc, s)
+                } else if SIGNED {
                     s
                 } else {
                     let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
@@ -926,7 +1002,7 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
     unsafe {
         for c in 0..chunks {
             let (w, dw) = row.chunk(c);
-            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) {
+            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::IQ4_XS) {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
@@ -956,7 +1032,10 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                     *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;
                 }
-                let i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
+                let mut i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
+                if ty == GgmlType::IQ4_XS {
+                    i = _mm256_mullo_epi32(sc, i);
+                }
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
         }
