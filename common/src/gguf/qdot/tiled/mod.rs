@@ -38,7 +38,9 @@
 //!   and top-bit steps) are packed the same way, the GGUF's size, and so
 //!   is IQ4_XS ([`iq4xs`]: Q4_0's nibble steps, a super-block per chunk,
 //!   looked up in `kvalues_iq4nl` as MXFP4's are in theirs; its `d` and
-//!   6-bit sub-block scales after them).
+//!   6-bit sub-block scales after them), and Q2_K and Q3_K ([`q23k`]:
+//!   their 2-bit codes four to a byte in two registers, Q3_K's third bits
+//!   in a third, Q6_K's half sums and terms).
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
@@ -62,6 +64,7 @@ use crate::Isa;
 pub const CHUNK: usize = 8 * QK;
 
 pub mod iq4xs;
+pub mod q23k;
 pub mod q4k;
 pub mod q6k;
 
@@ -78,8 +81,8 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
 /// Q8_0, Q4_0 or MXFP4 rows of at least one chunk (any number of blocks
-/// past it), Q4_K, Q6_K or IQ4_XS rows (whole super-blocks, so whole
-/// chunks), on an
+/// past it), Q2_K, Q3_K, Q4_K, Q6_K or IQ4_XS rows (whole super-blocks,
+/// so whole chunks), on an
 /// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
@@ -89,7 +92,9 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 => cols >= CHUNK && cols.is_multiple_of(QK),
-        GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::IQ4_XS => cols > 0 && cols.is_multiple_of(CHUNK),
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
+            cols > 0 && cols.is_multiple_of(CHUNK)
+        }
         _ => false,
     };
     width && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni) && isa.runs()
@@ -114,9 +119,16 @@ fn head(ty: GgmlType) -> usize {
 /// against the folding kernel ([`super::dot4`]) when there is no packed
 /// copy: not for Q6_K, whose arrangement is the scalar decode packing
 /// (measured 3.5x slower than `dot4` for 16 activation rows; a packed copy
-/// is 1.6x faster than `dot4`), nor for IQ4_XS, arranged the same way.
+/// is 1.6x faster than `dot4`), nor for Q2_K, Q3_K and IQ4_XS, arranged
+/// the same way.
 pub fn arranging_pays(ty: GgmlType) -> bool {
-    !matches!(ty, GgmlType::Q6_K | GgmlType::IQ4_XS)
+    !arranged_by_packing(ty)
+}
+
+/// Whether [`arrange_row`] lays a row of `ty` out by packing it (its
+/// decode layout is already the transposed order).
+fn arranged_by_packing(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K | GgmlType::IQ4_XS)
 }
 
 /// One weight row laid out for [`dot_many_arranged`] (reused between rows:
@@ -268,15 +280,15 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
             isa == Isa::Avx512Vnni && ty == GgmlType::Q8_0,
         );
     }
-    if matches!(ty, GgmlType::Q6_K | GgmlType::IQ4_XS) {
+    if arranged_by_packing(ty) {
         // The decode packing is already the transposed order.
         out.codes.resize(row.len(), 0);
         let bs = ty.block_bytes();
         for (s, d) in row.chunks_exact(bs).zip(out.codes.chunks_exact_mut(bs)) {
-            if ty == GgmlType::Q6_K {
-                q6k::pack_block(s, d);
-            } else {
-                iq4xs::pack_block(s, d);
+            match ty {
+                GgmlType::Q6_K => q6k::pack_block(s, d),
+                GgmlType::IQ4_XS => iq4xs::pack_block(s, d),
+                _ => q23k::pack_block(ty, s, d),
             }
         }
         return;
@@ -446,7 +458,7 @@ pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [
     }
     assert_eq!(acts.width, row.cols, "activations do not match the row");
     #[cfg(target_arch = "x86_64")]
-    if matches!(ty, GgmlType::Q6_K | GgmlType::IQ4_XS) {
+    if arranged_by_packing(ty) {
         // SAFETY: as below; the codes are one packed row of the width.
         return unsafe {
             match row.isa {
@@ -563,6 +575,9 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     if ty == GgmlType::IQ4_XS {
         return iq4xs::pack_into(data, out);
     }
+    if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+        return q23k::pack_into(ty, data, out);
+    }
     if data.is_empty() {
         return;
     }
@@ -647,6 +662,8 @@ pub fn dot_rows_packed_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &Q8Acts, ou
         match (isa, ty) {
             (Isa::Avx512Vnni, GgmlType::Q6_K) => q6k::dot_rows::<true>(rows, rb, acts, out),
             (_, GgmlType::Q6_K) => q6k::dot_rows::<false>(rows, rb, acts, out),
+            (Isa::Avx512Vnni, GgmlType::Q2_K | GgmlType::Q3_K) => q23k::dot_rows::<true>(ty, rows, rb, acts, out),
+            (_, GgmlType::Q2_K | GgmlType::Q3_K) => q23k::dot_rows::<false>(ty, rows, rb, acts, out),
             (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
             (_, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS) => {
                 x86::packed_avx2::<true>(ty, rows, rb, acts, out)

@@ -20,6 +20,8 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
             GgmlType::Q4_K,
             GgmlType::Q6_K,
             GgmlType::IQ4_XS,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
         ] {
             for case in 0..12 {
                 // Whole chunks, and for the 32-element types as many as
@@ -48,6 +50,14 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                         sb[2..4].fill(if case % 2 == 0 { 0xff } else { 0 });
                         sb[4..8].fill(if case % 2 == 0 { 0xff } else { 0 });
                         sb[8..].fill(0);
+                    }
+                }
+                if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) && case % 3 == 0 {
+                    // Every code at its largest (3, and Q3_K's third bit
+                    // set: 7) with the largest scales and mins.
+                    for sb in row.chunks_exact_mut(ty.block_bytes()) {
+                        let codes = if ty == GgmlType::Q2_K { 16..80 } else { 0..108 };
+                        sb[codes].fill(0xff);
                     }
                 }
                 let mut acts: Vec<Q8Acts> = (0..4)
@@ -540,8 +550,8 @@ fn q6_k_whole_chunks_pack_and_have_an_arranged_prefill() {
 }
 
 #[test]
-fn packed_q4_k_and_iq4_xs_rows_give_the_row_dot_bits_on_every_instruction_set() {
-    for ty in [GgmlType::Q4_K, GgmlType::IQ4_XS] {
+fn packed_super_block_rows_give_the_row_dot_bits_on_every_instruction_set() {
+    for ty in [GgmlType::Q4_K, GgmlType::IQ4_XS, GgmlType::Q2_K, GgmlType::Q3_K] {
         packed_super_block_rows_give_the_row_dot_bits(ty);
     }
 }
@@ -562,11 +572,15 @@ fn packed_super_block_rows_give_the_row_dot_bits(ty: GgmlType) {
             // (the 16-bit sums' and the scale decode's largest values);
             // IQ4_XS every nibble 0 (level -127) with every scale 63.
             for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(ty.block_bytes()) {
-                if ty == GgmlType::Q4_K {
-                    sb[4..].fill(0xff);
-                } else {
-                    sb[2..8].fill(0xff);
-                    sb[8..].fill(0);
+                match ty {
+                    GgmlType::Q4_K => sb[4..].fill(0xff),
+                    GgmlType::IQ4_XS => {
+                        sb[2..8].fill(0xff);
+                        sb[8..].fill(0);
+                    }
+                    // Every code, scale and min at its largest.
+                    GgmlType::Q2_K => sb[..80].fill(0xff),
+                    _ => sb[..108].fill(0xff),
                 }
             }
             let x: Vec<f32> = (0..cols)
@@ -595,6 +609,55 @@ fn packed_super_block_rows_give_the_row_dot_bits(ty: GgmlType) {
         }
     }
     assert_eq!(ran, Isa::Avx2.runs());
+}
+
+#[test]
+fn the_q2_k_and_q3_k_layouts_hold_every_code_and_scale_once() {
+    let mut rng = ChaCha8Rng::seed_from_u64(20);
+    for ty in [GgmlType::Q2_K, GgmlType::Q3_K] {
+        for _ in 0..8 {
+            let src = random_row(&mut rng, ty, CHUNK);
+            let mut p = vec![0u8; ty.block_bytes()];
+            q23k::pack_block(ty, &src, &mut p);
+            for b in 0..8 {
+                let want = crate::gguf::qdot::reference::codes(ty, &src, b);
+                for (e, &w) in want.iter().enumerate() {
+                    let (r, s, k) = (e / 16, (e % 16) / 4, e % 4);
+                    let mut code = (p[32 * r + 4 * b + k] >> (2 * s)) & 3;
+                    if ty == GgmlType::Q3_K {
+                        code |= ((p[64 + 4 * b + k] >> (e / 4)) & 1) << 2;
+                    }
+                    assert_eq!(code as i16, w, "{ty} sub-block {b} element {e}");
+                }
+            }
+            let scales = q23k::scales_scalar(ty, &p);
+            for g in 0..16 {
+                let (h, b) = (g % 2, g / 2);
+                if ty == GgmlType::Q3_K {
+                    assert_eq!(scales[h][b], crate::gguf::types::q3_k_scale(&src[96..108], g));
+                } else {
+                    assert_eq!(
+                        (scales[h][b], scales[2 + h][b]),
+                        ((src[g] & 15) as i32, (src[g] >> 4) as i32)
+                    );
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if Isa::Avx2.runs() {
+                // The register decode against the scalar one, and d / dmin.
+                let (v, d, dmin) = unsafe { q23k::scales(ty, p.as_ptr()) };
+                let lanes = |v: std::arch::x86_64::__m256i| unsafe { std::mem::transmute::<_, [i32; 8]>(v) };
+                let flanes = |v: std::arch::x86_64::__m256| unsafe { std::mem::transmute::<_, [f32; 8]>(v) };
+                assert_eq!(v.map(lanes), scales, "{ty}");
+                let h = |i: usize| crate::gguf::types::f16_le([src[i], src[i + 1]]);
+                if ty == GgmlType::Q3_K {
+                    assert_eq!(flanes(d), [h(108); 8]);
+                } else {
+                    assert_eq!((flanes(d), flanes(dmin)), ([h(80); 8], [h(82); 8]));
+                }
+            }
+        }
+    }
 }
 
 #[test]

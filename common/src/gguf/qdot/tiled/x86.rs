@@ -387,6 +387,13 @@ trait Row: Copy {
     /// Q4_K chunk `c`'s sub-block scales and mins, and `dmin` in every lane;
     /// Q6_K's scales of the first and of the second halves.
     unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256);
+    /// Q2_K / Q3_K chunk `c`'s half scales and mins, `d` and `dmin`
+    /// ([`super::q23k::scales`]); zeros for the other types.
+    #[inline(always)]
+    unsafe fn half_scales(self, _c: usize) -> ([__m256i; 4], __m256, __m256) {
+        let z = _mm256_setzero_si256();
+        ([z; 4], _mm256_setzero_ps(), _mm256_setzero_ps())
+    }
     /// Chunk `c` whole.
     #[inline(always)]
     unsafe fn chunk(self, c: usize) -> Chunk {
@@ -533,10 +540,19 @@ impl Row for PackedIq4 {
 
 impl Row for Packed {
     #[inline(always)]
+    unsafe fn half_scales(self, c: usize) -> ([__m256i; 4], __m256, __m256) {
+        // SAFETY: the caller's `c` is below the row's chunk count.
+        unsafe { super::q23k::scales(self.ty, self.p.add(c * self.cb)) }
+    }
+
+    #[inline(always)]
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
         // SAFETY: the caller's `c` is below the row's chunk count.
         unsafe {
             let p = self.p.add(c * self.cb);
+            if matches!(self.ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+                return super::q23k::pair(self.ty, p, j);
+            }
             if self.ty == GgmlType::Q6_K {
                 let low4 = _mm256_set1_epi8(0x0f);
                 let top = _mm256_set1_epi8(0x30);
@@ -573,9 +589,14 @@ impl Row for Packed {
         unsafe {
             let p = self.p.add(c * self.cb + self.cb);
             match self.ty {
-                GgmlType::Q6_K => _mm256_cvtph_ps(_mm_set1_epi16((p.sub(2) as *const i16).read_unaligned())),
+                // Q3_K's `d` is its last two bytes, Q2_K's the two before `dmin`.
+                GgmlType::Q6_K | GgmlType::Q3_K => {
+                    _mm256_cvtph_ps(_mm_set1_epi16((p.sub(2) as *const i16).read_unaligned()))
+                }
                 // Q4_K's `d`: bytes 140..142 of its 144.
-                GgmlType::Q4_K => _mm256_cvtph_ps(_mm_set1_epi16((p.sub(4) as *const i16).read_unaligned())),
+                GgmlType::Q4_K | GgmlType::Q2_K => {
+                    _mm256_cvtph_ps(_mm_set1_epi16((p.sub(4) as *const i16).read_unaligned()))
+                }
                 _ => _mm256_cvtph_ps(_mm_loadu_si128(p.sub(16) as *const __m128i)),
             }
         }
@@ -897,8 +918,8 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     // SAFETY: as `body`.
     unsafe {
-        if ty == GgmlType::Q6_K {
-            return body_avx2_q6_k(chunks, row, acts);
+        if matches!(ty, GgmlType::Q6_K | GgmlType::Q2_K | GgmlType::Q3_K) {
+            return body_avx2_halves(ty, chunks, row, acts);
         }
         for c in 0..chunks {
             let mut s = [_mm256_setzero_si256(); N];
@@ -952,12 +973,19 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     }
 }
 
-/// AVX2's Q6_K loop: per activation row, the first halves' sums `lo` and
-/// the second halves' `hi`, two steps' `vpmaddubsw` pairs added in 16 bits
-/// before each widening (a pair is at most 2 · 63 · 127 = 16002 in
-/// magnitude, two 32004 < 2^15: exact), then [`q6_k_term`].
+/// AVX2's loop of the types with a scale per half (Q6_K, Q2_K, Q3_K): per
+/// activation row, the first halves' sums `lo` and the second halves'
+/// `hi`, two steps' `vpmaddubsw` pairs added in 16 bits before each
+/// widening (a pair is at most 2 · 63 · 127 = 16002 in magnitude, two
+/// 32004 < 2^15: exact), then [`q6_k_term`] or [`super::q23k::term`].
 #[inline(always)]
-unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [__m256; N] {
+unsafe fn body_avx2_halves<const N: usize>(
+    ty: GgmlType,
+    chunks: usize,
+    row: impl Row,
+    acts: [&Q8Acts; N],
+) -> [__m256; N] {
+    let k23 = matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); N];
     // SAFETY: as `body`.
@@ -976,6 +1004,13 @@ unsafe fn body_avx2_q6_k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q
                     *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(pl, ones));
                     *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(ph, ones));
                 }
+            }
+            if k23 {
+                let hs = row.half_scales(c);
+                for (((a, acc), lo), hi) in acts.iter().zip(acc.iter_mut()).zip(lo).zip(hi) {
+                    *acc = _mm256_add_ps(*acc, super::q23k::term(ty, c, hs, a, lo, hi));
+                }
+                continue;
             }
             let (sc0, sc1, _) = row.k_scales(c);
             let ks = (row.scales(c), sc0, sc1);
@@ -1007,18 +1042,29 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
             };
+            let k23 = matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K);
+            let hs = if k23 {
+                row.half_scales(c)
+            } else {
+                ([_mm256_setzero_si256(); 4], _mm256_setzero_ps(), _mm256_setzero_ps())
+            };
             for (a, acc) in acts.iter().zip(acc.iter_mut()) {
                 let q0 = a.qt.as_ptr().add(c * CHUNK) as *const u8;
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
                 let mut s0 = _mm256_setzero_si256();
                 let mut s1 = _mm256_setzero_si256();
-                if ty == GgmlType::Q6_K {
+                if ty == GgmlType::Q6_K || k23 {
                     // The halves apart: steps 0..4 and 4..8.
                     for j in 0..4 {
                         s0 = madd::<true, false>(s0, w[j], q(j));
                         s1 = madd::<true, false>(s1, w[4 + j], q(4 + j));
                     }
-                    *acc = _mm256_add_ps(*acc, q6_k_term(c, (dw, sc, mn), a, s0, s1));
+                    let t = if k23 {
+                        super::q23k::term(ty, c, hs, a, s0, s1)
+                    } else {
+                        q6_k_term(c, (dw, sc, mn), a, s0, s1)
+                    };
+                    *acc = _mm256_add_ps(*acc, t);
                     continue;
                 }
                 for j in (0..8).step_by(2) {
