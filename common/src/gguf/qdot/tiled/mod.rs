@@ -40,7 +40,8 @@
 //!   looked up in `kvalues_iq4nl` as MXFP4's are in theirs; its `d` and
 //!   6-bit sub-block scales after them), and Q2_K and Q3_K ([`q23k`]:
 //!   their 2-bit codes four to a byte in two registers, Q3_K's third bits
-//!   in a third, Q6_K's half sums and terms).
+//!   in a third, Q6_K's half sums and terms), and Q5_K ([`q5k`]: Q4_K's
+//!   packing with the fifth bits in one more register).
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
@@ -66,6 +67,7 @@ pub const CHUNK: usize = 8 * QK;
 pub mod iq4xs;
 pub mod q23k;
 pub mod q4k;
+pub mod q5k;
 pub mod q6k;
 
 /// Whether [`pack_rows`] and [`dot_rows_packed`] (decode) take rows of `ty`
@@ -81,8 +83,8 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
 /// Q8_0, Q4_0 or MXFP4 rows of at least one chunk (any number of blocks
-/// past it), Q2_K, Q3_K, Q4_K, Q6_K or IQ4_XS rows (whole super-blocks,
-/// so whole chunks), on an
+/// past it), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
+/// super-blocks, so whole chunks), on an
 /// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
@@ -92,7 +94,7 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 => cols >= CHUNK && cols.is_multiple_of(QK),
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
             cols > 0 && cols.is_multiple_of(CHUNK)
         }
         _ => false,
@@ -119,8 +121,8 @@ fn head(ty: GgmlType) -> usize {
 /// against the folding kernel ([`super::dot4`]) when there is no packed
 /// copy: not for Q6_K, whose arrangement is the scalar decode packing
 /// (measured 3.5x slower than `dot4` for 16 activation rows; a packed copy
-/// is 1.6x faster than `dot4`), nor for Q2_K, Q3_K and IQ4_XS, arranged
-/// the same way.
+/// is 1.6x faster than `dot4`), nor for Q2_K, Q3_K, Q5_K and IQ4_XS,
+/// arranged the same way.
 pub fn arranging_pays(ty: GgmlType) -> bool {
     !arranged_by_packing(ty)
 }
@@ -128,7 +130,10 @@ pub fn arranging_pays(ty: GgmlType) -> bool {
 /// Whether [`arrange_row`] lays a row of `ty` out by packing it (its
 /// decode layout is already the transposed order).
 fn arranged_by_packing(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K | GgmlType::IQ4_XS)
+    matches!(
+        ty,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+    )
 }
 
 /// One weight row laid out for [`dot_many_arranged`] (reused between rows:
@@ -288,6 +293,7 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
             match ty {
                 GgmlType::Q6_K => q6k::pack_block(s, d),
                 GgmlType::IQ4_XS => iq4xs::pack_block(s, d),
+                GgmlType::Q5_K => q5k::pack_block(s, d),
                 _ => q23k::pack_block(ty, s, d),
             }
         }
@@ -578,6 +584,9 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
         return q23k::pack_into(ty, data, out);
     }
+    if ty == GgmlType::Q5_K {
+        return q5k::pack_into(data, out);
+    }
     if data.is_empty() {
         return;
     }
@@ -664,6 +673,8 @@ pub fn dot_rows_packed_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &Q8Acts, ou
             (_, GgmlType::Q6_K) => q6k::dot_rows::<false>(rows, rb, acts, out),
             (Isa::Avx512Vnni, GgmlType::Q2_K | GgmlType::Q3_K) => q23k::dot_rows::<true>(ty, rows, rb, acts, out),
             (_, GgmlType::Q2_K | GgmlType::Q3_K) => q23k::dot_rows::<false>(ty, rows, rb, acts, out),
+            (Isa::Avx512Vnni, GgmlType::Q5_K) => x86::rows_by_body_vnni(ty, rows, rb, acts, out),
+            (_, GgmlType::Q5_K) => x86::rows_by_body_avx2(ty, rows, rb, acts, out),
             (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
             (_, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS) => {
                 x86::packed_avx2::<true>(ty, rows, rb, acts, out)

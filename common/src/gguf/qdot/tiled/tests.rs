@@ -22,6 +22,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
             GgmlType::IQ4_XS,
             GgmlType::Q2_K,
             GgmlType::Q3_K,
+            GgmlType::Q5_K,
         ] {
             for case in 0..12 {
                 // Whole chunks, and for the 32-element types as many as
@@ -50,6 +51,13 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                         sb[2..4].fill(if case % 2 == 0 { 0xff } else { 0 });
                         sb[4..8].fill(if case % 2 == 0 { 0xff } else { 0 });
                         sb[8..].fill(0);
+                    }
+                }
+                if ty == GgmlType::Q5_K && case % 3 == 0 {
+                    // Every code 31 with every scale and min 63: the AVX2
+                    // pairs' largest sums.
+                    for sb in row.chunks_exact_mut(ty.block_bytes()) {
+                        sb[4..].fill(0xff);
                     }
                 }
                 if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) && case % 3 == 0 {
@@ -333,7 +341,7 @@ fn requantizing_drops_the_arrangement() {
 #[test]
 fn usable_rows_hold_a_whole_chunk() {
     let x86 = matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni);
-    assert!(!usable(GgmlType::Q5_K, 4096));
+    assert_eq!(usable(GgmlType::Q5_K, 4096), x86);
     assert!(!usable(GgmlType::Q4_1, 4096));
     assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
     assert_eq!(usable(GgmlType::IQ4_XS, 4096), x86);
@@ -544,14 +552,20 @@ fn q6_k_whole_chunks_pack_and_have_an_arranged_prefill() {
     assert_eq!(usable(GgmlType::Q6_K, 2048), x86);
     assert!(!usable(GgmlType::Q6_K, 2048 + 32));
     assert_eq!(packable(GgmlType::Q4_K, 2048), x86);
-    assert!(!packable(GgmlType::Q5_K, 2048));
+    assert_eq!(packable(GgmlType::Q5_K, 2048), x86);
     assert!(!packable(GgmlType::Q6_K, 0));
     assert_eq!(packable(GgmlType::Q4_0, 2048), usable(GgmlType::Q4_0, 2048));
 }
 
 #[test]
 fn packed_super_block_rows_give_the_row_dot_bits_on_every_instruction_set() {
-    for ty in [GgmlType::Q4_K, GgmlType::IQ4_XS, GgmlType::Q2_K, GgmlType::Q3_K] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::IQ4_XS,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+    ] {
         packed_super_block_rows_give_the_row_dot_bits(ty);
     }
 }
@@ -573,7 +587,7 @@ fn packed_super_block_rows_give_the_row_dot_bits(ty: GgmlType) {
             // IQ4_XS every nibble 0 (level -127) with every scale 63.
             for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(ty.block_bytes()) {
                 match ty {
-                    GgmlType::Q4_K => sb[4..].fill(0xff),
+                    GgmlType::Q4_K | GgmlType::Q5_K => sb[4..].fill(0xff),
                     GgmlType::IQ4_XS => {
                         sb[2..8].fill(0xff);
                         sb[8..].fill(0);
@@ -657,6 +671,29 @@ fn the_q2_k_and_q3_k_layouts_hold_every_code_and_scale_once() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn the_q5_k_layout_holds_every_code_once() {
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for _ in 0..8 {
+        let src = random_row(&mut rng, GgmlType::Q5_K, CHUNK);
+        let mut p = vec![0u8; q5k::BLOCK];
+        q5k::pack_block(&src, &mut p);
+        for b in 0..8 {
+            let want = crate::gguf::qdot::reference::codes(GgmlType::Q5_K, &src, b);
+            for (e, &w) in want.iter().enumerate() {
+                let (half, i) = (e / 16, e % 16);
+                let (j, k) = (i / 4, i % 4);
+                let low = p[32 * j + 4 * b + k] >> (4 * half) & 0x0f;
+                let high = (p[128 + 4 * b + k] >> (e / 4)) & 1;
+                assert_eq!((low | (high << 4)) as i16, w, "sub-block {b} element {e}");
+            }
+        }
+        // From byte 32 on it reads as a packed Q4_K block's scales.
+        assert_eq!(p[160..172], src[4..16]);
+        assert_eq!(p[172..176], src[0..4]);
     }
 }
 

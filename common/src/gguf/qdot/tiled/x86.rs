@@ -553,6 +553,27 @@ impl Row for Packed {
             if matches!(self.ty, GgmlType::Q2_K | GgmlType::Q3_K) {
                 return super::q23k::pair(self.ty, p, j);
             }
+            if self.ty == GgmlType::Q5_K {
+                // Q4_K's nibbles with bit `s` of the fifth-bit register at
+                // bit 4 for step `s`.
+                let low4 = _mm256_set1_epi8(0x0f);
+                let sixteen = _mm256_set1_epi8(0x10);
+                let v = _mm256_loadu_si256(p.add(32 * j) as *const __m256i);
+                let h = _mm256_loadu_si256(p.add(128) as *const __m256i);
+                let bit = |s: i32| {
+                    // Bit s to bit 4: left by 4 − s or right by s − 4.
+                    let moved = if s <= 4 {
+                        _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - s))
+                    } else {
+                        _mm256_srl_epi16(h, _mm_cvtsi32_si128(s - 4))
+                    };
+                    _mm256_and_si256(moved, sixteen)
+                };
+                return (
+                    _mm256_or_si256(_mm256_and_si256(v, low4), bit(j as i32)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), bit(4 + j as i32)),
+                );
+            }
             if self.ty == GgmlType::Q6_K {
                 let low4 = _mm256_set1_epi8(0x0f);
                 let top = _mm256_set1_epi8(0x30);
@@ -594,7 +615,7 @@ impl Row for Packed {
                     _mm256_cvtph_ps(_mm_set1_epi16((p.sub(2) as *const i16).read_unaligned()))
                 }
                 // Q4_K's `d`: bytes 140..142 of its 144.
-                GgmlType::Q4_K | GgmlType::Q2_K => {
+                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K => {
                     _mm256_cvtph_ps(_mm_set1_epi16((p.sub(4) as *const i16).read_unaligned()))
                 }
                 _ => _mm256_cvtph_ps(_mm_loadu_si128(p.sub(16) as *const __m128i)),
@@ -608,8 +629,10 @@ impl Row for Packed {
         // halves are its bytes 192..200, of the second halves 200..208.
         unsafe {
             let p = self.p.add(c * self.cb);
-            if self.ty == GgmlType::Q4_K {
-                let (sc, mn, _, dmin) = super::q4k::scales(p);
+            if matches!(self.ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+                // From byte 32 a packed Q5_K block reads as a Q4_K one.
+                let at = if self.ty == GgmlType::Q5_K { 32 } else { 0 };
+                let (sc, mn, _, dmin) = super::q4k::scales(p.add(at));
                 return (sc, mn, dmin);
             }
             (
@@ -707,6 +730,38 @@ pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
             return many::<false>(ty, chunks, PackedIq4 { p, flip: false }, tail, acts, out);
         }
         many::<false>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
+    }
+}
+
+/// Decode of packed rows of `ty` through the prefill loop with one
+/// activation row (Q5_K: a packed [`Packed`] row per call), with the
+/// next row's bytes prefetched.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_by_body_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+    // SAFETY: forwarded.
+    unsafe { rows_by_body::<true>(ty, rows, rb, acts, out) }
+}
+
+/// [`rows_by_body_vnni`] for AVX2.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn rows_by_body_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+    // SAFETY: forwarded.
+    unsafe { rows_by_body::<false>(ty, rows, rb, acts, out) }
+}
+
+#[inline(always)]
+unsafe fn rows_by_body<const VNNI: bool>(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
+    let cb = chunk_bytes(ty);
+    let chunks = rb / cb;
+    let pf = crate::prefetch::distance();
+    // SAFETY: each row holds `chunks` packed chunks (the caller checked
+    // the sizes); the activations are arranged for the width.
+    unsafe {
+        for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+            let p = row.as_ptr();
+            crate::prefetch::ahead_span(p, rb, pf);
+            *o = dot::<VNNI, false, 1>(ty, (chunks, Packed { ty, p, cb }, &[]), [acts])[0];
+        }
     }
 }
 
@@ -911,7 +966,9 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     row: impl Row,
     acts: [&Q8Acts; N],
 ) -> [__m256; N] {
-    let k_quant = ty == GgmlType::Q4_K;
+    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
+    // Q5_K's 5-bit pairs (up to 2 · 31 · 127) are widened every step.
+    let wide = SIGNED || ty == GgmlType::Q5_K;
     let iq = ty == GgmlType::IQ4_XS;
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
@@ -934,9 +991,14 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                     let q = a.qt.as_ptr().add(c * CHUNK + 32 * j);
                     let x0 = _mm256_loadu_si256(q as *const __m256i);
                     let x1 = _mm256_loadu_si256(q.add(128) as *const __m256i);
-                    if SIGNED {
-                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(x0, w0)), ones);
-                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(x1, w1)), ones);
+                    if wide {
+                        let (x0, x1) = if SIGNED {
+                            (_mm256_sign_epi8(x0, w0), _mm256_sign_epi8(x1, w1))
+                        } else {
+                            (x0, x1)
+                        };
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones);
                         *s = _mm256_add_epi32(*s, _mm256_add_epi32(p0, p1));
                     } else {
                         let p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
@@ -954,7 +1016,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
                 if k_quant {
                     let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                    let i = _mm256_madd_epi16(s, ones);
+                    let i = if wide { s } else { _mm256_madd_epi16(s, ones) };
                     *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;
                 }
@@ -1037,7 +1099,7 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
     unsafe {
         for c in 0..chunks {
             let (w, dw) = row.chunk(c);
-            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::IQ4_XS) {
+            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS) {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
@@ -1073,7 +1135,7 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                 }
                 let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
-                if ty == GgmlType::Q4_K {
+                if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
                     let i = _mm256_add_epi32(s0, s1);
                     *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;

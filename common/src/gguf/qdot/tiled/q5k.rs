@@ -1,0 +1,53 @@
+//! Q5_K rows packed at load: Q4_K's packing ([`super::q4k`]) with the
+//! fifth bits in one more register, so prefill meets a packed row with no
+//! arranging and decode needs no horizontal fold. The same bits as
+//! [`crate::gguf::qdot::dot`] (its Q5_K term, Q4_K's), in the GGUF's 176
+//! bytes per super-block:
+//!
+//! | bytes | content |
+//! |---|---|
+//! | `0..128` | four steps `j` of nibble bytes: byte `32j + 4b + k` holds the low four bits of element `4j + k` of sub-block `b` (low nibble) and of element `16 + 4j + k` (high nibble) |
+//! | `128..160` | bit `s` of byte `128 + 4b + k`: bit 4 of element `4s + k` of sub-block `b` (step `s`) |
+//! | `160..172` | the twelve bytes of 6-bit scales and mins, as stored |
+//! | `172..174`, `174..176` | the f16 `d` and `dmin` |
+//!
+//! From byte 32 on, a block reads as a packed Q4_K one for its scales
+//! ([`super::q4k::scales`] at `p + 32`).
+
+use super::super::reference::codes;
+use crate::gguf::types::GgmlType;
+
+/// Bytes of one packed (and one GGUF) Q5_K super-block.
+pub const BLOCK: usize = 176;
+
+/// One super-block (`src`: its GGUF bytes) in the packed layout.
+///
+/// # Panics
+/// If `src` or `dst` is shorter than [`BLOCK`].
+pub fn pack_block(src: &[u8], dst: &mut [u8]) {
+    dst[..160].fill(0);
+    for b in 0..8 {
+        let c = codes(GgmlType::Q5_K, src, b);
+        for (e, &v) in c.iter().enumerate() {
+            let (half, i) = (e / 16, e % 16);
+            let (j, k) = (i / 4, i % 4);
+            dst[32 * j + 4 * b + k] |= (v as u8 & 0x0f) << (4 * half);
+            dst[128 + 4 * b + k] |= ((v as u8 >> 4) & 1) << (e / 4);
+        }
+    }
+    dst[160..172].copy_from_slice(&src[4..16]);
+    dst[172..176].copy_from_slice(&src[0..4]);
+}
+
+/// Whole rows of Q5_K (`data`, whole super-blocks) packed into `out`.
+pub fn pack_into(data: &[u8], out: &mut [u8]) {
+    use rayon::prelude::*;
+    debug_assert_eq!(data.len() % BLOCK, 0);
+    out.par_chunks_mut(BLOCK * 256)
+        .zip(data.par_chunks(BLOCK * 256))
+        .for_each(|(dst, src)| {
+            for (s, d) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(BLOCK)) {
+                pack_block(s, d);
+            }
+        });
+}
