@@ -278,6 +278,67 @@ mod float_x86 {
         };
         acc + tail(w, x, f16_to_f32)
     }
+
+    /// [`lane_sums`] for three activation rows at once: each 8 elements
+    /// of the row are widened once and met by all three (twelve
+    /// accumulators, the widened elements, one activation load: within
+    /// AVX2's sixteen registers); every row's lanes take the one-row loop's
+    /// operations in its order.
+    #[inline(always)]
+    unsafe fn lane_sums3<T>(n: usize, xs: [&[f32]; 3], row: *const T, load8: impl Fn(usize) -> __m256) -> [f32; 3] {
+        let size = std::mem::size_of::<T>();
+        let pf = crate::prefetch::distance();
+        let mut a = [[_mm256_setzero_ps(); 4]; 3];
+        let mut i = 0;
+        // SAFETY: every `xs[t]` and the row behind `load8` hold `n` elements.
+        unsafe {
+            while i + LANES <= n {
+                crate::prefetch::ahead_span(row.wrapping_add(i), LANES * size, pf);
+                for j in 0..4 {
+                    let w = load8(i + 8 * j);
+                    for (x, a) in xs.iter().zip(a.iter_mut()) {
+                        let xv = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
+                        a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(w, xv));
+                    }
+                }
+                i += LANES;
+            }
+            [reduce(a[0]), reduce(a[1]), reduce(a[2])]
+        }
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn dot3_f32(w: &[f32], xs: [&[f32]; 3]) -> [f32; 3] {
+        assert!(xs.iter().all(|x| x.len() == w.len()));
+        // SAFETY: AVX2 is enabled; loads stay within `w` and every `x`.
+        let acc = unsafe { lane_sums3(w.len(), xs, w.as_ptr(), |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
+        std::array::from_fn(|t| acc[t] + tail(w, xs[t], |v| v))
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn dot3_bf16(w: &[u16], xs: [&[f32]; 3]) -> [f32; 3] {
+        assert!(xs.iter().all(|x| x.len() == w.len()));
+        // SAFETY: as above; a bf16 is the top half of its f32.
+        let acc = unsafe {
+            lane_sums3(w.len(), xs, w.as_ptr(), |i| {
+                let h = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            })
+        };
+        std::array::from_fn(|t| acc[t] + tail(w, xs[t], bf16_to_f32))
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) fn dot3_f16(w: &[u16], xs: [&[f32]; 3]) -> [f32; 3] {
+        assert!(xs.iter().all(|x| x.len() == w.len()));
+        // SAFETY: as above; F16C widens exactly.
+        let acc = unsafe {
+            lane_sums3(w.len(), xs, w.as_ptr(), |i| {
+                _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i) as *const __m128i))
+            })
+        };
+        std::array::from_fn(|t| acc[t] + tail(w, xs[t], f16_to_f32))
+    }
 }
 
 /// Whether `isa` takes the explicit AVX2 + F16C kernels of [`float_x86`]
@@ -483,6 +544,44 @@ pub fn add_weighted_rows_f16_on(isa: Isa, out: &mut [f32], weights: &[f32], rows
 float_dot!(
     /// `Σ w[i] x[i]` for a bf16 weight row, accumulated in f32.
     dot_bf16, dot_bf16_on, dot_bf16_body, u16
+);
+
+/// Defines `$name(w, xs)` (on [`Isa::active`]) and `$name_on(isa, w, xs)`:
+/// one float row against three activation rows, each result the bits of
+/// the one-row `$one_on` (prefill's products: the row is widened once
+/// for three rows on AVX2 / AVX-512 CPUs; elsewhere three one-row dots).
+macro_rules! float_dot3 {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $one_on:ident, $t:ty) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name(w: &[$t], xs: [&[f32]; 3]) -> [f32; 3] {
+            $name_on(Isa::active(), w, xs)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] on a chosen instruction set.")]
+        #[inline]
+        pub fn $name_on(isa: Isa, w: &[$t], xs: [&[f32]; 3]) -> [f32; 3] {
+            #[cfg(target_arch = "x86_64")]
+            if float_x86_runs(isa) {
+                // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+                return unsafe { float_x86::$name(w, xs) };
+            }
+            xs.map(|x| $one_on(isa, w, x))
+        }
+    };
+}
+
+float_dot3!(
+    /// [`dot_f32`] of one row with three activation rows.
+    dot3_f32, dot3_f32_on, dot_f32_on, f32
+);
+float_dot3!(
+    /// [`dot_bf16`] of one row with three activation rows.
+    dot3_bf16, dot3_bf16_on, dot_bf16_on, u16
+);
+float_dot3!(
+    /// [`dot_f16`] of one row with three activation rows.
+    dot3_f16, dot3_f16_on, dot_f16_on, u16
 );
 float_dot!(
     /// `Σ w[i] x[i]` for an f16 weight row, accumulated in f32.
@@ -709,6 +808,44 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn three_row_float_dots_give_each_row_dot_bits() {
+        for n in [1usize, 7, 31, 32, 64, 100, 2048, 2053] {
+            let xs: Vec<Vec<f32>> = (0..3)
+                .map(|t| {
+                    (0..n)
+                        .map(|i| ((i * 7919 + 31 * t) % 1013) as f32 / 1013.0 - 0.5)
+                        .map(|v| v * 10f32.powi(t as i32 - 1))
+                        .collect()
+                })
+                .collect();
+            let xs = [&xs[0][..], &xs[1][..], &xs[2][..]];
+            let w: Vec<f32> = (0..n)
+                .map(|i| ((i * 104729 % 997) as f32 / 997.0 - 0.5) * 0.1)
+                .collect();
+            let w16: Vec<u16> = w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let wb: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+            for &isa in Isa::available() {
+                let bits = |v: [f32; 3]| v.map(f32::to_bits);
+                assert_eq!(
+                    bits(dot3_f32_on(isa, &w, xs)),
+                    bits(xs.map(|x| dot_f32_on(isa, &w, x))),
+                    "f32 {isa:?} n={n}"
+                );
+                assert_eq!(
+                    bits(dot3_f16_on(isa, &w16, xs)),
+                    bits(xs.map(|x| dot_f16_on(isa, &w16, x))),
+                    "f16 {isa:?} n={n}"
+                );
+                assert_eq!(
+                    bits(dot3_bf16_on(isa, &wb, xs)),
+                    bits(xs.map(|x| dot_bf16_on(isa, &wb, x))),
+                    "bf16 {isa:?} n={n}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn float_dots_give_the_same_bits_on_every_instruction_set() {

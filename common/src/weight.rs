@@ -25,7 +25,7 @@ use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::gguf::qdot::{self, Q8Acts};
 use crate::gguf::{self, GgmlType};
 use crate::hugemem::HugeBuf;
-use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
+use crate::kernels::{dot3_bf16, dot3_f16, dot3_f32, dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
 use crate::quant::{
     check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, gguf_bytes, quantize_int4,
     quantize_int8, QuantError, WeightFormat,
@@ -764,6 +764,29 @@ impl Weight {
                     t += 4;
                 }
             }
+            // Float rows: three activation rows per call, each weight row
+            // widened once for the three (the one-row dot's bits).
+            let f32_acts = |t: usize| match &acts[t] {
+                Prepared::F32(x) => *x,
+                Prepared::Q8(_) => unreachable!("float rows take f32 activations"),
+            };
+            let c = self.cols;
+            while t + 3 <= n && matches!(self.data, WeightData::F32(_) | WeightData::BF16(_) | WeightData::F16(_)) {
+                let xs = [f32_acts(t), f32_acts(t + 1), f32_acts(t + 2)];
+                for i in 0..tile_rows {
+                    let range = (r0 + i) * c..(r0 + i + 1) * c;
+                    let v = match &self.data {
+                        WeightData::F32(b) => dot3_f32(&b.as_slice()[range], xs),
+                        WeightData::BF16(b) => dot3_bf16(&b.as_slice()[range], xs),
+                        WeightData::F16(b) => dot3_f16(&b.as_slice()[range], xs),
+                        _ => unreachable!("checked above"),
+                    };
+                    for (k, v) in v.into_iter().enumerate() {
+                        o[i * n + t + k] = v;
+                    }
+                }
+                t += 3;
+            }
             for (t, a) in acts.iter().enumerate().skip(t) {
                 for i in 0..tile_rows {
                     o[i * n + t] = self.dot_prepared(r0 + i, a);
@@ -790,16 +813,27 @@ mod tests {
             .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
             .collect();
         let w = Weight::from_f32(rows, cols, w);
-        let xs: Vec<f32> = (0..3 * cols).map(|i| ((i * 31) % 11) as f32 / 11.0 - 0.3).collect();
-        let mut batched = vec![0.0; 3 * rows];
-        w.matmul(&xs, 3, &mut batched);
-        for t in 0..3 {
-            let mut one = vec![0.0; rows];
-            w.matvec(&xs[t * cols..(t + 1) * cols], &mut one);
-            assert_eq!(one, batched[t * rows..(t + 1) * rows]);
-            let mut seq = vec![0.0; rows];
-            w.matvec_seq(&xs[t * cols..(t + 1) * cols], &mut seq);
-            assert_eq!(one, seq);
+        // Seven activation rows: two groups of three (the float rows'
+        // three-row products) and one more, in every float format.
+        let n = 7;
+        let xs: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 11) as f32 / 11.0 - 0.3).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for format in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
+            let w = w.to_format(format).unwrap();
+            let mut batched = vec![0.0; n * rows];
+            w.matmul(&xs, n, &mut batched);
+            for t in 0..n {
+                let mut one = vec![0.0; rows];
+                w.matvec(&xs[t * cols..(t + 1) * cols], &mut one);
+                assert_eq!(
+                    bits(&one),
+                    bits(&batched[t * rows..(t + 1) * rows]),
+                    "{format:?} row {t}"
+                );
+                let mut seq = vec![0.0; rows];
+                w.matvec_seq(&xs[t * cols..(t + 1) * cols], &mut seq);
+                assert_eq!(bits(&one), bits(&seq), "{format:?} row {t}");
+            }
         }
     }
 
