@@ -155,7 +155,7 @@ fn every_type_dequantizes_bit_for_bit() {
     assert_no_huge_allocation();
 }
 
-/// Copies on huge pages (Q8_0 / Q4_0 / Q5_K / Q6_K / IQ4_XS / Q2_K / Q3_K in decode's packed layout, other
+/// Copies on huge pages (Q8_0 / Q4_0 / Q5_K / Q6_K / IQ4_NL / IQ4_XS / Q2_K / Q3_K in decode's packed layout, other
 /// quantized types as stored; one per tensor) change no bit: every matrix
 /// and expert slice of the fixture, copied or not, gives the same products.
 #[test]
@@ -167,7 +167,9 @@ fn repacked_weights_give_the_same_bits() {
     packed.set_repack(true);
     let x = fx.x();
     let mut any_packed = false;
-    for name in ["t.q8_0", "t.q4_0", "t.q5_k", "t.q6_k", "t.iq4_xs", "t.q2_k", "t.q3_k"] {
+    for name in [
+        "t.q8_0", "t.q4_0", "t.q5_k", "t.q6_k", "t.iq4_nl", "t.iq4_xs", "t.q2_k", "t.q3_k",
+    ] {
         let t = plain.tensors().iter().find(|t| t.name == name).unwrap();
         let (rows, cols) = matrix(&t.dims);
         let (a, b) = (

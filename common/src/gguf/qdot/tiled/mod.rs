@@ -43,7 +43,7 @@
 //!   in a third, Q6_K's half sums and terms), and Q5_K ([`q5k`]: Q4_K's
 //!   packing with the fifth bits in one more register).
 //!
-//! Rows of the 32-element types (Q8_0, Q4_0, MXFP4) need not be whole
+//! Rows of the 32-element types (Q8_0, Q4_0, MXFP4, IQ4_NL) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
 //! blocks past the last whole chunk (fewer than eight) are a *tail*, laid
 //! out like a chunk of `k` lanes ([`pack_tail`]: their scales first, then
@@ -57,7 +57,7 @@
 //! [`super::dot`] bit for bit (tested against it on every instruction set
 //! this CPU runs).
 
-use super::super::types::{e8m0_to_f32_half, f16_le, scale_min_k4, GgmlType, KVALUES_MXFP4, QK};
+use super::super::types::{e8m0_to_f32_half, f16_le, scale_min_k4, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK};
 use super::Q8Acts;
 use crate::Isa;
 
@@ -82,8 +82,8 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0, Q4_0 or MXFP4 rows of at least one chunk (any number of blocks
-/// past it), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
+/// Q8_0, Q4_0, MXFP4 or IQ4_NL rows of at least one chunk (any number of
+/// blocks past it), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
 /// super-blocks, so whole chunks), on an
 /// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
@@ -93,7 +93,9 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 => cols >= CHUNK && cols.is_multiple_of(QK),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => {
+            cols >= CHUNK && cols.is_multiple_of(QK)
+        }
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
             cols > 0 && cols.is_multiple_of(CHUNK)
         }
@@ -304,7 +306,7 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
     if ty == GgmlType::Q4_K {
         return arrange_q4_k(isa, row, out);
     }
-    let offset = isa == Isa::Avx512Vnni && matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4);
+    let offset = isa == Isa::Avx512Vnni && matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL);
     let row = &row[..whole];
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `usable_on` checked that the CPU runs AVX2 (both ISAs
@@ -373,7 +375,7 @@ fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &
             for j in 0..8 {
                 for k in 0..4 {
                     let c = codes[4 * j + k];
-                    let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4);
+                    let signed = matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL);
                     dst[32 * j + 4 * b + k] = if offset && signed { c ^ 0x80 } else { c };
                 }
             }
@@ -383,7 +385,8 @@ fn arrange_scalar(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &
 
 /// A block's 32 codes as the multiply takes them: Q4_0's nibbles (element
 /// `i < 16` the low nibble of byte `i`, `16 + i` its high nibble), MXFP4's
-/// nibbles looked up in [`KVALUES_MXFP4`] (signed bytes), Q8_0's bytes.
+/// and IQ4_NL's nibbles looked up in [`KVALUES_MXFP4`] / [`KVALUES_IQ4NL`]
+/// (signed bytes), Q8_0's bytes.
 fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
     let mut c = [0u8; QK];
     match ty {
@@ -397,6 +400,12 @@ fn block_codes(ty: GgmlType, block: &[u8]) -> [u8; QK] {
             for i in 0..16 {
                 c[i] = KVALUES_MXFP4[(block[1 + i] & 0x0f) as usize] as u8;
                 c[16 + i] = KVALUES_MXFP4[(block[1 + i] >> 4) as usize] as u8;
+            }
+        }
+        GgmlType::IQ4_NL => {
+            for i in 0..16 {
+                c[i] = KVALUES_IQ4NL[(block[2 + i] & 0x0f) as usize] as u8;
+                c[16 + i] = KVALUES_IQ4NL[(block[2 + i] >> 4) as usize] as u8;
             }
         }
         _ => c.copy_from_slice(&block[2..2 + QK]),
@@ -676,7 +685,7 @@ pub fn dot_rows_packed_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &Q8Acts, ou
             (Isa::Avx512Vnni, GgmlType::Q5_K) => x86::rows_by_body_vnni(ty, rows, rb, acts, out),
             (_, GgmlType::Q5_K) => x86::rows_by_body_avx2(ty, rows, rb, acts, out),
             (Isa::Avx512Vnni, _) => x86::packed_vnni(ty, rows, rb, acts, out),
-            (_, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS) => {
+            (_, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL) => {
                 x86::packed_avx2::<true>(ty, rows, rb, acts, out)
             }
             _ => x86::packed_avx2::<false>(ty, rows, rb, acts, out),

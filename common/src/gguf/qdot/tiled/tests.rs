@@ -17,6 +17,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::MXFP4,
+            GgmlType::IQ4_NL,
             GgmlType::Q4_K,
             GgmlType::Q6_K,
             GgmlType::IQ4_XS,
@@ -157,7 +158,7 @@ fn vector_arrangement_equals_the_scalar_one() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
         for offset in [false, true] {
             let cols = CHUNK * 3;
             let row = random_row(&mut rng, ty, cols);
@@ -200,7 +201,7 @@ fn packed_rows_give_the_row_dot_bits() {
     // Only the active instruction set multiplies packed rows (the layout
     // is chosen at load); the AVX2 layout is checked through `pack_rows_on`.
     let isa = Isa::active();
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
         for &chunks in &[1usize, 3, 8] {
             let cols = CHUNK * chunks;
             if !usable_on(isa, ty, cols) {
@@ -307,7 +308,7 @@ fn vector_packing_equals_the_scalar_one() {
         return;
     }
     let mut rng = ChaCha8Rng::seed_from_u64(14);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
         for isa in [Isa::Avx2, Isa::Avx512Vnni] {
             if !isa.runs() {
                 continue;
@@ -346,8 +347,7 @@ fn usable_rows_hold_a_whole_chunk() {
     assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
     assert_eq!(usable(GgmlType::IQ4_XS, 4096), x86);
     assert_eq!(packable(GgmlType::IQ4_XS, 4096), x86);
-    assert!(!usable(GgmlType::IQ4_NL, 4096));
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
         // Blocks past the last whole chunk (gpt-oss's 2880 = 11 chunks
         // and two blocks), but at least one chunk.
         assert_eq!(usable(ty, 32 * 9), x86, "{ty}");
@@ -373,6 +373,8 @@ fn rows_with_extremes(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usi
                 }
             }
             GgmlType::Q4_0 => blk[2..].fill(if b % 2 == 0 { 0xff } else { 0xf0 }),
+            // Levels -127 (nibble 0) and 113 (nibble 15).
+            GgmlType::IQ4_NL => blk[2..].fill(if b % 2 == 0 { 0x00 } else { 0xf0 }),
             _ => {
                 blk[0] = [0, 1, 2, 127, 128, 254, 255][b % 7];
                 blk[1..].fill(if b % 3 == 0 { 0xff } else { 0x77 });
@@ -396,7 +398,7 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
             continue;
         }
         ran = true;
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
             // gpt-oss's width, 32 k for k not a multiple of 8, whole chunks.
             for cols in [2880, 32 * 9, 32 * 13, 32 * 30, 32 * 67, CHUNK, 3 * CHUNK] {
                 let rows = 4;

@@ -105,8 +105,8 @@ pub(super) unsafe fn transpose32(src: *const u8, stride: usize, dst: *mut u8, fl
 }
 
 /// [`super::arrange_row_on`]'s layout of whole chunks: codes (Q4_0
-/// unpacked, MXFP4's looked up, Q8_0's and MXFP4's flipped by 128 when
-/// `offset`) and widened scales.
+/// unpacked, MXFP4's and IQ4_NL's looked up, Q8_0's, MXFP4's and IQ4_NL's
+/// flipped by 128 when `offset`) and widened scales.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut [u8], d: &mut [f32]) {
     let bs = ty.block_bytes();
@@ -125,9 +125,13 @@ pub(super) unsafe fn arrange(ty: GgmlType, row: &[u8], offset: bool, codes: &mut
                 _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
             };
             _mm256_storeu_ps(d.as_mut_ptr().add(8 * c), scales);
-            if ty == GgmlType::MXFP4 {
-                let table = mx_table(offset);
-                for (j, o) in q4_steps(src, bs, 1).into_iter().enumerate() {
+            if matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_NL) {
+                let (table, at) = if ty == GgmlType::MXFP4 {
+                    (mx_table(offset), 1)
+                } else {
+                    (iq4_table(offset), 2)
+                };
+                for (j, o) in q4_steps(src, bs, at).into_iter().enumerate() {
                     let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(o, low4));
                     let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(o, 4), low4));
                     _mm256_storeu_si256(dst.add(32 * j) as *mut __m256i, lo);
@@ -159,7 +163,7 @@ pub(super) unsafe fn pack_chunk(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: 
         for b in 0..8 {
             std::ptr::copy_nonoverlapping(s.add(b * bs), d.add(codes + h * b), h);
         }
-        if matches!(ty, GgmlType::Q4_0 | GgmlType::MXFP4) {
+        if matches!(ty, GgmlType::Q4_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL) {
             for (j, o) in q4_steps(s, bs, h).into_iter().enumerate() {
                 _mm256_storeu_si256(d.add(32 * j) as *mut __m256i, o);
             }
@@ -174,7 +178,10 @@ pub(super) unsafe fn packed_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8
     let tail = rb > acts.len() / CHUNK * chunk_bytes(ty);
     // SAFETY (all): forwarded.
     unsafe {
-        match (matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS), tail) {
+        match (
+            matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL),
+            tail,
+        ) {
             (true, true) => packed::<true, false, true, true>(ty, rows, rb, acts, out),
             (true, false) => packed::<true, false, true, false>(ty, rows, rb, acts, out),
             (false, true) => packed::<true, false, false, true>(ty, rows, rb, acts, out),
@@ -194,7 +201,10 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
     let tail = rb > acts.len() / CHUNK * chunk_bytes(ty);
     // SAFETY (all): forwarded.
     unsafe {
-        match (matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS), tail) {
+        match (
+            matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL),
+            tail,
+        ) {
             (true, true) => packed::<false, SIGNED, true, true>(ty, rows, rb, acts, out),
             (true, false) => packed::<false, SIGNED, true, false>(ty, rows, rb, acts, out),
             (false, true) => packed::<false, SIGNED, false, true>(ty, rows, rb, acts, out),
@@ -223,7 +233,9 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
     let q4 = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_K);
     let k4 = ty == GgmlType::Q4_K;
     let mx = MX;
-    let iq = ty == GgmlType::IQ4_XS;
+    let xs = ty == GgmlType::IQ4_XS;
+    // IQ4's levels reach ±127: pairs widened every step on AVX2.
+    let iq = matches!(ty, GgmlType::IQ4_XS | GgmlType::IQ4_NL);
     let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
     let low4 = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
@@ -314,13 +326,13 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                 if !SIGNED {
                     i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
                 }
-                if iq {
+                if xs {
                     let (sc, d) = super::iq4xs::scales(p);
                     let i = _mm256_mullo_epi32(sc, i);
                     acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i)));
                     continue;
                 }
-                let dw = if mx {
+                let dw = if ty == GgmlType::MXFP4 {
                     e8m0_8(p.add(codes))
                 } else {
                     _mm256_cvtph_ps(_mm_loadu_si128(p.add(codes) as *const __m128i))
@@ -507,6 +519,45 @@ impl Row for PackedMx {
 struct PackedIq4 {
     p: *const u8,
     flip: bool,
+}
+
+/// A packed IQ4_NL row (Q4_0's layout, the nibbles looked up in
+/// [`iq4_table`], offset by 128 with `flip`), its eight f16 scales after
+/// each chunk's codes.
+#[derive(Clone, Copy)]
+struct PackedNl {
+    p: *const u8,
+    flip: bool,
+}
+
+/// Bytes of a packed IQ4_NL chunk: 128 of nibbles, 8 f16 scales.
+const NL_CHUNK: usize = 144;
+
+impl Row for PackedNl {
+    #[inline(always)]
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: the caller's `c` is below the row's chunk count.
+        unsafe {
+            let low4 = _mm256_set1_epi8(0x0f);
+            let table = iq4_table(self.flip);
+            let v = _mm256_loadu_si256(self.p.add(c * NL_CHUNK + 32 * j) as *const __m256i);
+            (
+                _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)),
+                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)),
+            )
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, c: usize) -> __m256 {
+        // SAFETY: as above.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.p.add(c * NL_CHUNK + 128) as *const __m128i)) }
+    }
+
+    #[inline(always)]
+    unsafe fn k_scales(self, _: usize) -> (__m256i, __m256i, __m256) {
+        (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
+    }
 }
 
 impl Row for PackedIq4 {
@@ -711,6 +762,9 @@ pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
         if ty == GgmlType::IQ4_XS {
             return many::<true>(ty, chunks, PackedIq4 { p, flip: true }, tail, acts, out);
         }
+        if ty == GgmlType::IQ4_NL {
+            return many::<true>(ty, chunks, PackedNl { p, flip: true }, tail, acts, out);
+        }
         many::<true>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
 }
@@ -728,6 +782,9 @@ pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
         }
         if ty == GgmlType::IQ4_XS {
             return many::<false>(ty, chunks, PackedIq4 { p, flip: false }, tail, acts, out);
+        }
+        if ty == GgmlType::IQ4_NL {
+            return many::<false>(ty, chunks, PackedNl { p, flip: false }, tail, acts, out);
         }
         many::<false>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
@@ -825,7 +882,10 @@ unsafe fn dot<const VNNI: bool, const TAIL: bool, const N: usize>(
     unsafe {
         let mut acc = if VNNI {
             body::<N>(ty, chunks, row, acts)
-        } else if matches!(ty, GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS) {
+        } else if matches!(
+            ty,
+            GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL
+        ) {
             body_avx2::<true, N>(ty, chunks, row, acts)
         } else {
             body_avx2::<false, N>(ty, chunks, row, acts)
@@ -872,7 +932,7 @@ unsafe fn tail_avx2<const N: usize>(
     unsafe { tail_lanes::<false, N>(ty, tail, b0, acts, acc) }
 }
 
-/// The chunk term of a tail of `k < 8` blocks (Q8_0, Q4_0, MXFP4): the
+/// The chunk term of a tail of `k < 8` blocks (Q8_0, Q4_0, MXFP4, IQ4_NL): the
 /// weight and activation steps (`4k` bytes each) loaded masked into lanes
 /// `0..k`, the same integer sums and offsets as the chunk loops, the same
 /// `(dw * dx) * f32(i)` term, added into lanes `0..k` only (the other
@@ -890,7 +950,7 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
     let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     let low4 = _mm256_set1_epi8(0x0f);
     let mx = ty == GgmlType::MXFP4;
-    // Q8_0 and MXFP4 on VNNI carry +128 (packed / looked up), Q4_0 its 8.
+    // Q8_0, MXFP4 and IQ4_NL on VNNI carry +128 (packed / looked up), Q4_0 its 8.
     let shift = match ty {
         GgmlType::Q4_0 => Some(3),
         _ if VNNI => Some(7),
@@ -911,14 +971,18 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
                 *w = step(p.add(h * k), j);
             }
         } else {
-            let table = mx_table(VNNI);
+            let table = if ty == GgmlType::IQ4_NL {
+                iq4_table(VNNI)
+            } else {
+                mx_table(VNNI)
+            };
             for j in 0..4 {
                 let v = step(p.add(h * k), j);
                 let (lo, hi) = (
                     _mm256_and_si256(v, low4),
                     _mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
                 );
-                (w[j], w[4 + j]) = if mx {
+                (w[j], w[4 + j]) = if ty != GgmlType::Q4_0 {
                     (_mm256_shuffle_epi8(table, lo), _mm256_shuffle_epi8(table, hi))
                 } else {
                     (lo, hi)
