@@ -581,20 +581,15 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
         "{ty} data does not hold {rows} rows of {cols}"
     );
     assert_eq!(out.len(), data.len(), "the packed copy is as long as the rows");
-    if ty == GgmlType::Q6_K {
-        return q6k::pack_into(data, out);
-    }
-    if ty == GgmlType::Q4_K {
-        return q4k::pack_into(data, out);
-    }
-    if ty == GgmlType::IQ4_XS {
-        return iq4xs::pack_into(data, out);
-    }
-    if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
-        return q23k::pack_into(ty, data, out);
-    }
-    if ty == GgmlType::Q5_K {
-        return q5k::pack_into(data, out);
+    match ty {
+        GgmlType::Q6_K => return pack_super_blocks(data, out, q6k::BLOCK, q6k::pack_block),
+        GgmlType::Q4_K => return pack_super_blocks(data, out, q4k::BLOCK, q4k::pack_block),
+        GgmlType::Q5_K => return pack_super_blocks(data, out, q5k::BLOCK, q5k::pack_block),
+        GgmlType::IQ4_XS => return pack_super_blocks(data, out, iq4xs::BLOCK, iq4xs::pack_block),
+        GgmlType::Q2_K | GgmlType::Q3_K => {
+            return pack_super_blocks(data, out, ty.block_bytes(), |s, d| q23k::pack_block(ty, s, d))
+        }
+        _ => {}
     }
     if data.is_empty() {
         return;
@@ -623,6 +618,21 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
     }
     #[cfg(not(target_arch = "x86_64"))]
     pack_scalar(ty, data, cols, flip, out);
+}
+
+/// Whole rows of a super-block type (`data`: blocks of `bs` bytes) packed
+/// into `out` block by block with `pack` (a module's `pack_block`), on
+/// every core.
+fn pack_super_blocks(data: &[u8], out: &mut [u8], bs: usize, pack: impl Fn(&[u8], &mut [u8]) + Sync + Send) {
+    use rayon::prelude::*;
+    debug_assert_eq!(data.len() % bs, 0);
+    out.par_chunks_mut(bs * 256)
+        .zip(data.par_chunks(bs * 256))
+        .for_each(|(dst, src)| {
+            for (s, d) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(bs)) {
+                pack(s, d);
+            }
+        });
 }
 
 /// [`pack_rows_on`]'s layout of rows of `cols`, byte by byte (the

@@ -62,20 +62,6 @@ pub fn pack_block(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
     }
 }
 
-/// Whole rows of `ty` (`data`, whole super-blocks) packed into `out`.
-pub fn pack_into(ty: GgmlType, data: &[u8], out: &mut [u8]) {
-    use rayon::prelude::*;
-    let bs = ty.block_bytes();
-    debug_assert_eq!(data.len() % bs, 0);
-    out.par_chunks_mut(bs * 256)
-        .zip(data.par_chunks(bs * 256))
-        .for_each(|(dst, src)| {
-            for (s, d) in src.chunks_exact(bs).zip(dst.chunks_exact_mut(bs)) {
-                pack_block(ty, s, d);
-            }
-        });
-}
-
 /// A packed super-block's half scales `sc₀`, `sc₁` (Q3_K: less 32) and
 /// Q2_K's mins `mn₀`, `mn₁`, lane `b` for sub-block `b` (the reference of
 /// [`scales`]).

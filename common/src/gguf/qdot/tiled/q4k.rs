@@ -43,19 +43,6 @@ pub fn pack_block(src: &[u8], dst: &mut [u8]) {
     dst[140..144].copy_from_slice(&src[0..4]);
 }
 
-/// Whole rows of Q4_K (`data`, whole super-blocks) packed into `out`.
-pub fn pack_into(data: &[u8], out: &mut [u8]) {
-    use rayon::prelude::*;
-    debug_assert_eq!(data.len() % BLOCK, 0);
-    out.par_chunks_mut(BLOCK * 256)
-        .zip(data.par_chunks(BLOCK * 256))
-        .for_each(|(dst, src)| {
-            for (s, d) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(BLOCK)) {
-                pack_block(s, d);
-            }
-        });
-}
-
 /// A packed super-block's eight sub-block scales and mins (the reference of
 /// [`scales`]).
 pub fn scales_scalar(block: &[u8]) -> ([i32; 8], [i32; 8]) {

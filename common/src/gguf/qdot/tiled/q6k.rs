@@ -48,19 +48,6 @@ pub fn pack_block(src: &[u8], dst: &mut [u8]) {
     dst[208..210].copy_from_slice(&src[208..210]);
 }
 
-/// Whole rows of Q6_K (`data`, whole super-blocks) packed into `out`.
-pub fn pack_into(data: &[u8], out: &mut [u8]) {
-    use rayon::prelude::*;
-    debug_assert_eq!(data.len() % BLOCK, 0);
-    out.par_chunks_mut(BLOCK * 256)
-        .zip(data.par_chunks(BLOCK * 256))
-        .for_each(|(dst, src)| {
-            for (s, d) in src.chunks_exact(BLOCK).zip(dst.chunks_exact_mut(BLOCK)) {
-                pack_block(s, d);
-            }
-        });
-}
-
 /// The `off6` entries [`Q8Acts::arrange`] adds: per chunk of eight blocks,
 /// `32 s16[2b]` for each block `b`, then `32 s16[2b + 1]`.
 pub fn half_offsets(s16: &[i32], out: &mut Vec<i32>) {
