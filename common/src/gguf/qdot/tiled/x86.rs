@@ -472,27 +472,41 @@ struct Packed {
     cb: usize,
 }
 
-/// A packed MXFP4 row (a type of its own, so that the other types' loops
-/// carry no branch for it): Q4_0's nibble steps looked up in
-/// [`mx_table`] (the signed values, or with `flip` (VNNI) the values
-/// offset by 128), the chunk's eight exponent bytes after its codes.
+/// A packed row whose nibbles name levels of a table (a type of its own,
+/// so that the other types' loops carry no branch for it), `KIND` one of
+/// [`LUT_MXFP4`], [`LUT_IQ4_NL`], [`LUT_IQ4_XS`]: Q4_0's nibble steps
+/// looked up in [`mx_table`] or [`iq4_table`] (the signed levels, or with
+/// `flip` (VNNI) the levels offset by 128), then per chunk MXFP4's eight
+/// exponent bytes, IQ4_NL's eight f16 scales, or IQ4_XS's `d` and 6-bit
+/// sub-block scales ([`super::iq4xs`]).
 #[derive(Clone, Copy)]
-struct PackedMx {
+struct PackedLut<const KIND: u8> {
     p: *const u8,
     flip: bool,
 }
 
-/// Bytes of a packed MXFP4 chunk: 128 of nibbles, 8 exponents.
-const MX_CHUNK: usize = 136;
+const LUT_MXFP4: u8 = 0;
+const LUT_IQ4_NL: u8 = 1;
+const LUT_IQ4_XS: u8 = 2;
 
-impl Row for PackedMx {
+impl<const KIND: u8> PackedLut<KIND> {
+    /// Bytes of a packed chunk: 128 of nibbles, then 8 exponents (MXFP4),
+    /// 16 bytes of f16 scales (IQ4_NL) or 8 of `d` and scales (IQ4_XS).
+    const CHUNK: usize = if KIND == LUT_IQ4_NL { 144 } else { 136 };
+}
+
+impl<const KIND: u8> Row for PackedLut<KIND> {
     #[inline(always)]
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
         // SAFETY: the caller's `c` is below the row's chunk count.
         unsafe {
             let low4 = _mm256_set1_epi8(0x0f);
-            let table = mx_table(self.flip);
-            let v = _mm256_loadu_si256(self.p.add(c * MX_CHUNK + 32 * j) as *const __m256i);
+            let table = if KIND == LUT_MXFP4 {
+                mx_table(self.flip)
+            } else {
+                iq4_table(self.flip)
+            };
+            let v = _mm256_loadu_si256(self.p.add(c * Self::CHUNK + 32 * j) as *const __m256i);
             (
                 _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)),
                 _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)),
@@ -503,88 +517,24 @@ impl Row for PackedMx {
     #[inline(always)]
     unsafe fn scales(self, c: usize) -> __m256 {
         // SAFETY: as above.
-        unsafe { e8m0_8(self.p.add(c * MX_CHUNK + 128)) }
-    }
-
-    #[inline(always)]
-    unsafe fn k_scales(self, _: usize) -> (__m256i, __m256i, __m256) {
-        (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
-    }
-}
-
-/// A packed IQ4_XS row ([`super::iq4xs`]'s layout): Q4_0's nibble steps
-/// looked up in [`iq4_table`] (offset by 128 with `flip`, VNNI), `d` in
-/// every lane and the signed sub-block scales ([`super::iq4xs::scales`]).
-#[derive(Clone, Copy)]
-struct PackedIq4 {
-    p: *const u8,
-    flip: bool,
-}
-
-/// A packed IQ4_NL row (Q4_0's layout, the nibbles looked up in
-/// [`iq4_table`], offset by 128 with `flip`), its eight f16 scales after
-/// each chunk's codes.
-#[derive(Clone, Copy)]
-struct PackedNl {
-    p: *const u8,
-    flip: bool,
-}
-
-/// Bytes of a packed IQ4_NL chunk: 128 of nibbles, 8 f16 scales.
-const NL_CHUNK: usize = 144;
-
-impl Row for PackedNl {
-    #[inline(always)]
-    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
-        // SAFETY: the caller's `c` is below the row's chunk count.
         unsafe {
-            let low4 = _mm256_set1_epi8(0x0f);
-            let table = iq4_table(self.flip);
-            let v = _mm256_loadu_si256(self.p.add(c * NL_CHUNK + 32 * j) as *const __m256i);
-            (
-                _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)),
-                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)),
-            )
+            let p = self.p.add(c * Self::CHUNK);
+            match KIND {
+                LUT_MXFP4 => e8m0_8(p.add(128)),
+                LUT_IQ4_NL => _mm256_cvtph_ps(_mm_loadu_si128(p.add(128) as *const __m128i)),
+                _ => super::iq4xs::scales(p).1,
+            }
         }
-    }
-
-    #[inline(always)]
-    unsafe fn scales(self, c: usize) -> __m256 {
-        // SAFETY: as above.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.p.add(c * NL_CHUNK + 128) as *const __m128i)) }
-    }
-
-    #[inline(always)]
-    unsafe fn k_scales(self, _: usize) -> (__m256i, __m256i, __m256) {
-        (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
-    }
-}
-
-impl Row for PackedIq4 {
-    #[inline(always)]
-    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
-        // SAFETY: the caller's `c` is below the row's chunk count.
-        unsafe {
-            let low4 = _mm256_set1_epi8(0x0f);
-            let table = iq4_table(self.flip);
-            let v = _mm256_loadu_si256(self.p.add(c * super::iq4xs::BLOCK + 32 * j) as *const __m256i);
-            (
-                _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4)),
-                _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)),
-            )
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn scales(self, c: usize) -> __m256 {
-        // SAFETY: as above.
-        unsafe { super::iq4xs::scales(self.p.add(c * super::iq4xs::BLOCK)).1 }
     }
 
     #[inline(always)]
     unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
-        // SAFETY: as above.
-        let sc = unsafe { super::iq4xs::scales(self.p.add(c * super::iq4xs::BLOCK)).0 };
+        let sc = if KIND == LUT_IQ4_XS {
+            // SAFETY: as above.
+            unsafe { super::iq4xs::scales(self.p.add(c * Self::CHUNK)).0 }
+        } else {
+            _mm256_setzero_si256()
+        };
         (sc, _mm256_setzero_si256(), _mm256_setzero_ps())
     }
 }
@@ -757,13 +707,13 @@ pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
     // bytes, then fewer than eight blocks.
     unsafe {
         if ty == GgmlType::MXFP4 {
-            return many::<true>(ty, chunks, PackedMx { p, flip: true }, tail, acts, out);
+            return many::<true>(ty, chunks, PackedLut::<LUT_MXFP4> { p, flip: true }, tail, acts, out);
         }
         if ty == GgmlType::IQ4_XS {
-            return many::<true>(ty, chunks, PackedIq4 { p, flip: true }, tail, acts, out);
+            return many::<true>(ty, chunks, PackedLut::<LUT_IQ4_XS> { p, flip: true }, tail, acts, out);
         }
         if ty == GgmlType::IQ4_NL {
-            return many::<true>(ty, chunks, PackedNl { p, flip: true }, tail, acts, out);
+            return many::<true>(ty, chunks, PackedLut::<LUT_IQ4_NL> { p, flip: true }, tail, acts, out);
         }
         many::<true>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
@@ -778,13 +728,13 @@ pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts]
     // SAFETY: as above.
     unsafe {
         if ty == GgmlType::MXFP4 {
-            return many::<false>(ty, chunks, PackedMx { p, flip: false }, tail, acts, out);
+            return many::<false>(ty, chunks, PackedLut::<LUT_MXFP4> { p, flip: false }, tail, acts, out);
         }
         if ty == GgmlType::IQ4_XS {
-            return many::<false>(ty, chunks, PackedIq4 { p, flip: false }, tail, acts, out);
+            return many::<false>(ty, chunks, PackedLut::<LUT_IQ4_XS> { p, flip: false }, tail, acts, out);
         }
         if ty == GgmlType::IQ4_NL {
-            return many::<false>(ty, chunks, PackedNl { p, flip: false }, tail, acts, out);
+            return many::<false>(ty, chunks, PackedLut::<LUT_IQ4_NL> { p, flip: false }, tail, acts, out);
         }
         many::<false>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
