@@ -26,6 +26,8 @@
 //!   8-bit activations (scalar reference, AVX2, AVX-512 VNNI, NEON).
 //! - [`hugemem`]: read-only buffers on transparent huge pages, for the
 //!   repacked weight copies decode streams.
+//! - [`load_progress`]: bytes of weights made so far (a loading progress
+//!   bar's count).
 //! - [`prefetch`]: the software prefetch decode's streaming loops issue
 //!   (a hint: never a different result).
 //! - [`warm`]: keeps rayon's threads awake through a decode step (no
@@ -41,6 +43,7 @@ pub mod gguf;
 pub mod hugemem;
 pub mod isa;
 pub mod kernels;
+pub mod load_progress;
 pub mod prefetch;
 pub mod quant;
 pub mod safetensors;

@@ -646,7 +646,9 @@ impl TensorFiles {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
         let t = self.get(name)?;
         t.expect_shape(&[rows, cols])?;
-        Ok(Weight::new(rows, cols, t.data()))
+        let w = Weight::new(rows, cols, t.data());
+        crate::load_progress::add(w.data().byte_len() as u64);
+        Ok(w)
     }
 
     /// A 1-D vector of length `len` as f32, checked against the expected shape.

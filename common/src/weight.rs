@@ -200,6 +200,17 @@ impl WeightData {
         }
     }
 
+    /// Bytes of the stored data (codes and scales).
+    pub fn byte_len(&self) -> usize {
+        match self {
+            WeightData::F32(b) => 4 * b.len(),
+            WeightData::BF16(b) | WeightData::F16(b) => 2 * b.len(),
+            WeightData::Int8 { scales, q, .. } => q.len() + 4 * scales.len(),
+            WeightData::Int4 { scales, q, .. } => q.len() + 4 * scales.len(),
+            WeightData::Gguf { data, .. } => data.len(),
+        }
+    }
+
     /// Checks that the buffers hold a `[rows, cols]` matrix.
     pub fn check(&self, rows: usize, cols: usize) -> Result<(), QuantError> {
         match self {

@@ -293,7 +293,8 @@ pub fn run(cli: Cli) -> Result<()> {
         return crate::cluster::cli::plan(&dir, &cli.cluster, &opts, args);
     }
     let (mut engine, info) = if cli.local {
-        Engine::load(&dir, &opts).with_context(|| format!("loading {}", dir.display()))?
+        crate::load_bar::while_loading(&dir, || Engine::load(&dir, &opts))
+            .with_context(|| format!("loading {}", dir.display()))?
     } else {
         let (model, service) = crate::cluster::cli::start(&dir, &cli.cluster, &opts)?;
         let mut engine = Engine::new(model, service);

@@ -9,6 +9,7 @@
 //!   tokenizers crate.
 //! - [`grammar`]: constrained decoding (JSON schemas, Lark grammars,
 //!   regular expressions) by masking logits with llguidance.
+//! - [`load_bar`]: the progress bar while a model opens.
 //! - [`chat_template`]: Jinja chat templates rendered like transformers.
 //! - [`cluster`]: cluster mode: experts on remote workers over QUIC
 //!   (sharded fan-out with failover, placement, discovery, `keygen`, `plan`).
@@ -38,6 +39,7 @@ pub mod convert_gguf;
 pub mod engine;
 pub mod gguf_text;
 pub mod grammar;
+pub mod load_bar;
 pub mod prefix_cache;
 pub mod sampler;
 pub mod server;

@@ -220,6 +220,21 @@ fn repacked_weights_give_the_same_bits() {
     }
 }
 
+/// Every weight made counts its bytes for the loading progress bar
+/// (`load_progress`: a process-wide count that only grows, so other tests
+/// running beside this one can only add to it).
+#[test]
+fn weights_made_count_their_bytes() {
+    let fx = Fixture::load();
+    let f = fx.open();
+    let before = charm_common::load_progress::made();
+    let w = f.weight("t.q8_0", 4, 512).unwrap();
+    let v = f.weight_slice("blk.0.ffn_down_exps.weight", 1, 4, 256).unwrap();
+    let made = charm_common::load_progress::made() - before;
+    assert!(made >= (4 * 544 + 4 * 272) as u64, "{made}");
+    assert_eq!((w.data().byte_len(), v.data().byte_len()), (4 * 544, 4 * 272));
+}
+
 #[test]
 fn vectors_dequantize_any_type() {
     let fx = Fixture::load();

@@ -446,14 +446,17 @@ impl GgufFile {
             tensor: t.name.clone(),
             reason: e.to_string(),
         })?;
-        match self.packed_copy(t, cols) {
-            Some(copy) => Ok(w.with_packed(copy, start - t.offset as usize)),
-            None => Ok(w),
-        }
+        let w = match self.packed_copy(t, cols) {
+            Some(copy) => w.with_packed(copy, start - t.offset as usize),
+            None => w,
+        };
+        crate::load_progress::add(w.data().byte_len() as u64);
+        Ok(w)
     }
 
     /// `t`'s bytes copied as they are onto huge pages, for the quantized
-    /// tensors that get no packed copy (Q4_K, Q5_K, Q4_1, Q5_x...): decode streams them too, and the file's mapping is on
+    /// tensors that get no packed copy (Q4_1, Q5_0, Q5_1, rows narrower
+    /// than a chunk...): decode streams them too, and the file's mapping is on
     /// huge pages only when the page cache happens to hold them in large
     /// folios (the Q6_K output head of the Q4_0 benchmark file took 5 ms
     /// per token from the mapping in one state of the page cache and 7 ms

@@ -109,7 +109,8 @@ pub fn start(
     if !args.discovery_timeout_s.is_finite() || args.discovery_timeout_s < 0.0 {
         bail!("--discovery-timeout-s must be 0 or more");
     }
-    let (model, _) = load_model(dir).with_context(|| format!("loading {}", dir.display()))?;
+    let (model, _) = crate::load_bar::while_loading(dir, || load_model(dir))
+        .with_context(|| format!("loading {}", dir.display()))?;
     let fingerprint = model_fingerprint(dir).with_context(|| format!("fingerprinting {}", dir.display()))?;
     let cfg = &model.cfg;
     let shape = ModelShape {
