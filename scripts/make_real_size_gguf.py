@@ -39,16 +39,27 @@ ROOT = Path(__file__).resolve().parent.parent
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 2048, 32, 4, 128
 EXPERTS, TOP_K, EXPERT_FFN = 128, 8, 768
 VOCAB = 151936
-# Standard deviation of a uniformly drawn code: Q4_0's nibble - 8, Q8_0's byte.
-CODE_STD = {T.Q4_0: 4.61, T.Q8_0: 73.9}
+# Standard deviation of a code drawn uniformly from the symmetric range:
+# Q4_0's nibble - 8 in -7..7, Q8_0's byte in -127..127.
+CODE_STD = {T.Q4_0: 4.32, T.Q8_0: 73.6}
 
 
 def blocks(rng, qtype, rows, cols, std):
-    """`rows` rows of `cols` random `qtype` codes whose values have about
-    `std`: a row's bytes (uint8, shape (rows, row bytes))."""
+    """`rows` rows of `cols` random `qtype` codes whose values have mean 0
+    and about `std`: a row's bytes (uint8, shape (rows, row bytes)). The
+    codes are symmetric (Q4_0's nibble 0 and Q8_0's -128 never drawn): a
+    mean off zero would give every matrix a common direction, and the
+    residual stream of 48 such layers collapses onto it (every token
+    routed alike, one token repeated)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n = rows * cols // block
-    b = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    b = np.empty((n, size), dtype=np.uint8)
+    if qtype == T.Q4_0:
+        lo = rng.integers(1, 16, size=(n, size - 2), dtype=np.uint8)
+        hi = rng.integers(1, 16, size=(n, size - 2), dtype=np.uint8)
+        b[:, 2:] = lo | (hi << 4)
+    else:
+        b[:, 2:] = rng.integers(-127, 128, size=(n, size - 2), dtype=np.int8).view(np.uint8)
     d = np.full(n, std / CODE_STD[qtype], dtype=np.float16)
     b[:, 0:2] = d.view(np.uint8).reshape(n, 2)
     return b.reshape(rows, -1)

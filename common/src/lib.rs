@@ -28,6 +28,8 @@
 //!   repacked weight copies decode streams.
 //! - [`load_progress`]: bytes of weights made so far (a loading progress
 //!   bar's count).
+//! - [`memory`]: memory the process can still take (`MemAvailable`, capped
+//!   by its cgroup limit), which repacking and cache budgets size by.
 //! - [`prefetch`]: the software prefetch decode's streaming loops issue
 //!   (a hint: never a different result).
 //! - [`warm`]: keeps rayon's threads awake through a decode step (no
@@ -44,6 +46,7 @@ pub mod hugemem;
 pub mod isa;
 pub mod kernels;
 pub mod load_progress;
+pub mod memory;
 pub mod prefetch;
 pub mod quant;
 pub mod safetensors;

@@ -5,32 +5,14 @@ use std::path::{Path, PathBuf};
 use charm_common::container::is_plain_fingerprint;
 use sha2::{Digest, Sha256};
 
-/// Memory the OS can give without swapping: `MemAvailable` on Linux; half
-/// of RAM (`sysctl hw.memsize`) on macOS.
+/// Memory the process can take without swapping: `MemAvailable` on Linux
+/// (half of RAM on macOS), capped by the room under its memory cgroup
+/// limit ([`charm_common::memory::available`]).
 pub fn available_memory() -> Option<u64> {
-    if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
-        return mem_available(&text);
-    }
-    let out = std::process::Command::new("sysctl")
-        .args(["-n", "hw.memsize"])
-        .output()
-        .ok()?;
-    let total: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some(total / 2)
+    charm_common::memory::available()
 }
 
-/// `MemAvailable` in bytes from `/proc/meminfo`-format text, or `None` when
-/// the line is missing or malformed (any text is accepted: nothing is cut
-/// by byte index, and the value is multiplied with overflow checked).
-pub fn mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut fields = line.split_whitespace().skip(1);
-    let kb: u64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        None | Some("kB") => kb.checked_mul(1024),
-        Some(_) => None,
-    }
-}
+pub use charm_common::memory::mem_available;
 
 /// The default expert cache budget: free memory after `dense_bytes`,
 /// keeping a tenth of it for everything else (KV cache, activations, the OS).

@@ -114,12 +114,12 @@ pub struct GgufFile {
 }
 
 /// Whether a file's quantized weights (`copied` bytes of them) get a copy
-/// on huge pages for faster decode — Q8_0 / Q4_0 / Q6_K packed for this CPU
-/// ([`Weight::pack_for_cpu`]), the other types as stored: the copy doubles
-/// their memory while the mapped pages stay in the page cache, so only
-/// when it takes at most half of the memory available now (Linux's
-/// `MemAvailable`; elsewhere never). `CHARM_GGUF_REPACK=0` / `=1` forces
-/// it off / on.
+/// on huge pages for faster decode — packed for this CPU where the type
+/// has a packing ([`Weight::pack_for_cpu`]), as stored otherwise: the copy
+/// doubles their memory while the mapped pages stay in the page cache, so
+/// only when it takes at most half of the memory the process can take now
+/// ([`crate::memory::available`]: `MemAvailable`, capped by the room under
+/// a memory cgroup limit). `CHARM_GGUF_REPACK=0` / `=1` forces it off / on.
 pub fn repack_policy(copied: u64) -> bool {
     match std::env::var("CHARM_GGUF_REPACK").as_deref() {
         Ok("0") => return false,
@@ -129,13 +129,7 @@ pub fn repack_policy(copied: u64) -> bool {
     if copied == 0 {
         return false;
     }
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    });
-    available.is_some_and(|a| copied <= a / 2)
+    crate::memory::available().is_some_and(|a| copied <= a / 2)
 }
 
 impl fmt::Debug for GgufFile {
