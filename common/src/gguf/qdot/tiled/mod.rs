@@ -35,13 +35,15 @@
 //!   ([`q4k`]: nibble pairs in the transposed order, the 6-bit scales
 //!   decoded per chunk in registers) and Q6_K (the output head of
 //!   llama.cpp's Q4_0 files; [`q6k`]: its 6-bit codes split into nibble
-//!   and top-bit steps) are packed the same way, the GGUF's size, and so
-//!   is IQ4_XS ([`iq4xs`]: Q4_0's nibble steps, a super-block per chunk,
-//!   looked up in `kvalues_iq4nl` as MXFP4's are in theirs; its `d` and
-//!   6-bit sub-block scales after them), and Q2_K and Q3_K ([`q23k`]:
-//!   their 2-bit codes four to a byte in two registers, Q3_K's third bits
-//!   in a third, Q6_K's half sums and terms), and Q5_K ([`q5k`]: Q4_K's
-//!   packing with the fifth bits in one more register).
+//!   and top-bit steps) are packed the same way, the GGUF's size. So are
+//!   - IQ4_NL: Q4_0's packing, the nibbles looked up in `kvalues_iq4nl`
+//!     as MXFP4's are in theirs;
+//!   - IQ4_XS ([`iq4xs`]): Q4_0's nibble steps, a super-block per chunk,
+//!     looked up likewise, its `d` and 6-bit sub-block scales after them;
+//!   - Q2_K and Q3_K ([`q23k`]): 2-bit codes four to a byte in two
+//!     registers, Q3_K's third bits in a third; Q6_K's half sums and terms;
+//!   - Q5_K ([`q5k`]): Q4_K's packing with the fifth bits in one more
+//!     register.
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4, IQ4_NL) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
