@@ -699,44 +699,34 @@ pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, tail: &[u8], act
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = chunk_bytes(ty);
-    let chunks = row.len() / cb;
-    let tail = &row[chunks * cb..];
-    let p = row.as_ptr();
-    // SAFETY (both): forwarded; `row` holds `chunks` whole chunks of `cb`
-    // bytes, then fewer than eight blocks.
-    unsafe {
-        if ty == GgmlType::MXFP4 {
-            return many::<true>(ty, chunks, PackedLut::<LUT_MXFP4> { p, flip: true }, tail, acts, out);
-        }
-        if ty == GgmlType::IQ4_XS {
-            return many::<true>(ty, chunks, PackedLut::<LUT_IQ4_XS> { p, flip: true }, tail, acts, out);
-        }
-        if ty == GgmlType::IQ4_NL {
-            return many::<true>(ty, chunks, PackedLut::<LUT_IQ4_NL> { p, flip: true }, tail, acts, out);
-        }
-        many::<true>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
-    }
+    // SAFETY: forwarded.
+    unsafe { many_packed::<true>(ty, row, acts, out) }
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
+    // SAFETY: forwarded.
+    unsafe { many_packed::<false>(ty, row, acts, out) }
+}
+
+/// One packed row against the activation rows: the table-looked-up types
+/// through their [`PackedLut`] (offset by 128 on VNNI), the others
+/// through [`Packed`].
+#[inline(always)]
+unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     let cb = chunk_bytes(ty);
     let chunks = row.len() / cb;
     let tail = &row[chunks * cb..];
-    let p = row.as_ptr();
-    // SAFETY: as above.
+    let (p, flip) = (row.as_ptr(), VNNI);
+    // SAFETY (all): forwarded; `row` holds `chunks` whole chunks of `cb`
+    // bytes, then fewer than eight blocks.
     unsafe {
-        if ty == GgmlType::MXFP4 {
-            return many::<false>(ty, chunks, PackedLut::<LUT_MXFP4> { p, flip: false }, tail, acts, out);
+        match ty {
+            GgmlType::MXFP4 => many::<VNNI>(ty, chunks, PackedLut::<LUT_MXFP4> { p, flip }, tail, acts, out),
+            GgmlType::IQ4_XS => many::<VNNI>(ty, chunks, PackedLut::<LUT_IQ4_XS> { p, flip }, tail, acts, out),
+            GgmlType::IQ4_NL => many::<VNNI>(ty, chunks, PackedLut::<LUT_IQ4_NL> { p, flip }, tail, acts, out),
+            _ => many::<VNNI>(ty, chunks, Packed { ty, p, cb }, tail, acts, out),
         }
-        if ty == GgmlType::IQ4_XS {
-            return many::<false>(ty, chunks, PackedLut::<LUT_IQ4_XS> { p, flip: false }, tail, acts, out);
-        }
-        if ty == GgmlType::IQ4_NL {
-            return many::<false>(ty, chunks, PackedLut::<LUT_IQ4_NL> { p, flip: false }, tail, acts, out);
-        }
-        many::<false>(ty, chunks, Packed { ty, p, cb }, tail, acts, out)
     }
 }
 
