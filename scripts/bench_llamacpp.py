@@ -14,6 +14,11 @@ per token as llama.cpp's own log reports the cache it allocated (K and V
 sizes over its cell count; MiB with two decimals, so within about 0.1 %;
 summed over the caches it logs, as for a model with sliding-window layers,
 whose layers llama.cpp splits into a full and a sliding-window cache).
+
+`--no-repack` turns off llama.cpp's CPU weight repacking (its "extra
+buffer types", `use_extra_bufts = false`): repacked Q4_0 weights are copied
+into anonymous memory, so a file larger than a memory limit cannot load
+with it on (docs/benchmarks.md, real size).
 """
 
 import argparse
@@ -42,7 +47,19 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--no-repack", action="store_true", help="read the weights from the mapping as stored")
     args = ap.parse_args()
+    if args.no_repack:
+        # Llama() takes its model parameters from this function.
+        default = llama_cpp.llama_model_default_params
+
+        def no_repack():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_model_default_params = no_repack
+        llama_cpp.llama.llama_cpp.llama_model_default_params = no_repack
 
     llama_cpp.llama_log_set(KEEP_LOG, ctypes.c_void_p(0))
     prompt = [int(t) for t in args.prompt_ids.split(",") if t]
