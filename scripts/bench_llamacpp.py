@@ -9,7 +9,8 @@ batch, then decodes `--max-tokens` tokens greedily (argmax of the logits,
 end-of-sequence ignored, as `coordinator generate --ignore-eos` does), and
 prints one JSON line: prompt and generated token counts, prefill and decode
 tokens per second from llama.cpp's own timers (`llama_perf_context`, which
-leave out Python's overhead), the generated ids, and the KV cache's bytes
+leave out Python's overhead), the generated ids, the seconds `Llama()`
+took to load, the process's peak resident memory, and the KV cache's bytes
 per token as llama.cpp's own log reports the cache it allocated (K and V
 sizes over its cell count; MiB with two decimals, so within about 0.1 %;
 summed over the caches it logs, as for a model with sliding-window layers,
@@ -25,7 +26,9 @@ import argparse
 import ctypes
 import json
 import re
+import resource
 import sys
+import time
 
 import numpy as np
 import llama_cpp
@@ -64,6 +67,7 @@ def main() -> int:
     llama_cpp.llama_log_set(KEEP_LOG, ctypes.c_void_p(0))
     prompt = [int(t) for t in args.prompt_ids.split(",") if t]
     n_ctx = len(prompt) + args.max_tokens + 8
+    load_start = time.monotonic()
     llm = Llama(
         model_path=args.model,
         n_ctx=n_ctx,
@@ -74,6 +78,7 @@ def main() -> int:
         use_mmap=True,
         verbose=False,
     )
+    load_s = time.monotonic() - load_start
     ctx = llm.ctx
     llama_cpp.llama_perf_context_reset(ctx)
     llm.eval(prompt)
@@ -102,6 +107,9 @@ def main() -> int:
         "decoded_steps": perf.n_eval,
         "ids": ids,
         "kv_bytes_per_token": kv_per_token,
+        "load_s": load_s,
+        # ru_maxrss is in KiB on Linux.
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     print(json.dumps(out))
     return 0

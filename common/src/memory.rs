@@ -17,6 +17,23 @@ pub fn available() -> Option<u64> {
     }
 }
 
+/// This process's peak resident memory (`VmHWM` of `/proc/self/status`),
+/// in bytes; `None` where the file does not exist (macOS) or lacks it.
+pub fn peak_rss() -> Option<u64> {
+    kib_field(&std::fs::read_to_string("/proc/self/status").ok()?, "VmHWM:")
+}
+
+/// A `/proc/*/status`-style field given in kB, in bytes.
+fn kib_field(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let kb: u64 = fields.next()?.parse().ok()?;
+    match fields.next() {
+        None | Some("kB") => kb.checked_mul(1024),
+        Some(_) => None,
+    }
+}
+
 fn os_available() -> Option<u64> {
     if let Ok(text) = std::fs::read_to_string("/proc/meminfo") {
         return mem_available(&text);
@@ -33,13 +50,7 @@ fn os_available() -> Option<u64> {
 /// the line is missing or malformed (any text is accepted: nothing is cut
 /// by byte index, and the value is multiplied with overflow checked).
 pub fn mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut fields = line.split_whitespace().skip(1);
-    let kb: u64 = fields.next()?.parse().ok()?;
-    match fields.next() {
-        None | Some("kB") => kb.checked_mul(1024),
-        Some(_) => None,
-    }
+    kib_field(meminfo, "MemAvailable:")
 }
 
 /// The room under this process's memory cgroup limit, or `None` without
@@ -136,6 +147,18 @@ mod tests {
             std::path::PathBuf::from("/sys/fs/cgroup")
         );
         assert_eq!(memory_cgroup("garbage\n\n1:cpu:/\n"), None);
+    }
+
+    #[test]
+    fn peak_rss_reads_vmhwm_in_kib() {
+        let status = "Name:\tcoordinator\nVmPeak:\t  9000 kB\nVmHWM:\t  2048 kB\nVmRSS:\t 1024 kB\n";
+        assert_eq!(kib_field(status, "VmHWM:"), Some(2048 * 1024));
+        assert_eq!(kib_field("VmHWM:\t12 MB\n", "VmHWM:"), None);
+        assert_eq!(kib_field("VmHWM:\tmany kB\n", "VmHWM:"), None);
+        assert_eq!(kib_field("", "VmHWM:"), None);
+        if cfg!(target_os = "linux") {
+            assert!(peak_rss().is_some_and(|b| b > 0));
+        }
     }
 
     #[test]

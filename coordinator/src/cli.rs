@@ -240,6 +240,11 @@ struct GenerateJson<'a> {
     text: String,
     finish_reason: FinishReason,
     seed: u64,
+    /// Seconds from the start of loading to a model ready to take the
+    /// prompt (weights made, workers connected).
+    load_s: f64,
+    /// The coordinator's peak resident memory at the end, in bytes (Linux).
+    peak_rss_bytes: Option<u64>,
     stats: &'a GenStats,
 }
 
@@ -292,6 +297,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         return crate::cluster::cli::plan(&dir, &cli.cluster, &opts, args);
     }
+    let load_start = std::time::Instant::now();
     let (mut engine, info) = if cli.local {
         crate::load_bar::while_loading(&dir, || Engine::load(&dir, &opts))
             .with_context(|| format!("loading {}", dir.display()))?
@@ -308,7 +314,7 @@ pub fn run(cli: Cli) -> Result<()> {
         eprintln!("{}", start_line(&info));
     }
     match cli.command {
-        Command::Generate(args) => generate(&engine, &dir, args),
+        Command::Generate(args) => generate(&engine, &dir, args, load_start.elapsed().as_secs_f64()),
         Command::Chat(args) => chat(&engine, &dir, args),
         Command::Serve(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, false)?),
         Command::Web(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, true)?),
@@ -505,7 +511,7 @@ fn encode_prompt(codec: &TextCodec, text: &str, chat: bool, system: Option<&str>
     Ok(codec.encode_chat(&msgs, true, &[])?)
 }
 
-fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Result<()> {
+fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs, load_s: f64) -> Result<()> {
     let params = params(&args.sampling)?;
     let needs_text = args.prompt.is_some() || (args.batch_file.is_some() && !args.batch_ids);
     if args.chat && !needs_text {
@@ -593,6 +599,8 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs) -> Resul
             text,
             finish_reason: gen.finish_reason,
             seed: params.sampling.seed,
+            load_s,
+            peak_rss_bytes: charm_common::memory::peak_rss(),
             stats: &gen.stats,
         };
         writeln!(stdout, "{}", serde_json::to_string(&out)?)?;

@@ -124,6 +124,10 @@ pub struct GenStats {
     pub experts: ExpertStats,
     /// Share of needed experts the one-layer-ahead prediction named.
     pub prefetch_accuracy: f64,
+    /// Of `expert_bytes_read`, the bytes read while the prompt was read
+    /// (`generate`; `None` where the engine does not split them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_expert_bytes_read: Option<u64>,
     /// Where the time went.
     pub profile: PhaseTimes,
 }
@@ -514,6 +518,7 @@ impl Engine {
             session.tokens.extend_from_slice(chunk);
         }
         let prefill_s = t0.elapsed().as_secs_f64();
+        let prefill_bytes = self.experts.stats().since(&before).expert_bytes_read;
 
         let mut sampler = Sampler::new(params.sampling.clone());
         let mut ids = Vec::new();
@@ -552,6 +557,7 @@ impl Engine {
             cached_prompt_tokens: common,
             kv_cache_bytes: session.cache.bytes(),
             prefetch_accuracy: experts.prefetch_accuracy(),
+            prefill_expert_bytes_read: Some(prefill_bytes),
             experts,
             profile: prof,
         };

@@ -539,6 +539,18 @@ fn convert_then_generate_from_the_container_with_store_stats() {
             assert_eq!(s["cache_bytes"], 0);
             assert!(s["expert_bytes_read"].as_u64().unwrap() > 0);
         }
+        // The prompt's share of the reads, the load time and the peak RSS.
+        let prefill_read = s["prefill_expert_bytes_read"]
+            .as_u64()
+            .expect("prefill_expert_bytes_read");
+        assert!(prefill_read > 0 && prefill_read <= s["expert_bytes_read"].as_u64().unwrap());
+        assert!(v["load_s"].as_f64().is_some_and(|t| t > 0.0), "load_s: {v}");
+        if cfg!(target_os = "linux") {
+            assert!(
+                v["peak_rss_bytes"].as_u64().is_some_and(|b| b > 0),
+                "peak_rss_bytes: {v}"
+            );
+        }
         let stderr = String::from_utf8_lossy(&out_json.stderr);
         assert!(
             stderr.contains("bf16 container, expert cache"),

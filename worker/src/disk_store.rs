@@ -19,9 +19,9 @@
 //! can be read at any time. Experts some running step needs are never
 //! evicted to make room.
 //!
-//! Read-ahead measures its own payoff ([`PrefetchPolicy`]): epochs with
-//! and without it, compared by what the steps waited for reads; it stands
-//! down while it loses.
+//! Read-ahead measures its own payoff ([`PrefetchPolicy`]): steps with
+//! and without it, interleaved, compared by what the steps they served
+//! waited for reads; it stands down while it loses.
 //!
 //! Routing counts are recorded per expert; at the end of every request the
 //! history is saved and the hottest experts (up to half the budget) are
@@ -415,11 +415,14 @@ impl ExpertStore for DiskStore {
         let (tx, rx) = channel::<Delivery>();
         let mut hits: Ready = Vec::new();
         let mut waiting: HashMap<Key, usize> = HashMap::new();
-        // Whether this step counts toward the read-ahead policy's measure.
-        let mut measured = false;
+        // Whether the read-ahead policy follows this step, and whether the
+        // step chose a read-ahead (it had a prediction of the next layer).
+        let measured;
+        let mut chose = false;
         {
             let mut guard = self.inner.lock();
             let st = &mut *guard;
+            measured = self.prefetch && st.cache.budget() > 0;
             if let Some((pl, predicted)) = st.prediction.take() {
                 if pl == layer {
                     st.stats.predicted_total += wanted.len() as u64;
@@ -472,8 +475,8 @@ impl ExpertStore for DiskStore {
             // Read ahead the predicted next layer, behind this step's reads,
             // unless read-ahead is standing down (the prediction is still
             // checked then).
-            if let (true, Some(h)) = (self.prefetch && st.cache.budget() > 0, next) {
-                measured = true;
+            if let (true, Some(h)) = (measured, next) {
+                chose = true;
                 if st.policy.allows() {
                     let ahead: Vec<Key> = h
                         .experts
@@ -525,7 +528,7 @@ impl ExpertStore for DiskStore {
         if let Ok(ms) = &result {
             st.stats.io_wait_ms += ms;
             if measured {
-                st.policy.step(*ms, wanted.len() as u64);
+                st.policy.step(*ms, wanted.len() as u64, chose);
             }
         }
         st.stats.cache_bytes = st.cache.used();

@@ -403,6 +403,7 @@ impl<'c> Scheduler<'c> {
             cached_prompt_tokens: s.cached,
             kv_cache_bytes: s.cache.bytes(),
             prefetch_accuracy: experts.prefetch_accuracy(),
+            prefill_expert_bytes_read: None,
             experts,
             profile: s.prof.clone(),
         }
