@@ -45,17 +45,23 @@
 #                              Q4_0 weights in anonymous memory), first
 #                              round only, at most $LLAMA_TIMEOUT s
 #    and without a limit:
-#      charm-local             container, default cache, O_DIRECT
+#      charm-local-cold        container, default cache, O_DIRECT
+#      charm-local-warm        the same prompt again in the same process
+#                              (`generate --repeat 2`): every expert it needs
+#                              already cached
 # 5. pooled phase: splits the container into three partial copies by the
 #    placement plan (`coordinator split --ram-gb X,X,X`, each machine's RAM a
 #    third of the experts plus 2 %), then $RUNS rounds of
-#      charm-pooled            three workers on 127.0.0.1 (each its part, an
+#      charm-pooled-cold       three workers on 127.0.0.1 (each its part, an
 #                              expert cache holding all of it), the
 #                              coordinator with --no-local-experts; workers
-#                              started fresh each round and warmed by one
-#                              conversation on another prompt
-#      charm-onebox            --local with one worker's budget, O_DIRECT, cold
-#      charm-local             as in the stream phase (no limit), after the
+#                              started fresh each round after the page cache
+#                              was dropped: the first run
+#      charm-pooled-warm       the same prompt again, the same coordinator
+#                              process (`generate --repeat 2`): what the
+#                              workers read is in their RAM
+#      charm-onebox-cold/warm  --local with one worker's budget, O_DIRECT
+#      charm-local-cold/warm   as in the stream phase (no limit), after the
 #                              workers stopped
 # 6. Prints the markdown table (medians over rounds; decode and prefill
 #    ratios per round), the workers' peak RSS, frame bytes on the wire per
@@ -168,8 +174,8 @@ if [[ " $PHASES " == *" stream "* ]]; then
             run llama "$r" "${L[@]}" --timeout "$LLAMA_TIMEOUT" -- "$LLAMA_PY" "$ROOT/scripts/bench_llamacpp.py" "$GGUF" \
                 --threads "$THREADS" --prompt-ids "$PROMPT" --max-tokens "$MAX_TOKENS"
         fi
-        run charm-local "$r" --cold -- "${C[@]}" --model "$CONT" --local --direct-io \
-            --state-dir "$(fresh_state local)" "${GEN[@]}" --prompt-ids "$PROMPT"
+        run charm-local "$r" --cold --repeat-labels cold,warm -- "${C[@]}" --model "$CONT" --local --direct-io \
+            --state-dir "$(fresh_state local)" "${GEN[@]}" --repeat 2 --prompt-ids "$PROMPT"
     done
 fi
 
@@ -210,18 +216,19 @@ if [[ " $PHASES " == *" pooled "* ]]; then
         W=(--model "$CONT" --workers "$ADDRS" --no-mdns --cluster-key-file "$KEY" --no-local-experts --min-workers 3)
         WATCH=()
         for p in "${PIDS[@]}"; do WATCH+=(--watch-pid "$p"); done
-        run warmup-pooled "$r" "${WATCH[@]}" -- "${C[@]}" "${W[@]}" "${GEN[@]}" --prompt-ids "$WARM"
-        run charm-pooled "$r" "${WATCH[@]}" -- "${C[@]}" "${W[@]}" "${GEN[@]}" --prompt-ids "$PROMPT"
+        run charm-pooled "$r" "${WATCH[@]}" --repeat-labels cold,warm -- "${C[@]}" "${W[@]}" "${GEN[@]}" \
+            --repeat 2 --prompt-ids "$PROMPT"
         cleanup
         PIDS=()
-        run charm-onebox "$r" --cold -- "${C[@]}" --model "$CONT" --local --direct-io --expert-cache-gb "$PART_GB" \
-            --state-dir "$(fresh_state onebox)" "${GEN[@]}" --prompt-ids "$PROMPT"
-        run charm-local "$r" --cold -- "${C[@]}" --model "$CONT" --local --direct-io \
-            --state-dir "$(fresh_state local)" "${GEN[@]}" --prompt-ids "$PROMPT"
+        run charm-onebox "$r" --cold --repeat-labels cold,warm -- "${C[@]}" --model "$CONT" --local --direct-io \
+            --expert-cache-gb "$PART_GB" --state-dir "$(fresh_state onebox)" "${GEN[@]}" --repeat 2 --prompt-ids "$PROMPT"
+        run charm-local "$r" --cold --repeat-labels cold,warm -- "${C[@]}" --model "$CONT" --local --direct-io \
+            --state-dir "$(fresh_state local)" "${GEN[@]}" --repeat 2 --prompt-ids "$PROMPT"
     done
 fi
 
 echo "== results ($OUT)" >&2
 python3 "$HELP" table "$RUNS_FILE" --disk-rate "$DISK_RATE" \
     --ratio charm-stream-dio llama-norepack --ratio charm-stream-dio charm-gguf-mapped \
-    --ratio charm-pooled charm-local --ratio charm-onebox charm-local | tee "$OUT/table.md"
+    --ratio charm-pooled-warm charm-local-warm --ratio charm-pooled-cold charm-local-cold \
+    --ratio charm-onebox-warm charm-local-warm | tee "$OUT/table.md"

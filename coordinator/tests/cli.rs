@@ -557,6 +557,38 @@ fn convert_then_generate_from_the_container_with_store_stats() {
             "start-up line: {stderr}"
         );
     }
+    // --repeat: one JSON line per run in one process; the later run finds
+    // every expert the first read still cached, and gives the same ids.
+    let o = coordinator(
+        &out,
+        &[
+            "--expert-cache-gb",
+            "4",
+            "--state-dir",
+            tmp.path().join("state-repeat").to_str().unwrap(),
+            "generate",
+            "--prompt-ids",
+            &p,
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+            "--repeat",
+            "2",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let runs: Vec<Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(ids(&runs[0]["ids"]), ids(&r["greedy_ids"]));
+    assert_eq!(ids(&runs[1]["ids"]), ids(&r["greedy_ids"]));
+    assert!(runs[0]["stats"]["expert_bytes_read"].as_u64().unwrap() > 0);
+    assert_eq!(runs[1]["stats"]["expert_bytes_read"], 0, "warm: {}", runs[1]["stats"]);
+    let o = coordinator(&out, &["generate", "--prompt-ids", &p, "--repeat", "2"]);
+    assert!(!o.status.success(), "--repeat needs --json");
     // Without --json: streamed output and a one-line summary with the store's numbers.
     let o = coordinator(
         &out,

@@ -9,7 +9,9 @@ cgroup and for dropping the page cache).
       it or the timeout stopped it, the memory group's peak usage, the
       resident memory (VmRSS / VmHWM) of every --watch-pid after the run
       (workers), and the last line CMD printed on stdout parsed as JSON
-      (`coordinator generate --json`, `bench_llamacpp.py`).
+      (`coordinator generate --json`, `bench_llamacpp.py`). With
+      --repeat-labels cold,warm, CMD's JSON lines (`generate --repeat 2`)
+      become one record each, labelled L-cold and L-warm.
       --cold: sync and drop the page cache first. --limit-gb: CMD runs in a
       fresh memory cgroup limited to G GiB (cgroup v1 `memory.limit_in_bytes`
       where /sys/fs/cgroup/memory exists, else v2 `memory.max`), removed
@@ -137,15 +139,26 @@ def cmd_run(a):
     finally:
         if group:
             group.close()
-    result = None
-    lines = [l for l in out.splitlines() if l.strip()]
-    if lines:
+    results = []
+    for line in out.splitlines():
         try:
-            result = json.loads(lines[-1])
+            results.append(json.loads(line))
         except json.JSONDecodeError:
-            result = None
+            pass
+    # `generate --repeat N`: one record per run, labelled LABEL-SUFFIX.
+    suffixes = a.repeat_labels.split(",") if a.repeat_labels else [None]
+    if len(results) > len(suffixes):
+        results = results[-len(suffixes):]
+    for i, suffix in enumerate(suffixes):
+        result = results[i] if i < len(results) else None
+        label = f"{a.label}-{suffix}" if suffix else a.label
+        record(a, label, p, wall, oom, group, timed_out, peak, result, err)
+    return 0
+
+
+def record(a, label, p, wall, oom, group, timed_out, peak, result, err):
     rec = {
-        "label": a.label,
+        "label": label,
         "round": a.round,
         "rc": p.returncode,
         "wall_s": wall,
@@ -164,11 +177,10 @@ def cmd_run(a):
     s = r.get("stats", r)
     state = "killed by the limit" if rec["killed_by_limit"] else "timed out" if timed_out else f"rc {p.returncode}"
     print(
-        f"  {a.label:<24} round {a.round}: {state}, {wall:6.1f} s, "
-        f"prefill {s.get('prefill_tok_s', 0):6.2f} tok/s, decode {s.get('decode_tok_s', 0):6.2f} tok/s",
+        f"  {label:<24} round {a.round}: {state}, {wall:6.1f} s, "
+        f"prefill {s.get('prefill_tok_s') or 0:6.2f} tok/s, decode {s.get('decode_tok_s') or 0:6.2f} tok/s",
         file=sys.stderr,
     )
-    return 0
 
 
 def cmd_diskrate(a):
@@ -359,6 +371,7 @@ def main():
     r.add_argument("--cold", action="store_true")
     r.add_argument("--timeout", type=float, default=None)
     r.add_argument("--watch-pid", type=int, action="append", default=[])
+    r.add_argument("--repeat-labels", help="CMD prints one JSON line per run (generate --repeat): their label suffixes")
     r.add_argument("command", nargs=argparse.REMAINDER)
     d = sub.add_parser("diskrate")
     d.add_argument("path")
