@@ -125,7 +125,9 @@ pub struct GenStats {
     /// Share of needed experts the one-layer-ahead prediction named.
     pub prefetch_accuracy: f64,
     /// Of `expert_bytes_read`, the bytes read while the prompt was read
-    /// (`generate`; `None` where the engine does not split them).
+    /// (`generate` in-process; `None` in cluster mode, where the workers'
+    /// counters arrive when the request ends, and where the engine does
+    /// not split them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefill_expert_bytes_read: Option<u64>,
     /// Where the time went.
@@ -557,7 +559,7 @@ impl Engine {
             cached_prompt_tokens: common,
             kv_cache_bytes: session.cache.bytes(),
             prefetch_accuracy: experts.prefetch_accuracy(),
-            prefill_expert_bytes_read: Some(prefill_bytes),
+            prefill_expert_bytes_read: self.experts.computes_in_process().then_some(prefill_bytes),
             experts,
             profile: prof,
         };
