@@ -2,13 +2,13 @@
 //!
 //! - `a_store_reads_ahead_as_its_measure_decides`: every prediction names
 //!   experts no step wants, into a cache with room for two experts: the
-//!   read-aheads are wasted (counted), the first two epochs measure with
-//!   and without them, and for the next epochs the store does what the
+//!   read-aheads are wasted (counted), the first measurement draws steps
+//!   with and without them, and for the next epochs the store does what the
 //!   measure decided (nothing read ahead while standing down, paused steps
 //!   counted; reading ahead on otherwise); the steps' experts are the same
 //!   either way.
 //!
-//! The decision rule itself (epochs, ties, measuring again) is tested in
+//! The decision rule itself (interleaved arms, ties, measuring again) is tested in
 //! `worker/src/prefetch_policy.rs`.
 
 mod cluster_support;
@@ -17,7 +17,7 @@ use charm_common::container::Manifest;
 use charm_proto::PrefetchHint;
 use charm_tests::fixture;
 use charm_worker::io::ReaderOptions;
-use charm_worker::prefetch_policy::{EPOCH, SETTLE};
+use charm_worker::prefetch_policy::{PrefetchPolicy, EPOCH, SETTLE};
 use charm_worker::store::ExpertStore;
 use charm_worker::{DiskStore, StoreOptions};
 use cluster_support::*;
@@ -59,27 +59,30 @@ fn a_store_reads_ahead_as_its_measure_decides() {
         experts: vec![4, 5, 6, 7],
     };
     let first = step(&s, 0, &[0, 1], &wrong(1));
-    // Two epochs measure (the first step above included).
-    for i in 1..2 * EPOCH {
+    // The first measurement (the step above included): arms drawn step by
+    // step until each has an epoch.
+    let measure = PrefetchPolicy::first_measurement_steps();
+    assert!(measure >= 2 * EPOCH);
+    for i in 1..measure {
         let layer = (i % 2) as u16;
         assert_eq!(step(&s, layer, &[0, 1], &wrong(1 - layer)).len(), 2);
     }
     let st = s.stats();
-    assert!(st.prefetch_issued > 0, "the first epoch read ahead: {st:?}");
+    assert!(st.prefetch_issued > 0, "the measurement's on arm read ahead: {st:?}");
     assert!(st.prefetch_wasted > 0, "wrong predictions waste reads: {st:?}");
     assert_eq!(st.prefetch_paused_steps, 0, "{st:?}");
     // The decision holds for SETTLE epochs, and the store does what it says.
     // (Which way it goes rests on this machine's read timings of tiny
     // experts; the rule itself is tested in worker/src/prefetch_policy.rs.)
     let issued = st.prefetch_issued;
-    for i in 0..(SETTLE - 1) * EPOCH {
+    for i in 0..SETTLE * EPOCH - 1 {
         let layer = (i % 2) as u16;
         step(&s, layer, &[0, 1], &wrong(1 - layer));
     }
     let after = s.stats();
     if st.prefetch_stand_downs == 1 {
         assert_eq!(after.prefetch_issued, issued, "nothing read ahead while standing down");
-        assert_eq!(after.prefetch_paused_steps, (SETTLE - 1) * EPOCH);
+        assert_eq!(after.prefetch_paused_steps, SETTLE * EPOCH - 1);
     } else {
         assert_eq!(st.prefetch_stand_downs, 0);
         assert!(

@@ -139,15 +139,10 @@ impl PrefetchPolicy {
     /// and so chose, by [`Self::allows`], whether to read it ahead.
     pub fn step(&mut self, wait_ms: f64, experts: u64, chose: bool) {
         // This step's wait belongs to the read-ahead that ran into it.
-        let serving = self.serving.take();
+        if let (Phase::Measure { on, off }, Some(arm)) = (&mut self.phase, self.serving.take()) {
+            if arm { on } else { off }.add(wait_ms, experts);
+        }
         if !chose {
-            if let Phase::Measure { on, off } = &mut self.phase {
-                match serving {
-                    Some(true) => on.add(wait_ms, experts),
-                    Some(false) => off.add(wait_ms, experts),
-                    None => {}
-                }
-            }
             return;
         }
         if self.paused() {
@@ -155,11 +150,6 @@ impl PrefetchPolicy {
         }
         match &mut self.phase {
             Phase::Measure { on, off } => {
-                match serving {
-                    Some(true) => on.add(wait_ms, experts),
-                    Some(false) => off.add(wait_ms, experts),
-                    None => {}
-                }
                 if on.steps >= EPOCH && off.steps >= EPOCH {
                     // Read-ahead stays only if it made the steps wait less.
                     let keep = on.per_expert() < off.per_expert();
@@ -187,6 +177,19 @@ impl PrefetchPolicy {
                 }
             }
         }
+    }
+
+    /// Layer steps (each with a prediction) that a fresh policy's first
+    /// measurement takes: the arms are drawn, so it is at least
+    /// `2 × EPOCH`, and always the same (the draw's seed is fixed).
+    pub fn first_measurement_steps() -> u64 {
+        let mut p = PrefetchPolicy::default();
+        let mut steps = 0;
+        while matches!(p.phase, Phase::Measure { .. }) {
+            p.step(0.0, 1, true);
+            steps += 1;
+        }
+        steps
     }
 
     /// An expert read ahead left the cache unused.
