@@ -551,73 +551,86 @@ fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs, load_s: 
         bail!("--repeat must be at least 1");
     }
     for _ in 0..args.repeat {
-        let mut session = engine.session();
-        // A chat answer in harmony channels (gpt-oss): reasoning on stderr, the answer on stdout.
-        let mut harmony = codec
-            .as_ref()
-            .and_then(TextCodec::template)
-            .filter(|t| args.chat && !args.json && is_harmony(t.source()))
-            .map(|_| HarmonyPrint::default());
-        let mut stream = codec.as_ref().map(|c| match harmony {
-            Some(_) => c.stream_keeping_special(),
-            None => c.stream(),
-        });
-        let mut stdout = std::io::stdout().lock();
-        let mut io_err: Option<std::io::Error> = None;
-        let gen = engine.generate(&mut session, &prompt_ids, &params, |id| {
-            if args.json {
-                return true;
-            }
-            let piece = match stream.as_mut() {
-                Some(s) => s.push(id).ok().flatten(),
-                None => Some(format!("{id} ")),
-            };
-            match (piece, harmony.as_mut()) {
-                (Some(p), Some(h)) => h.push(&p),
-                (Some(p), None) => {
-                    if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
-                        io_err = Some(e);
-                        return false;
-                    }
-                }
-                (None, _) => {}
-            }
-            true
-        })?;
-        if let Some(e) = io_err {
-            return Err(e).context("writing to stdout");
-        }
-        if !args.json {
-            let rest = stream.as_mut().map(|s| s.finish()).transpose()?.flatten();
-            match (rest, harmony.as_mut()) {
-                (Some(r), Some(h)) => h.push(&r),
-                (Some(r), None) => stdout.write_all(r.as_bytes())?,
-                (None, _) => {}
-            }
-            if let Some(h) = harmony.as_mut() {
-                h.finish();
-            }
-        }
+        generate_once(engine, codec.as_ref(), &prompt_ids, &params, &args, load_s)?;
+    }
+    Ok(())
+}
+
+/// One generation of `generate` (not `--batch-file`): streamed text, or one
+/// JSON line with `--json`.
+fn generate_once(
+    engine: &Engine,
+    codec: Option<&TextCodec>,
+    prompt_ids: &[u32],
+    params: &GenerateParams,
+    args: &GenerateArgs,
+    load_s: f64,
+) -> Result<()> {
+    let mut session = engine.session();
+    // A chat answer in harmony channels (gpt-oss): reasoning on stderr, the answer on stdout.
+    let mut harmony = codec
+        .and_then(TextCodec::template)
+        .filter(|t| args.chat && !args.json && is_harmony(t.source()))
+        .map(|_| HarmonyPrint::default());
+    let mut stream = codec.map(|c| match harmony {
+        Some(_) => c.stream_keeping_special(),
+        None => c.stream(),
+    });
+    let mut stdout = std::io::stdout().lock();
+    let mut io_err: Option<std::io::Error> = None;
+    let gen = engine.generate(&mut session, prompt_ids, params, |id| {
         if args.json {
-            let text = match &codec {
-                Some(c) => c.decode(&gen.ids, true)?,
-                None => String::new(),
-            };
-            let out = GenerateJson {
-                prompt_ids: &prompt_ids,
-                ids: &gen.ids,
-                text,
-                finish_reason: gen.finish_reason,
-                seed: params.sampling.seed,
-                load_s,
-                peak_rss_bytes: charm_common::memory::peak_rss(),
-                stats: &gen.stats,
-            };
-            writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
-        } else {
-            writeln!(stdout)?;
-            eprintln!("{}", summary(&gen.stats));
+            return true;
         }
+        let piece = match stream.as_mut() {
+            Some(s) => s.push(id).ok().flatten(),
+            None => Some(format!("{id} ")),
+        };
+        match (piece, harmony.as_mut()) {
+            (Some(p), Some(h)) => h.push(&p),
+            (Some(p), None) => {
+                if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
+                    io_err = Some(e);
+                    return false;
+                }
+            }
+            (None, _) => {}
+        }
+        true
+    })?;
+    if let Some(e) = io_err {
+        return Err(e).context("writing to stdout");
+    }
+    if !args.json {
+        let rest = stream.as_mut().map(|s| s.finish()).transpose()?.flatten();
+        match (rest, harmony.as_mut()) {
+            (Some(r), Some(h)) => h.push(&r),
+            (Some(r), None) => stdout.write_all(r.as_bytes())?,
+            (None, _) => {}
+        }
+        if let Some(h) = harmony.as_mut() {
+            h.finish();
+        }
+    }
+    if args.json {
+        let text = match codec {
+            Some(c) => c.decode(&gen.ids, true)?,
+            None => String::new(),
+        };
+        let out = GenerateJson {
+            prompt_ids,
+            ids: &gen.ids,
+            text,
+            finish_reason: gen.finish_reason,
+            seed: params.sampling.seed,
+            load_s,
+            peak_rss_bytes: charm_common::memory::peak_rss(),
+            stats: &gen.stats,
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
+    } else {
+        writeln!(stdout)?;
+        eprintln!("{}", summary(&gen.stats));
     }
     Ok(())
 }
