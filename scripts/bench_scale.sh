@@ -70,7 +70,8 @@
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), LAYERS (48),
 # PHASES ("stream pooled"), RUNS (3), LIMIT_GB (8), MAX_TOKENS (32),
 # THREADS (2), LLAMA_TIMEOUT (300), GGUF_PY (/work/gguf-venv/bin/python),
-# LLAMA_PY (/work/llama-venv/bin/python).
+# LLAMA_PY (/work/llama-venv/bin/python), WORKER_THREADS (unset: each worker
+# computes on every core; 1 gives each one compute thread).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -205,7 +206,8 @@ if [[ " $PHASES " == *" pooled "* ]]; then
             state="$(fresh_state "w$i")"
             rm -f "$OUT/w$i.out"
             "$BIN/worker" --model "$PARTS/part-$i" --cluster-key-file "$KEY" --listen "127.0.0.1:$port" --no-mdns \
-                --expert-cache-gb "$PART_GB" --state-dir "$state" >"$OUT/w$i.out" 2>"$OUT/w$i.log" &
+                --expert-cache-gb "$PART_GB" --state-dir "$state" ${WORKER_THREADS:+--threads "$WORKER_THREADS"} \
+                >"$OUT/w$i.out" 2>"$OUT/w$i.log" &
             PIDS+=($!)
             ADDRS="${ADDRS:+$ADDRS,}127.0.0.1:$port"
         done
