@@ -19,7 +19,11 @@
 //! `add_weighted_rows` / `_f16`) have explicit AVX2 lanes (`float_x86`)
 //! that perform the portable body's operations in its order; attention's
 //! four also have AVX-512 bodies (`attention_x512`: a 128-wide head's
-//! values in one pass) with the same bits. The gated delta rule of
+//! values in one pass) with the same bits. Prefill's float-row products
+//! (`dots_tile_*`: a tile of weight rows against many activation rows)
+//! run register-blocked on AVX-512 (`float_tile_x512`: three rows by four
+//! activation rows per block), each pair with the one-row dot's bits. The
+//! gated delta rule of
 //! DeltaNet layers (`delta_rule`) has a reference and a column-blocked
 //! fast path with its bits.
 
@@ -29,6 +33,8 @@ use crate::quant::unpack_int4;
 
 #[cfg(target_arch = "x86_64")]
 mod attention_x512;
+#[cfg(target_arch = "x86_64")]
+mod float_tile_x512;
 
 /// Lanes of the float dots: four 8-wide (or two 16-wide, or eight 4-wide)
 /// vectors of independent sums, enough to hide the add latency on every
@@ -588,6 +594,66 @@ float_dot!(
     dot_f16, dot_f16_on, dot_f16_body, u16
 );
 
+/// Defines `$name(rows, cols, xs, out)` (on [`Isa::active`]) and
+/// `$name_on(isa, …)`: a tile of float weight rows (row-major, `cols`
+/// wide) against many activation rows, `out[r * xs.len() + t]` the bits of
+/// the one-row `$one_on(rows[r], xs[t])` (prefill's products). AVX-512
+/// CPUs run the register-blocked [`float_tile_x512`]; AVX2 ones the
+/// three-row `$three_on` in turn; elsewhere one-row dots.
+macro_rules! float_tile {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $three_on:ident, $one_on:ident, $t:ty) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name(rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+            $name_on(Isa::active(), rows, cols, xs, out)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] on a chosen instruction set.")]
+        pub fn $name_on(isa: Isa, rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+            let n = xs.len();
+            assert!(xs.iter().all(|x| x.len() == cols), "activation rows are not {cols} wide");
+            assert_eq!(rows.len() * n, out.len() * cols, "rows do not match the outputs");
+            if n == 0 {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if attention_x512_runs(isa) {
+                // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+                return unsafe { float_tile_x512::$name(rows, cols, xs, out) };
+            }
+            // Three activation rows (in L1) meet every row of the tile in turn.
+            let nrows = out.len() / n;
+            let row = |r: usize| &rows[r * cols..(r + 1) * cols];
+            let mut t = 0;
+            while t + 3 <= n {
+                for r in 0..nrows {
+                    let v = $three_on(isa, row(r), [xs[t], xs[t + 1], xs[t + 2]]);
+                    out[r * n + t..r * n + t + 3].copy_from_slice(&v);
+                }
+                t += 3;
+            }
+            for (t, x) in xs.iter().enumerate().skip(t) {
+                for r in 0..nrows {
+                    out[r * n + t] = $one_on(isa, row(r), x);
+                }
+            }
+        }
+    };
+}
+
+float_tile!(
+    /// [`dot_f32`] of a tile of rows with many activation rows.
+    dots_tile_f32, dots_tile_f32_on, dot3_f32_on, dot_f32_on, f32
+);
+float_tile!(
+    /// [`dot_bf16`] of a tile of rows with many activation rows.
+    dots_tile_bf16, dots_tile_bf16_on, dot3_bf16_on, dot_bf16_on, u16
+);
+float_tile!(
+    /// [`dot_f16`] of a tile of rows with many activation rows.
+    dots_tile_f16, dots_tile_f16_on, dot3_f16_on, dot_f16_on, u16
+);
+
 #[inline(always)]
 fn dot_f32_body(w: &[f32], x: &[f32]) -> f32 {
     dot_with(w, x, |v| v)
@@ -843,6 +909,54 @@ mod tests {
                     bits(xs.map(|x| dot_bf16_on(isa, &wb, x))),
                     "bf16 {isa:?} n={n}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn float_tiles_give_each_pair_the_scalar_dot_bits() {
+        // Tiles of 1..7 rows against 1..9 activation rows: whole 3 x 4
+        // register blocks and every smaller edge block, widths with and
+        // without a tail.
+        for cols in [1usize, 31, 32, 96, 100, 2053] {
+            for (nrows, n) in [(1usize, 1usize), (3, 4), (7, 9), (5, 2), (2, 6)] {
+                let xs: Vec<Vec<f32>> = (0..n)
+                    .map(|t| {
+                        (0..cols)
+                            .map(|i| ((i * 7919 + 31 * t) % 1013) as f32 / 1013.0 - 0.5)
+                            .map(|v| v * 10f32.powi(t as i32 % 3 - 1))
+                            .collect()
+                    })
+                    .collect();
+                let xs: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+                let w: Vec<f32> = (0..nrows * cols)
+                    .map(|i| ((i * 104729 % 997) as f32 / 997.0 - 0.5) * 0.1)
+                    .collect();
+                let w16: Vec<u16> = w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+                let wb: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                // The definition: the portable one-row dot of every pair.
+                let want = |one: &dyn Fn(usize, &[f32]) -> f32| {
+                    let mut o = vec![0.0f32; nrows * n];
+                    for r in 0..nrows {
+                        for (t, x) in xs.iter().enumerate() {
+                            o[r * n + t] = one(r, x);
+                        }
+                    }
+                    bits(&o)
+                };
+                let f32_want = want(&|r, x| dot_f32_on(Isa::Scalar, &w[r * cols..(r + 1) * cols], x));
+                let f16_want = want(&|r, x| dot_f16_on(Isa::Scalar, &w16[r * cols..(r + 1) * cols], x));
+                let bf16_want = want(&|r, x| dot_bf16_on(Isa::Scalar, &wb[r * cols..(r + 1) * cols], x));
+                for &isa in Isa::available() {
+                    let mut o = vec![f32::NAN; nrows * n];
+                    dots_tile_f32_on(isa, &w, cols, &xs, &mut o);
+                    assert_eq!(bits(&o), f32_want, "f32 {isa:?} {nrows}x{n}x{cols}");
+                    dots_tile_f16_on(isa, &w16, cols, &xs, &mut o);
+                    assert_eq!(bits(&o), f16_want, "f16 {isa:?} {nrows}x{n}x{cols}");
+                    dots_tile_bf16_on(isa, &wb, cols, &xs, &mut o);
+                    assert_eq!(bits(&o), bf16_want, "bf16 {isa:?} {nrows}x{n}x{cols}");
+                }
             }
         }
     }

@@ -25,7 +25,7 @@ use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::gguf::qdot::{self, Q8Acts};
 use crate::gguf::{self, GgmlType};
 use crate::hugemem::HugeBuf;
-use crate::kernels::{dot3_bf16, dot3_f16, dot3_f32, dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8};
+use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8, dots_tile_bf16, dots_tile_f16, dots_tile_f32};
 use crate::quant::{
     check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, gguf_bytes, quantize_int4,
     quantize_int8, QuantError, WeightFormat,
@@ -775,28 +775,24 @@ impl Weight {
                     t += 4;
                 }
             }
-            // Float rows: three activation rows per call, each weight row
-            // widened once for the three (the one-row dot's bits).
-            let f32_acts = |t: usize| match &acts[t] {
-                Prepared::F32(x) => *x,
-                Prepared::Q8(_) => unreachable!("float rows take f32 activations"),
-            };
-            let c = self.cols;
-            while t + 3 <= n && matches!(self.data, WeightData::F32(_) | WeightData::BF16(_) | WeightData::F16(_)) {
-                let xs = [f32_acts(t), f32_acts(t + 1), f32_acts(t + 2)];
-                for i in 0..tile_rows {
-                    let range = (r0 + i) * c..(r0 + i + 1) * c;
-                    let v = match &self.data {
-                        WeightData::F32(b) => dot3_f32(&b.as_slice()[range], xs),
-                        WeightData::BF16(b) => dot3_bf16(&b.as_slice()[range], xs),
-                        WeightData::F16(b) => dot3_f16(&b.as_slice()[range], xs),
-                        _ => unreachable!("checked above"),
-                    };
-                    for (k, v) in v.into_iter().enumerate() {
-                        o[i * n + t + k] = v;
-                    }
+            // Float rows: the tile against every activation row at once,
+            // register-blocked (the one-row dot's bits).
+            if t == 0 && matches!(self.data, WeightData::F32(_) | WeightData::BF16(_) | WeightData::F16(_)) {
+                let xs: Vec<&[f32]> = acts
+                    .iter()
+                    .map(|a| match a {
+                        Prepared::F32(x) => *x,
+                        Prepared::Q8(_) => unreachable!("float rows take f32 activations"),
+                    })
+                    .collect();
+                let range = r0 * self.cols..(r0 + tile_rows) * self.cols;
+                match &self.data {
+                    WeightData::F32(b) => dots_tile_f32(&b.as_slice()[range], self.cols, &xs, o),
+                    WeightData::BF16(b) => dots_tile_bf16(&b.as_slice()[range], self.cols, &xs, o),
+                    WeightData::F16(b) => dots_tile_f16(&b.as_slice()[range], self.cols, &xs, o),
+                    _ => unreachable!("checked above"),
                 }
-                t += 3;
+                t = n;
             }
             for (t, a) in acts.iter().enumerate().skip(t) {
                 for i in 0..tile_rows {

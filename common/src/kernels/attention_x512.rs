@@ -21,7 +21,7 @@ use crate::prefetch;
 /// `super::reduce` over lanes `0..16` (`lo`) and `16..32` (`hi`): the same
 /// pairs added in the same order as the portable and AVX2 builds.
 #[inline(always)]
-unsafe fn reduce(lo: __m512, hi: __m512) -> f32 {
+pub(super) unsafe fn reduce(lo: __m512, hi: __m512) -> f32 {
     // t[i] = acc[i] + acc[i + 16] for i < 16.
     let t = _mm512_add_ps(lo, hi);
     // v[i] = (acc[i] + acc[i + 16]) + (acc[i + 8] + acc[i + 24]) for i < 8.

@@ -1,0 +1,170 @@
+//! Prefill's float-row products in explicit AVX-512: a tile of weight rows
+//! (F32, BF16 or F16) against many f32 activation rows, register-blocked.
+//!
+//! [`super::dot_with`] defines each product: 32 lane sums (lane `i` holds
+//! the columns `i mod 32` of the whole chunks, in order), a separate
+//! multiply and add, then `reduce` and the in-order tail. Here a block of
+//! [`ROWS`] weight rows meets [`ACTS`] activation rows at once: each pair
+//! keeps its 32 lanes in two 16-wide registers (24 accumulators), each
+//! weight vector is widened once for the four activation rows and each
+//! activation vector loaded once for the three weight rows, so the
+//! multiplies and adds, not the loads, bound the loop (the one-row-by-three
+//! AVX2 loop reloads every activation vector per weight row and waits on
+//! L2). Every pair takes the one-row dot's operations in its order, so
+//! the bits are those of every build (tests in `kernels.rs`).
+
+use std::arch::x86_64::*;
+
+use super::attention_x512::reduce;
+use super::{tail, LANES};
+
+/// Weight rows per register block.
+const ROWS: usize = 3;
+
+/// Activation rows per register block.
+const ACTS: usize = 4;
+
+/// `out[r * T + t] = row_r · xs[t]` over the whole chunks (no tail) for
+/// `R` rows and `T` activation rows; `load16(r, i)` widens row `r`'s
+/// elements `i..i + 16`.
+#[inline(always)]
+unsafe fn block<const R: usize, const T: usize>(
+    full: usize,
+    xs: [&[f32]; T],
+    load16: impl Fn(usize, usize) -> __m512,
+) -> [[f32; T]; R] {
+    let mut acc = [[[_mm512_setzero_ps(); 2]; T]; R];
+    let mut i = 0;
+    // SAFETY: every load covers elements below `full` of each `xs[t]` and
+    // (through the caller's closure) of each row.
+    unsafe {
+        while i < full {
+            for h in 0..2 {
+                // (Plain loops, not `array::from_fn`: a closure does not
+                // inherit the caller's target features, and its intrinsics
+                // would become calls.)
+                let mut x = [_mm512_setzero_ps(); T];
+                for (xv, xt) in x.iter_mut().zip(xs) {
+                    *xv = _mm512_loadu_ps(xt.as_ptr().add(i + 16 * h));
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let w = load16(r, i + 16 * h);
+                    for (a, xv) in acc.iter_mut().zip(x) {
+                        a[h] = _mm512_add_ps(a[h], _mm512_mul_ps(w, xv));
+                    }
+                }
+            }
+            i += LANES;
+        }
+        let mut sums = [[0.0f32; T]; R];
+        for (s, a) in sums.iter_mut().zip(&acc) {
+            for (s, a) in s.iter_mut().zip(a) {
+                *s = reduce(a[0], a[1]);
+            }
+        }
+        sums
+    }
+}
+
+/// The tile: `out[r * xs.len() + t] = rows[r] · xs[t]` for the `out.len() /
+/// xs.len()` rows of `rows` (row-major, `cols` wide), in blocks of
+/// [`ROWS`] × [`ACTS`] and smaller blocks at the edges. `row_tail(r, x)` is
+/// row `r`'s tail against `x`.
+#[inline(always)]
+unsafe fn tile(
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+    load16: impl Fn(usize, usize) -> __m512 + Copy,
+    row_tail: impl Fn(usize, &[f32]) -> f32 + Copy,
+) {
+    let n = xs.len();
+    let nrows = out.len() / n.max(1);
+    let full = cols / LANES * LANES;
+    let mut t0 = 0;
+    while t0 < n {
+        let tn = (n - t0).min(ACTS);
+        let mut r0 = 0;
+        while r0 < nrows {
+            let rn = (nrows - r0).min(ROWS);
+            let at = move |r: usize, i: usize| load16(r0 + r, i);
+            // SAFETY: the caller's closure reads rows below `nrows` and
+            // columns below `full`; every `xs[t]` holds `cols` elements.
+            macro_rules! run {
+                ($r:literal, $t:literal) => {{
+                    let x: [&[f32]; $t] = std::array::from_fn(|t| xs[t0 + t]);
+                    let v = unsafe { block::<$r, $t>(full, x, at) };
+                    for (r, v) in v.iter().enumerate() {
+                        for (t, v) in v.iter().enumerate() {
+                            out[(r0 + r) * n + t0 + t] = v + row_tail(r0 + r, x[t]);
+                        }
+                    }
+                }};
+            }
+            match (rn, tn) {
+                (3, 4) => run!(3, 4),
+                (3, 3) => run!(3, 3),
+                (3, 2) => run!(3, 2),
+                (3, 1) => run!(3, 1),
+                (2, 4) => run!(2, 4),
+                (2, 3) => run!(2, 3),
+                (2, 2) => run!(2, 2),
+                (2, 1) => run!(2, 1),
+                (1, 4) => run!(1, 4),
+                (1, 3) => run!(1, 3),
+                (1, 2) => run!(1, 2),
+                _ => run!(1, 1),
+            }
+            r0 += rn;
+        }
+        t0 += tn;
+    }
+}
+
+/// [`super::dots_tile_f32`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: AVX-512F is enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
+    unsafe {
+        tile(
+            cols,
+            xs,
+            out,
+            |r, i| _mm512_loadu_ps(rows.as_ptr().add(r * cols + i)),
+            |r, x| tail(&rows[r * cols..(r + 1) * cols], x, |v| v),
+        )
+    }
+}
+
+/// [`super::dots_tile_bf16`]: a bf16 is the top half of its f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: AVX-512F/BW are enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
+    unsafe {
+        tile(
+            cols,
+            xs,
+            out,
+            |r, i| {
+                let h = _mm256_loadu_si256(rows.as_ptr().add(r * cols + i) as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            },
+            |r, x| tail(&rows[r * cols..(r + 1) * cols], x, crate::dtype::bf16_to_f32),
+        )
+    }
+}
+
+/// [`super::dots_tile_f16`]: halves widened exactly (`vcvtph2ps`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+pub(super) fn dots_tile_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    // SAFETY: AVX-512F is enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
+    unsafe {
+        tile(
+            cols,
+            xs,
+            out,
+            |r, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(r * cols + i) as *const __m256i)),
+            |r, x| tail(&rows[r * cols..(r + 1) * cols], x, crate::dtype::f16_to_f32),
+        )
+    }
+}
