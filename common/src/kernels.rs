@@ -598,8 +598,9 @@ float_dot!(
 /// `$name_on(isa, …)`: a tile of float weight rows (row-major, `cols`
 /// wide) against many activation rows, `out[r * xs.len() + t]` the bits of
 /// the one-row `$one_on(rows[r], xs[t])` (prefill's products). AVX-512
-/// CPUs run the register-blocked [`float_tile_x512`]; AVX2 ones the
-/// three-row `$three_on` in turn; elsewhere one-row dots.
+/// CPUs run the register-blocked [`float_tile_x512`] from four activation
+/// rows on; fewer rows, and AVX2 CPUs, take the three-row `$three_on` in
+/// turn; elsewhere one-row dots.
 macro_rules! float_tile {
     ($(#[$doc:meta])* $name:ident, $name_on:ident, $three_on:ident, $one_on:ident, $t:ty) => {
         $(#[$doc])*
@@ -616,8 +617,11 @@ macro_rules! float_tile {
             if n == 0 {
                 return;
             }
+            // Under a register block's four activation rows the product
+            // is a memory stream (decode's experts meet one row), which
+            // the one-row dots' software prefetch serves better.
             #[cfg(target_arch = "x86_64")]
-            if attention_x512_runs(isa) {
+            if attention_x512_runs(isa) && n >= 4 {
                 // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
                 return unsafe { float_tile_x512::$name(rows, cols, xs, out) };
             }

@@ -8,7 +8,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use charm_common::kernels::{add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32};
+use charm_common::kernels::{
+    add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32, dots_tile_f16, dots_tile_f32,
+};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use serde::{Deserialize, Serialize};
 
@@ -133,6 +135,16 @@ impl CachedRows<'_> {
         match self {
             CachedRows::F32(r) => dots_f32(r, q, out),
             CachedRows::F16(r) => dots_f16(r, q, out),
+        }
+    }
+
+    /// `out[j * qs.len() + h] = rows[j] · qs[h]` for `width`-wide rows:
+    /// several queries (heads sharing these rows) scored in one pass over
+    /// them, each score the bits of [`CachedRows::dots`].
+    pub fn dots_many(self, width: usize, qs: &[&[f32]], out: &mut [f32]) {
+        match self {
+            CachedRows::F32(r) => dots_tile_f32(r, width, qs, out),
+            CachedRows::F16(r) => dots_tile_f16(r, width, qs, out),
         }
     }
 

@@ -241,7 +241,12 @@ impl Mla {
         let started = Instant::now();
 
         // softmax(scale * [q_abs | q_rot] · [latent | k_rot]) over the cache,
-        // the weighted latents, one (row, head) per task, sequence by sequence.
+        // the weighted latents, sequence by sequence. One task per row and
+        // group of HEADS_PER_TASK heads: the group's queries are scored in
+        // one pass over the latent rows they share (`dots_many`: each
+        // score the bits of a one-query pass), then each head's softmax and
+        // weighted sum.
+        const HEADS_PER_TASK: usize = 4;
         let mut ctx = vec![0.0f32; n * heads * w];
         for (rows, (cache, shared)) in seqs.iter().zip(caches.iter()) {
             let cache_ref: &LatentKv = cache;
@@ -251,21 +256,30 @@ impl Mla {
                 None => *shared,
             };
             let qq = &qq[rows.start * heads * w..rows.end * heads * w];
-            ctx[rows.start * heads * w..rows.end * heads * w]
-                .par_chunks_mut(w)
+            let tasks: Vec<(usize, usize, &mut [f32])> = ctx[rows.start * heads * w..rows.end * heads * w]
+                .chunks_mut(heads * w)
                 .enumerate()
-                .for_each(|(i, o)| {
-                    let t = i / heads;
-                    let pos = first + t;
-                    let mut scores = vec![0.0f32; pos + 1];
-                    cache_ref.rows(0, pos + 1).dots(&qq[i * w..(i + 1) * w], &mut scores);
-                    for x in &mut scores {
-                        *x *= self.scale;
-                    }
+                .flat_map(|(t, c)| {
+                    c.chunks_mut(HEADS_PER_TASK * w)
+                        .enumerate()
+                        .map(move |(g, o)| (t, g * HEADS_PER_TASK, o))
+                })
+                .collect();
+            tasks.into_par_iter().for_each(|(t, h0, o)| {
+                let keys = first + t + 1;
+                let qs: Vec<&[f32]> = o
+                    .chunks_exact(w)
+                    .enumerate()
+                    .map(|(k, _)| &qq[(t * heads + h0 + k) * w..(t * heads + h0 + k + 1) * w])
+                    .collect();
+                let mut all = vec![0.0f32; keys * qs.len()];
+                cache_ref.rows(0, keys).dots_many(w, &qs, &mut all);
+                for (k, o) in o.chunks_exact_mut(w).enumerate() {
+                    let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * self.scale).collect();
                     // Keys the indexer did not pick weigh nothing (transformers
                     // adds finfo.min, whose exp is 0 as -inf's is).
                     if let Some(Some(keep)) = selection.map(|s| &s[t]) {
-                        let mut kept = vec![f32::NEG_INFINITY; pos + 1];
+                        let mut kept = vec![f32::NEG_INFINITY; keys];
                         for &j in keep {
                             kept[j as usize] = scores[j as usize];
                         }
@@ -273,8 +287,9 @@ impl Mla {
                     }
                     softmax(&mut scores);
                     o.fill(0.0);
-                    cache_ref.rows(0, pos + 1).add_weighted(&scores, o);
-                });
+                    cache_ref.rows(0, keys).add_weighted(&scores, o);
+                }
+            });
         }
         // attn_output per head = W_UV · (weighted latents).
         let mut attn = vec![0.0f32; n * heads * vd];
