@@ -285,35 +285,64 @@ impl Attention {
     }
 
     /// softmax(q k^T / sqrt(head_dim)) v for one sequence's roped queries
-    /// `q` (rows from position `first`), one (row, head) per task.
+    /// `q` (rows from position `first`). One task per row and run of up to
+    /// [`HEADS_PER_TASK`] query heads that share a KV head: their queries
+    /// are scored in one pass over the keys (`dots_many`: each score the
+    /// bits of a one-query pass), then each head's softmax and weighted sum.
     fn heads_into(&self, q: &[f32], first: usize, kv: &LayerKv, ctx: &mut [f32]) {
         let (qd, hd, vd) = (self.heads * self.head_dim, self.head_dim, self.v_head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
         let group = self.heads / self.kv_heads;
-        ctx.par_chunks_mut(vd).enumerate().for_each(|(i, o)| {
-            let (t, h) = (i / self.heads, i % self.heads);
+        let run = group.clamp(1, HEADS_PER_TASK);
+        let tasks: Vec<(usize, usize, &mut [f32])> = ctx
+            .chunks_mut(self.heads * vd)
+            .enumerate()
+            .flat_map(|(t, c)| {
+                // Runs never straddle two KV heads' groups.
+                let mut runs = Vec::new();
+                let mut rest = c;
+                let mut h = 0;
+                while h < self.heads {
+                    let k = run.min(group - h % group);
+                    let (this, tail) = std::mem::take(&mut rest).split_at_mut(k * vd);
+                    runs.push((t, h, this));
+                    rest = tail;
+                    h += k;
+                }
+                runs
+            })
+            .collect();
+        tasks.into_par_iter().for_each(|(t, h0, o)| {
             let pos = first + t;
             let start = match self.window {
                 Some(w) => (pos + 1).saturating_sub(w),
                 None => 0,
             };
-            let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let mut scores = vec![0.0f32; pos + 1 - start];
-            kv.keys(h / group, start, pos + 1).dots(qh, &mut scores);
-            for s in &mut scores {
-                *s *= scale;
+            let keys = pos + 1 - start;
+            let qs: Vec<&[f32]> = (h0..h0 + o.len() / vd)
+                .map(|h| &q[t * qd + h * hd..t * qd + (h + 1) * hd])
+                .collect();
+            let mut all = vec![0.0f32; keys * qs.len()];
+            kv.keys(h0 / group, start, pos + 1).dots_many(hd, &qs, &mut all);
+            for (k, o) in o.chunks_exact_mut(vd).enumerate() {
+                let h = h0 + k;
+                let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * scale).collect();
+                match &self.sinks {
+                    // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
+                    // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
+                    Some(sinks) => softmax_with_sink(&mut scores, sinks[h]),
+                    None => softmax(&mut scores),
+                }
+                o.fill(0.0);
+                kv.values(h / group, start, pos + 1).add_weighted(&scores, o);
             }
-            match &self.sinks {
-                // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
-                // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
-                Some(sinks) => softmax_with_sink(&mut scores, sinks[h]),
-                None => softmax(&mut scores),
-            }
-            o.fill(0.0);
-            kv.values(h / group, start, pos + 1).add_weighted(&scores, o);
         });
     }
 }
+
+/// Query heads per attention task: one register block of the score tile
+/// (`charm_common::kernels::dots_tile_*`).
+pub(crate) const HEADS_PER_TASK: usize = 4;
 
 /// Softmax over `scores` and one more logit, `sink`, whose probability is
 /// then dropped: the scores sum to less than one. The max is taken over

@@ -29,7 +29,7 @@ use charm_common::kernels::{rms_norm, rms_norm_rows, softmax};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 
-use crate::attention::{deinterleave_heads, AttentionTimes};
+use crate::attention::{deinterleave_heads, AttentionTimes, HEADS_PER_TASK};
 use crate::config::{MlaShape, ModelConfig, Yarn};
 use crate::dsa_indexer::{Indexer, Selection};
 use crate::kv_cache::LatentKv;
@@ -246,7 +246,6 @@ impl Mla {
         // one pass over the latent rows they share (`dots_many`: each
         // score the bits of a one-query pass), then each head's softmax and
         // weighted sum.
-        const HEADS_PER_TASK: usize = 4;
         let mut ctx = vec![0.0f32; n * heads * w];
         for (rows, (cache, shared)) in seqs.iter().zip(caches.iter()) {
             let cache_ref: &LatentKv = cache;
