@@ -277,7 +277,13 @@ fn a_split_model_serves_from_its_parts() {
     );
     assert_eq!(p0.experts_len + p1.experts_len, whole.experts_len);
     let a = Worker::start(&parts.join("part-0"), &key, &["--expert-cache-gb", "1"]);
-    let b = Worker::start(&parts.join("part-1"), &key, &["--expert-cache-gb", "1"]);
+    // The other part read from disk every time, by pread, without
+    // read-ahead: placement options, the same bits.
+    let b = Worker::start(
+        &parts.join("part-1"),
+        &key,
+        &["--expert-cache-gb", "0", "--no-prefetch", "--io", "pread"],
+    );
     let r = Reference::load("olmoe");
     let seq = r.full_sequence();
     let local = Engine::local(&full).unwrap();

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use charm_worker::io::{Backend, ReaderOptions};
 use charm_worker::net::handshake::short;
 use charm_worker::net::mdns::Advertisement;
 use charm_worker::net::served::{ServeOptions, Served};
@@ -57,6 +58,23 @@ struct Cli {
     /// Compute threads (default: every core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Do not read the predicted next layer's experts ahead (containers).
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Read a container's experts with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    direct_io: bool,
+    /// Disk reader: auto (io_uring on Linux when available), io-uring, pread.
+    #[arg(long, value_enum, default_value_t = IoChoice::Auto)]
+    io: IoChoice,
+}
+
+/// `--io` choices (as `coordinator --io`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum IoChoice {
+    Auto,
+    IoUring,
+    Pread,
 }
 
 fn main() {
@@ -92,6 +110,16 @@ fn run(cli: Cli) -> Result<()> {
         &ServeOptions {
             cache_bytes,
             state_dir: cli.state_dir.clone(),
+            no_prefetch: cli.no_prefetch,
+            reader: ReaderOptions {
+                direct_io: cli.direct_io,
+                backend: match cli.io {
+                    IoChoice::Auto => None,
+                    IoChoice::IoUring => Some(Backend::IoUring),
+                    IoChoice::Pread => Some(Backend::Pread),
+                },
+                ..ReaderOptions::default()
+            },
         },
     )
     .with_context(|| format!("loading {}", cli.model.display()))?;

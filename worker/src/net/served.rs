@@ -41,6 +41,13 @@ pub struct ServeOptions {
     /// Where the routing history is kept (`None`: `<model>/state` when
     /// writable, else not persisted).
     pub state_dir: Option<PathBuf>,
+    /// Do not read the predicted next layer's experts ahead (a container's
+    /// read-ahead; placement only, never the bits).
+    pub no_prefetch: bool,
+    /// How a container's expert records are read: `O_DIRECT` (past the page
+    /// cache, which then does not hold a second copy of what the expert
+    /// cache holds), io_uring or pread.
+    pub reader: ReaderOptions,
 }
 
 /// The model could not be served.
@@ -121,8 +128,8 @@ impl Served {
                 &manifest,
                 &StoreOptions {
                     cache_bytes,
-                    prefetch: true,
-                    reader: ReaderOptions::default(),
+                    prefetch: !opts.no_prefetch,
+                    reader: opts.reader.clone(),
                     history_path: crate::sysmem::state_file(
                         dir,
                         opts.state_dir.as_deref(),
