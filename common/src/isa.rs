@@ -12,7 +12,7 @@ pub enum Isa {
     Scalar,
     /// AArch64 Advanced SIMD.
     Neon,
-    /// x86-64 AVX2.
+    /// x86-64 AVX2 (with F16C and FMA).
     Avx2,
     /// x86-64 AVX-512 (F, BW, VL) with VNNI.
     Avx512Vnni,
@@ -38,7 +38,8 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             {
                 use std::arch::is_x86_feature_detected as has;
-                if has!("avx2") && has!("f16c") {
+                // The float kernels fuse every multiply-add (`vfmadd`).
+                if has!("avx2") && has!("f16c") && has!("fma") {
                     v.push(Isa::Avx2);
                     if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
                         v.push(Isa::Avx512Vnni);

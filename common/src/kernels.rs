@@ -12,9 +12,14 @@
 //! Every fast dot is one portable source compiled three times: for the
 //! baseline target, for AVX2 and for AVX-512 (picked at run time from
 //! [`Isa::active`]; on AArch64 the baseline build is already NEON). The
-//! order of every operation is fixed by the source and Rust never fuses a
-//! multiply and an add, so all builds give the same bits on every CPU
-//! (`*_on` runs a chosen build; tests compare them). The float dots and
+//! order of every operation is fixed by the source, so all builds give the
+//! same bits on every CPU (`*_on` runs a chosen build; tests compare them).
+//! The float dots and weighted sums fuse each multiply with its add
+//! (`f32::mul_add`, one rounding; `vfmadd` on x86, which the AVX2 set here
+//! requires, `fmla` on NEON): half the vector operations of a separate
+//! multiply and add, which bound the prefill tiles. Rust never fuses on
+//! its own, so the quantized dots, which multiply and add separately,
+//! keep their bits. The float dots and
 //! attention's weighted value sums (`dots_f32` / `dots_f16`,
 //! `add_weighted_rows` / `_f16`) have explicit AVX2 lanes (`float_x86`)
 //! that perform the portable body's operations in its order; attention's
@@ -60,7 +65,7 @@ fn dot_with<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
     let mut acc = [0.0f32; LANES];
     for (a, b) in w.chunks_exact(LANES).zip(x.chunks_exact(LANES)) {
         for i in 0..LANES {
-            acc[i] += cvt(a[i]) * b[i];
+            acc[i] = cvt(a[i]).mul_add(b[i], acc[i]);
         }
     }
     finish(acc, w, x, cvt)
@@ -79,7 +84,7 @@ fn tail<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
     let full = w.len() / LANES * LANES;
     let mut tail = 0.0f32;
     for (a, b) in w[full..].iter().zip(&x[full..]) {
-        tail += cvt(*a) * b;
+        tail = cvt(*a).mul_add(*b, tail);
     }
     tail
 }
@@ -88,7 +93,7 @@ fn tail<T: Copy>(w: &[T], x: &[f32], cvt: impl Fn(T) -> f32) -> f32 {
 /// vectorization of [`dot_with`] depends on the lane count and the target
 /// in ways that cost up to 4x): four 8-wide registers, lane `i` of the
 /// array being element `i mod 32` of every chunk, as in [`dot_with`], with
-/// a separate multiply and add, so the bits are the portable build's.
+/// the same fused multiply-add, so the bits are the portable build's.
 #[cfg(target_arch = "x86_64")]
 mod float_x86 {
     use std::arch::x86_64::*;
@@ -125,7 +130,7 @@ mod float_x86 {
                 crate::prefetch::ahead_span(row.wrapping_add(i), LANES * size, pf);
                 for (j, aj) in a.iter_mut().enumerate() {
                     let xv = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
-                    *aj = _mm256_add_ps(*aj, _mm256_mul_ps(load8(i + 8 * j), xv));
+                    *aj = _mm256_fmadd_ps(load8(i + 8 * j), xv, *aj);
                 }
                 i += LANES;
             }
@@ -133,13 +138,13 @@ mod float_x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
         f32_row(w, x)
     }
 
     /// [`super::dots_f32`]: one dispatch for many rows.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
         for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
             *o = f32_row(r, x);
@@ -155,7 +160,7 @@ mod float_x86 {
     }
 
     /// [`super::dots_f16`]: one dispatch for many rows.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
         for (o, r) in out.iter_mut().zip(rows.chunks_exact(x.len())) {
             *o = dot_f16(r, x);
@@ -169,7 +174,7 @@ mod float_x86 {
     /// blocks of up to 64 columns stay in eight registers while the rows
     /// pass (`load8(j, i)`: row `j`'s columns `i..i + 8`); columns past
     /// the last 8 go through `at(j, i)`. Each element takes the same
-    /// separate multiply and add, in order of `j`, as the portable body.
+    /// fused multiply-add, in order of `j`, as the portable body.
     /// Rows go by in blocks of [`BLOCK_ROWS`]: a row wider than 64 columns
     /// is met once per column block while its block is still in L1, and
     /// the first column block asks for the whole of a later row
@@ -207,7 +212,7 @@ mod float_x86 {
                         }
                         let pv = _mm256_set1_ps(p);
                         for (b, a) in acc.iter_mut().enumerate().take(k) {
-                            *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, load8(j, c + 8 * b)));
+                            *a = _mm256_fmadd_ps(pv, load8(j, c + 8 * b), *a);
                         }
                     }
                     for (b, a) in acc.iter().enumerate().take(k) {
@@ -220,13 +225,13 @@ mod float_x86 {
         }
         for (i, o) in out.iter_mut().enumerate().skip(full) {
             for (j, &p) in weights.iter().enumerate() {
-                *o += p * at(j, i);
+                *o = p.mul_add(at(j, i), *o);
             }
         }
     }
 
     /// [`super::add_weighted_rows`] with the output in registers.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
         let n = out.len();
         assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
@@ -244,7 +249,7 @@ mod float_x86 {
 
     /// [`super::add_weighted_rows_f16`]: [`add_weighted_rows`] on rows
     /// widened exactly by F16C.
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
         let n = out.len();
         assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
@@ -260,7 +265,7 @@ mod float_x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
         assert_eq!(w.len(), x.len());
         // SAFETY: as above; a bf16 is the top half of its f32.
@@ -273,7 +278,7 @@ mod float_x86 {
         acc + tail(w, x, bf16_to_f32)
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot_f16(w: &[u16], x: &[f32]) -> f32 {
         assert_eq!(w.len(), x.len());
         // SAFETY: as above; F16C widens exactly, as `f16_to_f32` does.
@@ -304,7 +309,7 @@ mod float_x86 {
                     let w = load8(i + 8 * j);
                     for (x, a) in xs.iter().zip(a.iter_mut()) {
                         let xv = _mm256_loadu_ps(x.as_ptr().add(i + 8 * j));
-                        a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(w, xv));
+                        a[j] = _mm256_fmadd_ps(w, xv, a[j]);
                     }
                 }
                 i += LANES;
@@ -313,7 +318,7 @@ mod float_x86 {
         }
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot3_f32(w: &[f32], xs: [&[f32]; 3]) -> [f32; 3] {
         assert!(xs.iter().all(|x| x.len() == w.len()));
         // SAFETY: AVX2 is enabled; loads stay within `w` and every `x`.
@@ -321,7 +326,7 @@ mod float_x86 {
         std::array::from_fn(|t| acc[t] + tail(w, xs[t], |v| v))
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot3_bf16(w: &[u16], xs: [&[f32]; 3]) -> [f32; 3] {
         assert!(xs.iter().all(|x| x.len() == w.len()));
         // SAFETY: as above; a bf16 is the top half of its f32.
@@ -334,7 +339,7 @@ mod float_x86 {
         std::array::from_fn(|t| acc[t] + tail(w, xs[t], bf16_to_f32))
     }
 
-    #[target_feature(enable = "avx2,f16c")]
+    #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot3_f16(w: &[u16], xs: [&[f32]; 3]) -> [f32; 3] {
         assert!(xs.iter().all(|x| x.len() == w.len()));
         // SAFETY: as above; F16C widens exactly.
@@ -404,11 +409,11 @@ macro_rules! multiversion {
         pub fn $name_on(isa: Isa, $($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2,f16c")]
+                #[target_feature(enable = "avx2,f16c,fma")]
                 fn avx2($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
-                #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+                #[target_feature(enable = "avx2,f16c,fma,avx512f,avx512bw,avx512vl")]
                 fn avx512($($arg: $ty),*) -> $ret {
                     $body($($arg),*)
                 }
@@ -493,7 +498,7 @@ fn add_weighted_with<T: Copy>(out: &mut [f32], weights: &[f32], rows: &[T], cvt:
     assert_eq!(rows.len(), weights.len() * out.len(), "rows do not match the weights");
     for (&p, r) in weights.iter().zip(rows.chunks_exact(out.len())) {
         for (o, &v) in out.iter_mut().zip(r) {
-            *o += p * cvt(v);
+            *o = p.mul_add(cvt(v), *o);
         }
     }
 }

@@ -6,12 +6,13 @@
 //! are those of every other build (tests in `kernels.rs` compare them):
 //! - a key's score keeps the [`super::LANES`] lane sums of `dot_with` in two
 //!   16-wide registers (lane `i` of the pair is lane `i` of the array), with
-//!   a separate multiply and add, and reduces them in `reduce`'s pairing;
+//!   the same fused multiply-add, and reduces them in `reduce`'s pairing;
 //! - a weighted sum keeps up to 128 output columns in eight registers
 //!   while every row passes (one pass over a 128-wide head: each row is read
 //!   front to back, which the hardware prefetchers follow; AVX2's sixteen
 //!   registers need two 64-column passes, each reading half of every row),
-//!   adding `weights[j] * row_j` to each element in order of `j`.
+//!   adding `weights[j] * row_j` to each element in order of `j` (one
+//!   fused multiply-add each).
 
 use std::arch::x86_64::*;
 
@@ -60,11 +61,8 @@ unsafe fn dots<T>(
             let mut i = 0;
             while i < full {
                 prefetch::ahead_span(base.wrapping_add(r * n + i), LANES * size, pf);
-                lo = _mm512_add_ps(lo, _mm512_mul_ps(load16(r, i), _mm512_loadu_ps(x.as_ptr().add(i))));
-                hi = _mm512_add_ps(
-                    hi,
-                    _mm512_mul_ps(load16(r, i + 16), _mm512_loadu_ps(x.as_ptr().add(i + 16))),
-                );
+                lo = _mm512_fmadd_ps(load16(r, i), _mm512_loadu_ps(x.as_ptr().add(i)), lo);
+                hi = _mm512_fmadd_ps(load16(r, i + 16), _mm512_loadu_ps(x.as_ptr().add(i + 16)), hi);
                 i += LANES;
             }
             *o = reduce(lo, hi) + row_tail(r);
@@ -73,7 +71,7 @@ unsafe fn dots<T>(
 }
 
 /// [`super::dots_f32`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
     let n = x.len();
     assert_eq!(rows.len(), out.len() * n, "rows do not match the outputs");
@@ -91,7 +89,7 @@ pub(super) fn dots_f32(rows: &[f32], x: &[f32], out: &mut [f32]) {
 
 /// [`super::dots_f16`]: keys widened exactly (`vcvtph2ps`, as F16C and
 /// `f16_to_f32` do).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
     let n = x.len();
     assert_eq!(rows.len(), out.len() * n, "rows do not match the outputs");
@@ -136,7 +134,7 @@ unsafe fn weighted<T>(
                 prefetch::ahead_span(rows.wrapping_add(j * n + c), 16 * k * size, pf);
                 let pv = _mm512_set1_ps(p);
                 for (b, a) in acc.iter_mut().enumerate().take(k) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, load16(j, c + 16 * b)));
+                    *a = _mm512_fmadd_ps(pv, load16(j, c + 16 * b), *a);
                 }
             }
             for (b, a) in acc.iter().enumerate().take(k) {
@@ -147,13 +145,13 @@ unsafe fn weighted<T>(
     }
     for (i, o) in out.iter_mut().enumerate().skip(full) {
         for (j, &p) in weights.iter().enumerate() {
-            *o += p * at(j, i);
+            *o = p.mul_add(at(j, i), *o);
         }
     }
 }
 
 /// [`super::add_weighted_rows`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
     let n = out.len();
     assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");
@@ -170,7 +168,7 @@ pub(super) fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) 
 }
 
 /// [`super::add_weighted_rows_f16`]: rows widened exactly.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
     let n = out.len();
     assert_eq!(rows.len(), weights.len() * n, "rows do not match the weights");

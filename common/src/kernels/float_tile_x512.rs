@@ -2,13 +2,13 @@
 //! (F32, BF16 or F16) against many f32 activation rows, register-blocked.
 //!
 //! [`super::dot_with`] defines each product: 32 lane sums (lane `i` holds
-//! the columns `i mod 32` of the whole chunks, in order), a separate
-//! multiply and add, then `reduce` and the in-order tail. Here a block of
+//! the columns `i mod 32` of the whole chunks, in order), one fused
+//! multiply-add per element, then `reduce` and the in-order tail. Here a block of
 //! [`ROWS`] weight rows meets [`ACTS`] activation rows at once: each pair
 //! keeps its 32 lanes in two 16-wide registers (24 accumulators), each
 //! weight vector is widened once for the four activation rows and each
 //! activation vector loaded once for the three weight rows, so the
-//! multiplies and adds, not the loads, bound the loop (the one-row-by-three
+//! multiply-adds, not the loads, bound the loop (the one-row-by-three
 //! AVX2 loop reloads every activation vector per weight row and waits on
 //! L2). Every pair takes the one-row dot's operations in its order, so
 //! the bits are those of every build (tests in `kernels.rs`).
@@ -50,7 +50,7 @@ unsafe fn block<const R: usize, const T: usize>(
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let w = load16(r, i + 16 * h);
                     for (a, xv) in acc.iter_mut().zip(x) {
-                        a[h] = _mm512_add_ps(a[h], _mm512_mul_ps(w, xv));
+                        a[h] = _mm512_fmadd_ps(w, xv, a[h]);
                     }
                 }
             }
@@ -122,7 +122,7 @@ unsafe fn tile(
 }
 
 /// [`super::dots_tile_f32`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
     // SAFETY: AVX-512F is enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
     unsafe {
@@ -137,7 +137,7 @@ pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut 
 }
 
 /// [`super::dots_tile_bf16`]: a bf16 is the top half of its f32.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
     // SAFETY: AVX-512F/BW are enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
     unsafe {
@@ -155,7 +155,7 @@ pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut
 }
 
 /// [`super::dots_tile_f16`]: halves widened exactly (`vcvtph2ps`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn dots_tile_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
     // SAFETY: AVX-512F is enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
     unsafe {
