@@ -290,6 +290,10 @@ const ROWS_PER_TASK: usize = 32;
 /// cache while every activation row passes over it.
 const TILE_ROWS: usize = 16;
 
+/// Tokens per task when a matrix-matrix product's tile-major output is
+/// turned back to token-major.
+const TRANSPOSE_TOKENS: usize = 8;
+
 /// Activation rows per block of a tiled product: eight 2048-wide rows and
 /// their block sums (~20 KiB) share L1 with a tile's weight rows.
 const ACT_BLOCK: usize = 8;
@@ -800,11 +804,19 @@ impl Weight {
                 }
             }
         });
-        for (t, o) in out.chunks_exact_mut(self.rows).enumerate() {
-            for (r, v) in o.iter_mut().enumerate() {
-                *v = by_row[r * n + t];
-            }
-        }
+        // Back to token-major, in blocks of tokens (a block's rows of
+        // `by_row` stay in cache while it is read), on every thread.
+        out.par_chunks_mut(self.rows * TRANSPOSE_TOKENS)
+            .enumerate()
+            .for_each(|(b, o)| {
+                let t0 = b * TRANSPOSE_TOKENS;
+                let k = o.len() / self.rows;
+                for (r, src) in by_row.chunks_exact(n).enumerate() {
+                    for (j, &v) in src[t0..t0 + k].iter().enumerate() {
+                        o[j * self.rows + r] = v;
+                    }
+                }
+            });
     }
 }
 
