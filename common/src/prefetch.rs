@@ -53,6 +53,30 @@ pub fn ahead<T>(p: *const T, dist: usize) {
     let _ = (p, dist);
 }
 
+/// Asks for every cache line of the `len` bytes at `p` into L2 (not L1): a
+/// matrix product's next tile, wanted while the current one is computed
+/// many times over from L1 and L2. Nothing when [`distance`] is 0 (prefetch
+/// turned off). Any address is fine: nothing is read.
+#[inline(always)]
+pub fn span_to_l2<T>(p: *const T, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if distance() > 0 {
+        let p = p as *const i8;
+        let mut off = 0;
+        while off < len {
+            // SAFETY: PREFETCHT1 is SSE (x86-64's baseline); it never
+            // faults, and the address is only computed, never dereferenced.
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off));
+            }
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
 /// [`ahead`] for every cache line of the `len` bytes at `p`: a loop step
 /// that reads more than one line (a chunk of quantized blocks).
 #[inline(always)]

@@ -741,7 +741,14 @@ impl Weight {
                 // once would stream them from L2 for each weight row).
                 let blocks = (0..n).step_by(ACT_BLOCK).map(|b| b..(b + ACT_BLOCK).min(n));
                 if let (true, Some(packed)) = (arranged, &self.packed) {
+                    // The next tile's packed rows into L2, a share per
+                    // block of activation rows, while this tile's are used.
+                    let tile_bytes = tile_rows * rb;
+                    let next = packed.as_slice().as_ptr().wrapping_add((r0 + tile_rows) * rb);
+                    let share = tile_bytes.div_ceil(n.div_ceil(ACT_BLOCK)).next_multiple_of(64);
                     for b in blocks {
+                        let from = (b.start / ACT_BLOCK * share).min(tile_bytes);
+                        crate::prefetch::span_to_l2(next.wrapping_add(from), share.min(tile_bytes - from));
                         let acts = batch.range(b.clone());
                         for i in 0..tile_rows {
                             let r = r0 + i;

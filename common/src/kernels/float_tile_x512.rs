@@ -17,6 +17,7 @@ use std::arch::x86_64::*;
 
 use super::attention_x512::reduce;
 use super::{tail, LANES};
+use crate::prefetch;
 
 /// Weight rows per register block.
 const ROWS: usize = 3;
@@ -69,21 +70,30 @@ unsafe fn block<const R: usize, const T: usize>(
 /// The tile: `out[r * xs.len() + t] = rows[r] · xs[t]` for the `out.len() /
 /// xs.len()` rows of `rows` (row-major, `cols` wide), in blocks of
 /// [`ROWS`] × [`ACTS`] and smaller blocks at the edges. `row_tail(r, x)` is
-/// row `r`'s tail against `x`.
+/// row `r`'s tail against `x`. `next` is where the rows after the tile
+/// begin and `tile_bytes` the tile's size: while the tile's blocks run,
+/// the same number of bytes from `next` is asked for into L2, a share per
+/// activation block (a prefill's matrices are read from memory once, and
+/// the next tile's first pass would otherwise wait on it; a prefetch never
+/// faults, wherever `next` points).
 #[inline(always)]
 unsafe fn tile(
     cols: usize,
     xs: &[&[f32]],
     out: &mut [f32],
+    (next, tile_bytes): (*const u8, usize),
     load16: impl Fn(usize, usize) -> __m512 + Copy,
     row_tail: impl Fn(usize, &[f32]) -> f32 + Copy,
 ) {
     let n = xs.len();
     let nrows = out.len() / n.max(1);
     let full = cols / LANES * LANES;
+    let share = tile_bytes.div_ceil(n.div_ceil(ACTS).max(1)).next_multiple_of(64);
     let mut t0 = 0;
     while t0 < n {
         let tn = (n - t0).min(ACTS);
+        let from = (t0 / ACTS * share).min(tile_bytes);
+        prefetch::span_to_l2(next.wrapping_add(from), share.min(tile_bytes - from));
         let mut r0 = 0;
         while r0 < nrows {
             let rn = (nrows - r0).min(ROWS);
@@ -121,6 +131,13 @@ unsafe fn tile(
     }
 }
 
+/// The address just past `rows` and their size in bytes, for [`tile`]'s
+/// prefetch of the rows that follow them.
+fn beyond<T>(rows: &[T]) -> (*const u8, usize) {
+    let bytes = std::mem::size_of_val(rows);
+    ((rows.as_ptr() as *const u8).wrapping_add(bytes), bytes)
+}
+
 /// [`super::dots_tile_f32`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
 pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
@@ -130,6 +147,7 @@ pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut 
             cols,
             xs,
             out,
+            beyond(rows),
             |r, i| _mm512_loadu_ps(rows.as_ptr().add(r * cols + i)),
             |r, x| tail(&rows[r * cols..(r + 1) * cols], x, |v| v),
         )
@@ -145,6 +163,7 @@ pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut
             cols,
             xs,
             out,
+            beyond(rows),
             |r, i| {
                 let h = _mm256_loadu_si256(rows.as_ptr().add(r * cols + i) as *const __m256i);
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
@@ -163,6 +182,7 @@ pub(super) fn dots_tile_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut 
             cols,
             xs,
             out,
+            beyond(rows),
             |r, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(r * cols + i) as *const __m256i)),
             |r, x| tail(&rows[r * cols..(r + 1) * cols], x, crate::dtype::f16_to_f32),
         )
