@@ -193,15 +193,23 @@ impl TensorFiles {
             entries: HashMap::new(),
             fp8_block: fp8_block(dir)?,
         };
-        for name in shard_names {
-            let path = dir.join(&name);
-            if !path.exists() {
+        for name in &shard_names {
+            if !dir.join(name).exists() {
                 return Err(LoadError::BadIndex {
                     path: index.clone(),
                     reason: format!("shard {name} does not exist"),
                 });
             }
-            out.add_file(&path)?;
+        }
+        // One decision for every shard, from their total size.
+        let total: u64 = shard_names
+            .iter()
+            .filter_map(|name| std::fs::metadata(dir.join(name)).ok())
+            .map(|m| m.len())
+            .sum();
+        let populate = crate::memory::populate_policy(total);
+        for name in shard_names {
+            out.add_file(&dir.join(&name), populate)?;
         }
         out.as_language_model();
         out.split_fused_experts();
@@ -469,11 +477,14 @@ impl TensorFiles {
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
             });
         }
-        out.add_file(path)?;
+        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(u64::MAX);
+        out.add_file(path, crate::memory::populate_policy(len))?;
         Ok(out)
     }
 
-    fn add_file(&mut self, path: &Path) -> Result<(), LoadError> {
+    /// Maps `path` (its page tables made at open when `populate`) and
+    /// indexes its tensors.
+    fn add_file(&mut self, path: &Path, populate: bool) -> Result<(), LoadError> {
         let io = |source| LoadError::Io {
             path: path.to_path_buf(),
             source,
@@ -482,7 +493,11 @@ impl TensorFiles {
         // SAFETY: the file is opened read-only and charm never writes model
         // files while serving them; a file truncated underneath a running
         // process is outside what any mmap-based loader can defend against.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let mut opts = memmap2::MmapOptions::new();
+        if populate {
+            opts.populate();
+        }
+        let map = unsafe { opts.map(&file) }.map_err(io)?;
         let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| LoadError::BadSafetensors {
             path: path.to_path_buf(),
             reason: e.to_string(),

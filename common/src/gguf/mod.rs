@@ -130,24 +130,6 @@ pub fn repack_policy(copied: u64) -> bool {
     crate::memory::available().is_some_and(|a| copied <= a / 2)
 }
 
-/// Whether a file's mapping gets its page tables at open (`MAP_POPULATE`,
-/// which llama.cpp asks for by default): the first prompt then meets no
-/// page fault in the weights it reads in place (F32 / BF16 / F16 rows,
-/// every row of a file that does not repack; 512-token BF16 prefill of
-/// the OLMoE-shaped bench model 252 → 265 tok/s, for 0.2 s more at open).
-/// Only when the whole file takes at most half of the memory the process
-/// can take now ([`crate::memory::available`]): a file larger than that is
-/// read as it is used, never all at open. `CHARM_GGUF_POPULATE=0` / `=1`
-/// forces it off / on.
-pub fn populate_policy(len: u64) -> bool {
-    match std::env::var("CHARM_GGUF_POPULATE").as_deref() {
-        Ok("0") => return false,
-        Ok("1") => return true,
-        _ => {}
-    }
-    crate::memory::available().is_some_and(|a| len <= a / 2)
-}
-
 impl fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GgufFile")
@@ -178,7 +160,7 @@ impl GgufFile {
             // running process is outside what any mmap-based loader can
             // defend against.
             let mut opts = memmap2::MmapOptions::new();
-            if populate_policy(len) {
+            if crate::memory::populate_policy(len) {
                 opts.populate();
             }
             Arc::new(unsafe { opts.map(&file) }.map_err(io)?)
