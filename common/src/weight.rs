@@ -759,6 +759,13 @@ impl Weight {
                     }
                     t = n;
                 } else if arranged {
+                    // The next tile's rows into L2 while this one is
+                    // arranged and used (as the packed rows above).
+                    let tile_bytes = tile_rows * rb;
+                    crate::prefetch::span_to_l2(
+                        data.as_slice().as_ptr().wrapping_add((r0 + tile_rows) * rb),
+                        tile_bytes,
+                    );
                     // The tile's rows arranged once, then met by every block.
                     ARRANGED.with_borrow_mut(|rows| {
                         rows.resize_with(tile_rows.max(rows.len()), Default::default);
