@@ -664,6 +664,9 @@ impl Weight {
         for (w, o) in ws.iter().zip(outs.iter()) {
             assert_eq!((xs.len(), o.len()), (n * w.cols, n * w.rows), "matrix shape");
         }
+        if n == 0 {
+            return;
+        }
         if n == 1 {
             return Self::matvec_many(ws, xs, outs);
         }
@@ -837,6 +840,17 @@ impl Weight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_product_with_no_activation_rows_writes_nothing() {
+        let w = Weight::from_f32(3, 64, vec![0.5; 3 * 64]);
+        for format in [WeightFormat::F32, WeightFormat::BF16] {
+            let w = w.to_format(format).unwrap();
+            let mut out: Vec<f32> = Vec::new();
+            w.matmul(&[], 0, &mut out);
+            assert!(out.is_empty());
+        }
+    }
 
     #[test]
     fn matvec_and_matmul_agree_bit_for_bit() {
