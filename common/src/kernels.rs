@@ -352,7 +352,7 @@ mod float_x86 {
     }
 }
 
-/// Whether `isa` takes the explicit AVX2 + F16C kernels of [`float_x86`]
+/// Whether `isa` takes the explicit AVX2 + F16C + FMA kernels of [`float_x86`]
 /// here (both x86 sets include them; the CPU must run `isa`).
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -384,7 +384,7 @@ macro_rules! float_dot {
         pub fn $name_on(isa: Isa, w: &[$t], x: &[f32]) -> f32 {
             #[cfg(target_arch = "x86_64")]
             if float_x86_runs(isa) {
-                // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+                // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
                 return unsafe { float_x86::$name(w, x) };
             }
             let _ = isa;
@@ -454,12 +454,12 @@ pub fn dots_f32_on(isa: Isa, rows: &[f32], x: &[f32], out: &mut [f32]) {
     assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
     #[cfg(target_arch = "x86_64")]
     if attention_x512_runs(isa) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
         return unsafe { attention_x512::dots_f32(rows, x, out) };
     }
     #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
-        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
         return unsafe { float_x86::dots_f32(rows, x, out) };
     }
     let _ = isa;
@@ -480,12 +480,12 @@ pub fn add_weighted_rows(out: &mut [f32], weights: &[f32], rows: &[f32]) {
 pub fn add_weighted_rows_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if attention_x512_runs(isa) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
         return unsafe { attention_x512::add_weighted_rows(out, weights, rows) };
     }
     #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
-        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
         return unsafe { float_x86::add_weighted_rows(out, weights, rows) };
     }
     let _ = isa;
@@ -515,12 +515,12 @@ pub fn dots_f16_on(isa: Isa, rows: &[u16], x: &[f32], out: &mut [f32]) {
     assert_eq!(rows.len(), out.len() * x.len(), "rows do not match the outputs");
     #[cfg(target_arch = "x86_64")]
     if attention_x512_runs(isa) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
         return unsafe { attention_x512::dots_f16(rows, x, out) };
     }
     #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
-        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
         return unsafe { float_x86::dots_f16(rows, x, out) };
     }
     let _ = isa;
@@ -540,12 +540,12 @@ pub fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u16]) {
 pub fn add_weighted_rows_f16_on(isa: Isa, out: &mut [f32], weights: &[f32], rows: &[u16]) {
     #[cfg(target_arch = "x86_64")]
     if attention_x512_runs(isa) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
         return unsafe { attention_x512::add_weighted_rows_f16(out, weights, rows) };
     }
     #[cfg(target_arch = "x86_64")]
     if float_x86_runs(isa) {
-        // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+        // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
         return unsafe { float_x86::add_weighted_rows_f16(out, weights, rows) };
     }
     let _ = isa;
@@ -574,7 +574,7 @@ macro_rules! float_dot3 {
         pub fn $name_on(isa: Isa, w: &[$t], xs: [&[f32]; 3]) -> [f32; 3] {
             #[cfg(target_arch = "x86_64")]
             if float_x86_runs(isa) {
-                // SAFETY: the CPU runs AVX2 and F16C (part of both sets).
+                // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
                 return unsafe { float_x86::$name(w, xs) };
             }
             xs.map(|x| $one_on(isa, w, x))
@@ -627,7 +627,7 @@ macro_rules! float_tile {
             // the one-row dots' software prefetch serves better.
             #[cfg(target_arch = "x86_64")]
             if attention_x512_runs(isa) && n >= 4 {
-                // SAFETY: the CPU runs AVX-512 (F, BW, VL) and F16C.
+                // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
                 return unsafe { float_tile_x512::$name(rows, cols, xs, out) };
             }
             // Three activation rows (in L1) meet every row of the tile in turn.
