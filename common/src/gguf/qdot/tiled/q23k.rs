@@ -228,13 +228,13 @@ mod x86 {
     #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn rows_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
         // SAFETY: forwarded.
-        unsafe { rows_body::<true>(ty, rows, rb, acts, out) }
+        unsafe { each_type!(ty, t => rows_body::<true>(t, rows, rb, acts, out)) }
     }
 
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn rows_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
         // SAFETY: forwarded.
-        unsafe { rows_body::<false>(ty, rows, rb, acts, out) }
+        unsafe { each_type!(ty, t => rows_body::<false>(t, rows, rb, acts, out)) }
     }
 
     /// The decode loop: per super-block, the eight steps' codes against the

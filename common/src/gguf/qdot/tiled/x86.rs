@@ -182,10 +182,10 @@ pub(super) unsafe fn packed_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8
             matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL),
             tail,
         ) {
-            (true, true) => packed::<true, false, true, true>(ty, rows, rb, acts, out),
-            (true, false) => packed::<true, false, true, false>(ty, rows, rb, acts, out),
-            (false, true) => packed::<true, false, false, true>(ty, rows, rb, acts, out),
-            (false, false) => packed::<true, false, false, false>(ty, rows, rb, acts, out),
+            (true, true) => each_type!(ty, t => packed::<true, false, true, true>(t, rows, rb, acts, out)),
+            (true, false) => each_type!(ty, t => packed::<true, false, true, false>(t, rows, rb, acts, out)),
+            (false, true) => each_type!(ty, t => packed::<true, false, false, true>(t, rows, rb, acts, out)),
+            (false, false) => each_type!(ty, t => packed::<true, false, false, false>(t, rows, rb, acts, out)),
         }
     }
 }
@@ -205,10 +205,10 @@ pub(super) unsafe fn packed_avx2<const SIGNED: bool>(
             matches!(ty, GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL),
             tail,
         ) {
-            (true, true) => packed::<false, SIGNED, true, true>(ty, rows, rb, acts, out),
-            (true, false) => packed::<false, SIGNED, true, false>(ty, rows, rb, acts, out),
-            (false, true) => packed::<false, SIGNED, false, true>(ty, rows, rb, acts, out),
-            (false, false) => packed::<false, SIGNED, false, false>(ty, rows, rb, acts, out),
+            (true, true) => each_type!(ty, t => packed::<false, SIGNED, true, true>(t, rows, rb, acts, out)),
+            (true, false) => each_type!(ty, t => packed::<false, SIGNED, true, false>(t, rows, rb, acts, out)),
+            (false, true) => each_type!(ty, t => packed::<false, SIGNED, false, true>(t, rows, rb, acts, out)),
+            (false, false) => each_type!(ty, t => packed::<false, SIGNED, false, false>(t, rows, rb, acts, out)),
         }
     }
 }
@@ -688,13 +688,13 @@ unsafe fn q6_k_term(
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn many_vnni(ty: GgmlType, row: &ArrangedRow, tail: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<true>(ty, row.codes.len() / CHUNK, Arranged(row), tail, acts, out) }
+    unsafe { each_type!(ty, t => many::<true>(t, row.codes.len() / CHUNK, Arranged(row), tail, acts, out)) }
 }
 
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, tail: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { many::<false>(ty, row.codes.len() / CHUNK, Arranged(row), tail, acts, out) }
+    unsafe { each_type!(ty, t => many::<false>(t, row.codes.len() / CHUNK, Arranged(row), tail, acts, out)) }
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -722,10 +722,31 @@ unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Act
     // bytes, then fewer than eight blocks.
     unsafe {
         match ty {
-            GgmlType::MXFP4 => many::<VNNI>(ty, chunks, PackedLut::<LUT_MXFP4> { p, flip }, tail, acts, out),
-            GgmlType::IQ4_XS => many::<VNNI>(ty, chunks, PackedLut::<LUT_IQ4_XS> { p, flip }, tail, acts, out),
-            GgmlType::IQ4_NL => many::<VNNI>(ty, chunks, PackedLut::<LUT_IQ4_NL> { p, flip }, tail, acts, out),
-            _ => many::<VNNI>(ty, chunks, Packed { ty, p, cb }, tail, acts, out),
+            GgmlType::MXFP4 => many::<VNNI>(
+                GgmlType::MXFP4,
+                chunks,
+                PackedLut::<LUT_MXFP4> { p, flip },
+                tail,
+                acts,
+                out,
+            ),
+            GgmlType::IQ4_XS => many::<VNNI>(
+                GgmlType::IQ4_XS,
+                chunks,
+                PackedLut::<LUT_IQ4_XS> { p, flip },
+                tail,
+                acts,
+                out,
+            ),
+            GgmlType::IQ4_NL => many::<VNNI>(
+                GgmlType::IQ4_NL,
+                chunks,
+                PackedLut::<LUT_IQ4_NL> { p, flip },
+                tail,
+                acts,
+                out,
+            ),
+            _ => each_type!(ty, t => many::<VNNI>(t, chunks, Packed { ty: t, p, cb }, tail, acts, out)),
         }
     }
 }
@@ -736,14 +757,14 @@ unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Act
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn rows_by_body_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { rows_by_body::<true>(ty, rows, rb, acts, out) }
+    unsafe { each_type!(ty, t => rows_by_body::<true>(t, rows, rb, acts, out)) }
 }
 
 /// [`rows_by_body_vnni`] for AVX2.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn rows_by_body_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
     // SAFETY: forwarded.
-    unsafe { rows_by_body::<false>(ty, rows, rb, acts, out) }
+    unsafe { each_type!(ty, t => rows_by_body::<false>(t, rows, rb, acts, out)) }
 }
 
 #[inline(always)]
