@@ -27,7 +27,7 @@ use super::{combine, Q8Acts, Raw};
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dot_avx2(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     // SAFETY: forwarded.
-    unsafe { rows_dot::<false, 1>(ty, row, [acts])[0] }
+    unsafe { each_type!(ty, t => rows_dot::<false, 1>(t, row, [acts])[0]) }
 }
 
 /// [`super::dot_rows`] compiled for AVX2 (`rb` bytes per row).
@@ -36,9 +36,13 @@ pub(crate) unsafe fn dot_avx2(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
 /// As [`dot_avx2`], for every row.
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dot_rows_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
-    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-        // SAFETY: forwarded.
-        *o = unsafe { rows_dot::<false, 1>(ty, row, [acts])[0] };
+    // SAFETY: forwarded.
+    unsafe {
+        each_type!(ty, t => {
+            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                *o = rows_dot::<false, 1>(t, row, [acts])[0];
+            }
+        })
     }
 }
 
@@ -48,9 +52,13 @@ pub(crate) unsafe fn dot_rows_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &
 /// As [`dot_avx512vnni`], for every row.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_rows_avx512vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
-    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-        // SAFETY: forwarded.
-        *o = unsafe { rows_dot::<true, 1>(ty, row, [acts])[0] };
+    // SAFETY: forwarded.
+    unsafe {
+        each_type!(ty, t => {
+            for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+                *o = rows_dot::<true, 1>(t, row, [acts])[0];
+            }
+        })
     }
 }
 
@@ -61,7 +69,7 @@ pub(crate) unsafe fn dot_rows_avx512vnni(ty: GgmlType, rows: &[u8], rb: usize, a
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn dot4_avx2(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
     // SAFETY: forwarded.
-    unsafe { rows_dot::<false, 4>(ty, row, acts) }
+    unsafe { each_type!(ty, t => rows_dot::<false, 4>(t, row, acts)) }
 }
 
 /// [`super::dot4`] compiled for AVX-512 VNNI.
@@ -71,7 +79,7 @@ pub(crate) unsafe fn dot4_avx2(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot4_avx512vnni(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 4] {
     // SAFETY: forwarded.
-    unsafe { rows_dot::<true, 4>(ty, row, acts) }
+    unsafe { each_type!(ty, t => rows_dot::<true, 4>(t, row, acts)) }
 }
 
 /// [`super::dot`] compiled for AVX-512 VNNI.
@@ -81,7 +89,7 @@ pub(crate) unsafe fn dot4_avx512vnni(ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn dot_avx512vnni(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
     // SAFETY: forwarded.
-    unsafe { rows_dot::<true, 1>(ty, row, [acts])[0] }
+    unsafe { each_type!(ty, t => rows_dot::<true, 1>(t, row, [acts])[0]) }
 }
 
 /// Eight i32 lanes, lane `i` the sum of `codes[4i..4i + 4] * q[4i..4i + 4]`
