@@ -134,6 +134,24 @@ fn main() {
                 Isa::active().name(),
                 4.0 * rate4
             );
+            // Eight activation rows per weight row (prefill's blocks).
+            let eight: Vec<&Q8Acts> = vec![&arranged; 8];
+            let batch8 = qdot::tiled::ArrangedActs::new(&eight);
+            let rate8 = time(&|| {
+                let mut o = [0.0f32; 8];
+                let mut s = 0.0;
+                for row in packed.chunks_exact(rb) {
+                    qdot::tiled::dot_many_packed(ty, row, &batch8, &mut o);
+                    s += o[7];
+                }
+                s
+            });
+            println!(
+                "{:>6} {:<11} {:>9.0}  (packed rows, 8 activation rows: products/s)",
+                ty.name(),
+                Isa::active().name(),
+                8.0 * rate8
+            );
             // The folding kernel on the same four rows (prefill without a
             // packed copy or arranging).
             let fold4 = time(&|| {

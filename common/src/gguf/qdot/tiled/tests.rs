@@ -106,15 +106,23 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                     let want = dot_on(Isa::Scalar, ty, &row, a);
                     assert_eq!(got[n].to_bits(), want.to_bits(), "{isa:?} {ty} cols {cols} act {n}");
                 }
-                // One to seven rows per call (quads, then the rest), in
-                // another order: the same bits per row.
-                for len in 1..=7 {
+                // One to thirteen rows per call (eights on VNNI, quads,
+                // then the rest), in another order: the same bits per row,
+                // arranged and packed.
+                let packed = (isa == Isa::active() && packable_on(isa, ty, cols)).then(|| pack_rows(ty, &row, 1, cols));
+                for len in 1..=13 {
                     let idx: Vec<usize> = (0..len).map(|k| (3 * k + 1) % 4).collect();
                     let many: Vec<&Q8Acts> = idx.iter().map(|&i| &acts[i]).collect();
                     let mut out = vec![0.0f32; len];
                     dot_many_arranged(&arranged, &ArrangedActs::new(&many), &mut out);
                     for (o, &i) in out.iter().zip(&idx) {
                         assert_eq!(o.to_bits(), got[i].to_bits(), "{len} rows");
+                    }
+                    if let Some(packed) = &packed {
+                        dot_many_packed(ty, packed, &ArrangedActs::new(&many), &mut out);
+                        for (o, &i) in out.iter().zip(&idx) {
+                            assert_eq!(o.to_bits(), got[i].to_bits(), "{ty} packed, {len} rows");
+                        }
                     }
                 }
                 ran = true;
@@ -451,7 +459,7 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
                     }
                 }
                 let mut arranged = ArrangedRow::default();
-                for n in [1, 2, 3, 4, 5, 9] {
+                for n in [1, 2, 3, 4, 5, 8, 9] {
                     let many: Vec<&Q8Acts> = acts.iter().take(n).collect();
                     let batch = ArrangedActs::new(&many);
                     for r in 0..rows {

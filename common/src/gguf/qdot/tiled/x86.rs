@@ -783,7 +783,7 @@ unsafe fn rows_by_body<const VNNI: bool>(ty: GgmlType, rows: &[u8], rb: usize, a
     }
 }
 
-/// Quads of activation rows, then the one to three left; `tail` the row's
+/// Eights (VNNI) and quads of activation rows, then the one to three left; `tail` the row's
 /// blocks past its `chunks` whole chunks ([`super::pack_tail`]'s layout).
 #[inline(always)]
 unsafe fn many<const VNNI: bool>(
@@ -816,6 +816,14 @@ unsafe fn many_rows<const VNNI: bool, const TAIL: bool>(
     let mut t = 0;
     // SAFETY (every call): forwarded; `t + N <= n` indexes `acts` and `out`.
     unsafe {
+        // Eight rows share each decoded chunk on VNNI (32 registers), but
+        // for Q2_K, whose half scales and eight accumulators spill there.
+        while VNNI && ty != GgmlType::Q2_K && t + 8 <= n {
+            let a = |i: usize| acts[t + i];
+            let v = dot::<VNNI, TAIL, 8>(ty, r, [a(0), a(1), a(2), a(3), a(4), a(5), a(6), a(7)]);
+            out[t..t + 8].copy_from_slice(&v);
+            t += 8;
+        }
         while t + 4 <= n {
             let v = dot::<VNNI, TAIL, 4>(ty, r, [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]]);
             out[t..t + 4].copy_from_slice(&v);
