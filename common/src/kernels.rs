@@ -503,6 +503,85 @@ fn add_weighted_with<T: Copy>(out: &mut [f32], weights: &[f32], rows: &[T], cvt:
     }
 }
 
+/// `outs[h][i] = Σ_j weights[h][j] · rows[j * stride + i]` for every
+/// `i < outs[h].len()` (the same for every head, at most `stride`), in
+/// order of `j`: several heads' weighted sums of the same cached rows
+/// (query heads sharing a KV head; MLA's heads over the latents, whose
+/// sums need only the latent columns) in one pass over them. Each output
+/// gets the bits [`add_weighted_rows`] gives it from zero.
+///
+/// # Panics
+/// If the heads' weights or outputs differ in length, an output is wider
+/// than `stride`, or the rows hold fewer than the weights name.
+pub fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    weighted_rows_many_on(Isa::active(), rows, stride, weights, outs)
+}
+
+/// [`weighted_rows_many`] on a chosen instruction set.
+pub fn weighted_rows_many_on(isa: Isa, rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    check_many(rows.len(), stride, weights, outs);
+    #[cfg(target_arch = "x86_64")]
+    if attention_x512_runs(isa) {
+        for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
+            // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA; the
+            // shapes were checked.
+            unsafe { attention_x512::weighted_rows_many(rows, stride, w, o) };
+        }
+        return;
+    }
+    let keys = weights.first().map_or(0, |w| w.len());
+    one_head_at_a_time(weights, outs, stride, |w, sum| {
+        add_weighted_rows_on(isa, sum, w, &rows[..keys * stride])
+    });
+}
+
+/// [`weighted_rows_many`] over f16 rows (an f16 KV cache).
+pub fn weighted_rows_many_f16(rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    weighted_rows_many_f16_on(Isa::active(), rows, stride, weights, outs)
+}
+
+/// [`weighted_rows_many_f16`] on a chosen instruction set.
+pub fn weighted_rows_many_f16_on(isa: Isa, rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    check_many(rows.len(), stride, weights, outs);
+    #[cfg(target_arch = "x86_64")]
+    if attention_x512_runs(isa) {
+        for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
+            // SAFETY: as in `weighted_rows_many_on`.
+            unsafe { attention_x512::weighted_rows_many_f16(rows, stride, w, o) };
+        }
+        return;
+    }
+    let keys = weights.first().map_or(0, |w| w.len());
+    one_head_at_a_time(weights, outs, stride, |w, sum| {
+        add_weighted_rows_f16_on(isa, sum, w, &rows[..keys * stride])
+    });
+}
+
+/// The shapes [`weighted_rows_many`] takes; the outputs' width.
+fn check_many(rows: usize, stride: usize, weights: &[&[f32]], outs: &[&mut [f32]]) -> usize {
+    assert_eq!(weights.len(), outs.len(), "one output per head");
+    let keys = weights.first().map_or(0, |w| w.len());
+    let cols = outs.first().map_or(0, |o| o.len());
+    assert!(
+        weights.iter().all(|w| w.len() == keys),
+        "every head weighs the same rows"
+    );
+    assert!(outs.iter().all(|o| o.len() == cols), "every output has the same width");
+    assert!(cols <= stride && keys * stride <= rows, "rows do not match the weights");
+    cols
+}
+
+/// [`weighted_rows_many`] one head at a time through the one-head sum
+/// (`sum(weights, row-wide zeroed buffer)`), its first columns kept.
+fn one_head_at_a_time(weights: &[&[f32]], outs: &mut [&mut [f32]], stride: usize, sum: impl Fn(&[f32], &mut [f32])) {
+    let mut full = vec![0.0f32; stride];
+    for (w, o) in weights.iter().zip(outs.iter_mut()) {
+        full.fill(0.0);
+        sum(w, &mut full);
+        o.copy_from_slice(&full[..o.len()]);
+    }
+}
+
 /// `out[j] = dot_f16(rows[j], x)`: [`dots_f32`] over an f16 KV cache's
 /// keys, with the bits of [`dot_f16`] per row.
 pub fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
@@ -1049,6 +1128,55 @@ mod tests {
                     bits(&want_sum),
                     "f32 weighted rows {isa:?} {rows}x{width}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn many_heads_weighted_sums_give_each_head_the_one_head_bits() {
+        // (keys, stride, columns): MLA's 576-wide latent rows of which the
+        // sums need 512; whole heads of 64 and 128; widths past the last 16.
+        for (keys, stride, cols) in [
+            (37, 576, 512),
+            (9, 128, 128),
+            (1, 64, 64),
+            (0, 64, 64),
+            (13, 40, 35),
+            (5, 21, 7),
+        ] {
+            let m: Vec<f32> = (0..keys * stride)
+                .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 3.0)
+                .collect();
+            let m16: Vec<u16> = m.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            let widened: Vec<f32> = m16.iter().map(|&v| f16_to_f32(v)).collect();
+            for heads in 1..=6 {
+                let ps: Vec<Vec<f32>> = (0..heads)
+                    .map(|h| (0..keys).map(|j| 1.0 / (j as f32 + 1.5 + h as f32)).collect())
+                    .collect();
+                let weights: Vec<&[f32]> = ps.iter().map(|p| &p[..]).collect();
+                // Each head alone: the scalar one-head sum from zero over the full rows.
+                let want = |rows: &[f32]| -> Vec<Vec<u32>> {
+                    ps.iter()
+                        .map(|p| {
+                            let mut full = vec![0.0; stride];
+                            add_weighted_rows_on(Isa::Scalar, &mut full, p, rows);
+                            full[..cols].iter().map(|v| v.to_bits()).collect()
+                        })
+                        .collect()
+                };
+                let (want32, want16) = (want(&m), want(&widened));
+                for &isa in Isa::available() {
+                    let mut bufs = vec![vec![7.0f32; cols]; heads];
+                    let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    weighted_rows_many_on(isa, &m, stride, &weights, &mut outs);
+                    let got: Vec<Vec<u32>> = bufs.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
+                    assert_eq!(got, want32, "f32 {isa:?} {heads} heads {keys}x{stride}[..{cols}]");
+                    let mut bufs = vec![vec![7.0f32; cols]; heads];
+                    let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    weighted_rows_many_f16_on(isa, &m16, stride, &weights, &mut outs);
+                    let got: Vec<Vec<u32>> = bufs.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
+                    assert_eq!(got, want16, "f16 {isa:?} {heads} heads {keys}x{stride}[..{cols}]");
+                }
             }
         }
     }

@@ -288,7 +288,8 @@ impl Attention {
     /// `q` (rows from position `first`). One task per row and run of up to
     /// [`HEADS_PER_TASK`] query heads that share a KV head: their queries
     /// are scored in one pass over the keys (`dots_many`: each score the
-    /// bits of a one-query pass), then each head's softmax and weighted sum.
+    /// bits of a one-query pass), each head's softmax, then the run's
+    /// weighted values in one more pass (`weighted_many`).
     fn heads_into(&self, q: &[f32], first: usize, kv: &LayerKv, ctx: &mut [f32]) {
         let (qd, hd, vd) = (self.heads * self.head_dim, self.head_dim, self.v_head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
@@ -324,18 +325,22 @@ impl Attention {
                 .collect();
             let mut all = vec![0.0f32; keys * qs.len()];
             kv.keys(h0 / group, start, pos + 1).dots_many(hd, &qs, &mut all);
-            for (k, o) in o.chunks_exact_mut(vd).enumerate() {
-                let h = h0 + k;
-                let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * scale).collect();
-                match &self.sinks {
-                    // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
-                    // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
-                    Some(sinks) => softmax_with_sink(&mut scores, sinks[h]),
-                    None => softmax(&mut scores),
-                }
-                o.fill(0.0);
-                kv.values(h / group, start, pos + 1).add_weighted(&scores, o);
-            }
+            let probs: Vec<Vec<f32>> = (0..qs.len())
+                .map(|k| {
+                    let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * scale).collect();
+                    match &self.sinks {
+                        // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
+                        // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
+                        Some(sinks) => softmax_with_sink(&mut scores, sinks[h0 + k]),
+                        None => softmax(&mut scores),
+                    }
+                    scores
+                })
+                .collect();
+            // The run's weighted values in one pass over them.
+            let weights: Vec<&[f32]> = probs.iter().map(|p| &p[..]).collect();
+            let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(vd).collect();
+            kv.values(h0 / group, start, pos + 1).weighted_many(vd, &weights, &mut outs);
         });
     }
 }

@@ -9,7 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use charm_common::kernels::{
-    add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32, dots_tile_f16, dots_tile_f32,
+    add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32, dots_tile_f16, dots_tile_f32, weighted_rows_many,
+    weighted_rows_many_f16,
 };
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use serde::{Deserialize, Serialize};
@@ -153,6 +154,16 @@ impl CachedRows<'_> {
         match self {
             CachedRows::F32(r) => add_weighted_rows(out, weights, r),
             CachedRows::F16(r) => add_weighted_rows_f16(out, weights, r),
+        }
+    }
+
+    /// `outs[h] = Σ_j weights[h][j] rows[j][..outs[h].len()]` for
+    /// `stride`-wide rows: several heads' weighted values in one pass over
+    /// them, each the bits of [`CachedRows::add_weighted`] into zeros.
+    pub fn weighted_many(self, stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+        match self {
+            CachedRows::F32(r) => weighted_rows_many(r, stride, weights, outs),
+            CachedRows::F16(r) => weighted_rows_many_f16(r, stride, weights, outs),
         }
     }
 }

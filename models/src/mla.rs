@@ -244,8 +244,10 @@ impl Mla {
         // the weighted latents, sequence by sequence. One task per row and
         // group of HEADS_PER_TASK heads: the group's queries are scored in
         // one pass over the latent rows they share (`dots_many`: each
-        // score the bits of a one-query pass), then each head's softmax and
-        // weighted sum.
+        // score the bits of a one-query pass), each head's softmax, then
+        // the group's weighted latents in one more pass (`weighted_many`:
+        // each the bits of a one-head sum). The rope columns of `ctx` stay
+        // zero: nothing reads them.
         let mut ctx = vec![0.0f32; n * heads * w];
         for (rows, (cache, shared)) in seqs.iter().zip(caches.iter()) {
             let cache_ref: &LatentKv = cache;
@@ -273,21 +275,27 @@ impl Mla {
                     .collect();
                 let mut all = vec![0.0f32; keys * qs.len()];
                 cache_ref.rows(0, keys).dots_many(w, &qs, &mut all);
-                for (k, o) in o.chunks_exact_mut(w).enumerate() {
-                    let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * self.scale).collect();
-                    // Keys the indexer did not pick weigh nothing (transformers
-                    // adds finfo.min, whose exp is 0 as -inf's is).
-                    if let Some(Some(keep)) = selection.map(|s| &s[t]) {
-                        let mut kept = vec![f32::NEG_INFINITY; keys];
-                        for &j in keep {
-                            kept[j as usize] = scores[j as usize];
+                let probs: Vec<Vec<f32>> = (0..qs.len())
+                    .map(|k| {
+                        let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * self.scale).collect();
+                        // Keys the indexer did not pick weigh nothing (transformers
+                        // adds finfo.min, whose exp is 0 as -inf's is).
+                        if let Some(Some(keep)) = selection.map(|s| &s[t]) {
+                            let mut kept = vec![f32::NEG_INFINITY; keys];
+                            for &j in keep {
+                                kept[j as usize] = scores[j as usize];
+                            }
+                            scores = kept;
                         }
-                        scores = kept;
-                    }
-                    softmax(&mut scores);
-                    o.fill(0.0);
-                    cache_ref.rows(0, keys).add_weighted(&scores, o);
-                }
+                        softmax(&mut scores);
+                        scores
+                    })
+                    .collect();
+                // The group's weighted latents in one pass over the cache,
+                // the latent columns only (`W_UV` reads no more).
+                let weights: Vec<&[f32]> = probs.iter().map(|p| &p[..]).collect();
+                let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(w).map(|o| &mut o[..r]).collect();
+                cache_ref.rows(0, keys).weighted_many(w, &weights, &mut outs);
             });
         }
         // attn_output per head = W_UV · (weighted latents).

@@ -183,3 +183,118 @@ pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u1
         )
     }
 }
+
+/// `outs[h][i] = Σ_j weights[h][j] · row_j[i]` for `H` heads (every out
+/// `n` long, row `j` starting at `j * stride`), 64 columns per pass: each
+/// row's columns are loaded once (`load16(j, i)` widens row `j`'s
+/// columns `i..i + 16`) for every head; each element is summed in order
+/// of `j` from zero, one fused multiply-add a row (the bits of
+/// `weighted` on a zeroed output). `at(j, i)` is one column past the last
+/// 16.
+#[inline(always)]
+unsafe fn weighted_heads<const H: usize>(
+    outs: &mut [&mut [f32]],
+    weights: &[&[f32]],
+    base: *const u8,
+    row_bytes: usize,
+    load16: impl Fn(usize, usize) -> __m512,
+    at: impl Fn(usize, usize) -> f32,
+) {
+    let n = outs[0].len();
+    let keys = weights[0].len();
+    let full = n / 16 * 16;
+    let pf = prefetch::distance();
+    let mut c = 0;
+    // SAFETY: every load covers 16 columns below `full` of a row (through
+    // the caller's closure) and every store 16 of an output.
+    unsafe {
+        while c < full {
+            let k = ((full - c) / 16).min(4);
+            let mut acc = [[_mm512_setzero_ps(); 4]; H];
+            for j in 0..keys {
+                prefetch::ahead_span(base.wrapping_add(j * row_bytes), row_bytes, pf);
+                let mut v = [_mm512_setzero_ps(); 4];
+                for (b, v) in v.iter_mut().enumerate().take(k) {
+                    *v = load16(j, c + 16 * b);
+                }
+                for (acc, w) in acc.iter_mut().zip(weights) {
+                    let p = _mm512_set1_ps(*w.get_unchecked(j));
+                    for (a, v) in acc.iter_mut().zip(v).take(k) {
+                        *a = _mm512_fmadd_ps(p, v, *a);
+                    }
+                }
+            }
+            for (acc, o) in acc.iter().zip(outs.iter_mut()) {
+                for (b, a) in acc.iter().enumerate().take(k) {
+                    _mm512_storeu_ps(o.as_mut_ptr().add(c + 16 * b), *a);
+                }
+            }
+            c += 16 * k;
+        }
+    }
+    for (w, o) in weights.iter().zip(outs.iter_mut()) {
+        for (i, o) in o.iter_mut().enumerate().skip(full) {
+            *o = 0.0;
+            for (j, &p) in w.iter().enumerate() {
+                *o = p.mul_add(at(j, i), *o);
+            }
+        }
+    }
+}
+
+/// [`weighted_heads`] for one to four heads.
+#[inline(always)]
+unsafe fn weighted_some(
+    outs: &mut [&mut [f32]],
+    weights: &[&[f32]],
+    base: *const u8,
+    row_bytes: usize,
+    load16: impl Fn(usize, usize) -> __m512,
+    at: impl Fn(usize, usize) -> f32,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match outs.len() {
+            1 => weighted_heads::<1>(outs, weights, base, row_bytes, load16, at),
+            2 => weighted_heads::<2>(outs, weights, base, row_bytes, load16, at),
+            3 => weighted_heads::<3>(outs, weights, base, row_bytes, load16, at),
+            _ => weighted_heads::<4>(outs, weights, base, row_bytes, load16, at),
+        }
+    }
+}
+
+/// [`super::weighted_rows_many`] for up to four heads.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+pub(super) fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    debug_assert!(outs.len() <= 4);
+    // SAFETY: AVX-512F is enabled; the caller checked that every row
+    // `j < weights[h].len()` lies in `rows` with `outs[h].len() <= stride`.
+    unsafe {
+        weighted_some(
+            outs,
+            weights,
+            rows.as_ptr() as *const u8,
+            4 * stride,
+            |j, i| _mm512_loadu_ps(rows.as_ptr().add(j * stride + i)),
+            |j, i| *rows.get_unchecked(j * stride + i),
+        )
+    }
+}
+
+/// [`super::weighted_rows_many_f16`] for up to four heads: rows widened
+/// exactly.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
+pub(super) fn weighted_rows_many_f16(rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    debug_assert!(outs.len() <= 4);
+    // SAFETY: as `weighted_rows_many`.
+    unsafe {
+        weighted_some(
+            outs,
+            weights,
+            rows.as_ptr() as *const u8,
+            2 * stride,
+            |j, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(j * stride + i) as *const __m256i)),
+            |j, i| crate::dtype::f16_to_f32(*rows.get_unchecked(j * stride + i)),
+        )
+    }
+}
