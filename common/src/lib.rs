@@ -59,5 +59,5 @@ pub use error::LoadError;
 pub use isa::Isa;
 pub use quant::{QuantError, WeightFormat};
 pub use safetensors::TensorFiles;
-pub use source::WeightSource;
+pub use source::{MlaHeads, WeightSource};
 pub use weight::{Buf, ByteSource, Weight, WeightData};

@@ -34,7 +34,25 @@ pub trait WeightSource: Send + Sync {
     ) -> Result<(Weight, Option<Vec<usize>>), LoadError> {
         Ok((self.matrix(name, rows, cols)?, None))
     }
+
+    /// Layer `layer`'s MLA up-projections per head as latent attention
+    /// multiplies them — `W_UKᵀ` (`kv_lora_rank × nope`) and `W_UV` (`v ×
+    /// kv_lora_rank`), `dims = (kv_lora_rank, nope, v)` — where the source
+    /// stores them so (GGUF's `attn_k_b` / `attn_v_b`), in their stored
+    /// type: products read those bytes, not an f32 copy. `None` where the
+    /// caller splits `kv_b_proj` itself.
+    fn mla_heads(
+        &self,
+        _layer: usize,
+        _heads: usize,
+        _dims: (usize, usize, usize),
+    ) -> Result<Option<MlaHeads>, LoadError> {
+        Ok(None)
+    }
 }
+
+/// Per head, MLA's `W_UKᵀ` and `W_UV` ([`WeightSource::mla_heads`]).
+pub type MlaHeads = (Vec<Weight>, Vec<Weight>);
 
 impl WeightSource for crate::TensorFiles {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {

@@ -340,7 +340,8 @@ impl Attention {
             // The run's weighted values in one pass over them.
             let weights: Vec<&[f32]> = probs.iter().map(|p| &p[..]).collect();
             let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(vd).collect();
-            kv.values(h0 / group, start, pos + 1).weighted_many(vd, &weights, &mut outs);
+            kv.values(h0 / group, start, pos + 1)
+                .weighted_many(vd, &weights, &mut outs);
         });
     }
 }

@@ -54,9 +54,11 @@ pub struct Mla {
     /// `kv_a_proj_with_mqa`: `kv_lora_rank + qk_rope_head_dim` rows.
     kv_a: Weight,
     kv_a_norm: Vec<f32>,
-    /// Per head, `W_UKᵀ`: `kv_lora_rank × qk_nope_head_dim` (from `kv_b_proj`).
+    /// Per head, `W_UKᵀ`: `kv_lora_rank × qk_nope_head_dim` (GGUF's
+    /// `attn_k_b` as stored; else from `kv_b_proj`, in f32).
     uk_t: Vec<Weight>,
-    /// Per head, `W_UV`: `v_head_dim × kv_lora_rank` (from `kv_b_proj`).
+    /// Per head, `W_UV`: `v_head_dim × kv_lora_rank` (GGUF's `attn_v_b` as
+    /// stored; else from `kv_b_proj`, in f32).
     uv: Vec<Weight>,
     o_proj: Weight,
     shape: MlaShape,
@@ -67,6 +69,34 @@ pub struct Mla {
     /// DeepSeek Sparse Attention: this layer's indexer (`None` on layers
     /// without one, and on GLM-5's layers that share an earlier selection).
     indexer: Option<Indexer>,
+}
+
+/// Per head `W_UKᵀ` (`r × nope`) and `W_UV` (`v × r`) from `kv_b_proj`, as
+/// f32 (the key part transposed).
+fn split_kv_b(
+    files: &dyn WeightSource,
+    p: &str,
+    heads: usize,
+    (r, nope, v): (usize, usize, usize),
+) -> Result<(Vec<Weight>, Vec<Weight>), LoadError> {
+    // kv_nope = self.kv_b_proj(kv_nope).view(..., -1, qk_nope_head_dim + v_head_dim): per head [k_nope | value] rows.
+    let kv_b = files
+        .matrix(&format!("{p}.kv_b_proj.weight"), heads * (nope + v), r)?
+        .data()
+        .to_f32_vec();
+    let (mut uk_t, mut uv) = (Vec::with_capacity(heads), Vec::with_capacity(heads));
+    for head in kv_b.chunks_exact((nope + v) * r) {
+        let (k, val) = head.split_at(nope * r);
+        let mut t = vec![0.0f32; r * nope];
+        for (i, row) in k.chunks_exact(r).enumerate() {
+            for (c, &x) in row.iter().enumerate() {
+                t[c * nope + i] = x;
+            }
+        }
+        uk_t.push(Weight::from_f32(r, nope, t));
+        uv.push(Weight::from_f32(v, r, val.to_vec()));
+    }
+    Ok((uk_t, uv))
 }
 
 impl Mla {
@@ -84,23 +114,11 @@ impl Mla {
                 files.matrix(&format!("{p}.q_b_proj.weight"), q_rows, q)?,
             ))),
         };
-        // kv_nope = self.kv_b_proj(kv_nope).view(..., -1, qk_nope_head_dim + v_head_dim): per head [k_nope | value] rows.
-        let kv_b = files
-            .matrix(&format!("{p}.kv_b_proj.weight"), heads * (nope + v), r)?
-            .data()
-            .to_f32_vec();
-        let (mut uk_t, mut uv) = (Vec::with_capacity(heads), Vec::with_capacity(heads));
-        for head in kv_b.chunks_exact((nope + v) * r) {
-            let (k, val) = head.split_at(nope * r);
-            let mut t = vec![0.0f32; r * nope];
-            for (i, row) in k.chunks_exact(r).enumerate() {
-                for (c, &x) in row.iter().enumerate() {
-                    t[c * nope + i] = x;
-                }
-            }
-            uk_t.push(Weight::from_f32(r, nope, t));
-            uv.push(Weight::from_f32(v, r, val.to_vec()));
-        }
+        let (uk_t, uv) = match files.mla_heads(layer, heads, (r, nope, v))? {
+            // GGUF's attn_k_b / attn_v_b: already per head, in their type.
+            Some(split) => split,
+            None => split_kv_b(files, &p, heads, (r, nope, v))?,
+        };
         // self.scaling = yarn_apply_mscale(config.rope_parameters, self.qk_head_dim ** (-0.5))
         let mut scale = (shape.qk_head_dim() as f64).powf(-0.5);
         if let Some(y) = &cfg.rope_yarn {

@@ -174,6 +174,30 @@ fn codes5(qs: &[u8; 16], qh: u32, j: usize) -> (i32, i32) {
     (lo as i32, hi as i32)
 }
 
+/// Q5_0 blocks (`src`, whole blocks) as Q8_0 blocks of the same values:
+/// the same `d`, each code `q - 16` as a signed byte. Exact, and the
+/// integer products agree too: Q5_0's term `(d * dx) * f32(lo + hi - 16 S)`
+/// is Q8_0's `(d * dx) * f32(Σ (q - 16) x)` (`qdot`'s definition), so a
+/// product of the Q8_0 rows has the Q5_0 rows' bits and takes the packed
+/// Q8_0 kernels, which Q5_0 has none of.
+pub fn q5_0_as_q8_0(src: &[u8]) -> Vec<u8> {
+    let blocks: &[BlockQ5_0] =
+        bytemuck::cast_slice(&src[..src.len() / std::mem::size_of::<BlockQ5_0>() * std::mem::size_of::<BlockQ5_0>()]);
+    let mut out = Vec::with_capacity(blocks.len() * GgmlType::Q8_0.block_bytes());
+    for b in blocks {
+        let qh = u32::from_le_bytes(b.qh);
+        let mut codes = [0u8; QK];
+        for j in 0..16 {
+            let (l, h) = codes5(&b.qs, qh, j);
+            codes[j] = (l - 16) as i8 as u8;
+            codes[j + 16] = (h - 16) as i8 as u8;
+        }
+        out.extend_from_slice(&b.d);
+        out.extend_from_slice(&codes);
+    }
+    out
+}
+
 #[inline(always)]
 fn q5_0(b: &BlockQ5_0, out: &mut [f32; QK]) {
     // d * ((ql | (qh << 4)).astype(int8) - 16).astype(float32)

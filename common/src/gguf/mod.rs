@@ -47,8 +47,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-pub use dequant::dequantize;
 pub(crate) use dequant::dequantize_into;
+pub use dequant::{dequantize, q5_0_as_q8_0};
 pub use error::GgufError;
 pub use meta::MetaValue;
 pub use mxfp4::{blocks_from_hub, blocks_from_hub_rows, HubMxfp4Error};

@@ -2,8 +2,10 @@
 //! GLM-4.7-Flash, which the converter writes as `deepseek2` too), `glm4moe`
 //! (GLM-4.5 / 4.6 / 4.7) and `minimax-m2`. The converter splits MLA's
 //! `kv_b_proj` into `attn_k_b` (each head's key part, transposed) and
-//! `attn_v_b`; [`super::GgufModel`] joins them back into `kv_b_proj` as f32 (the
-//! latent attention keeps its per-head up-projections in f32 anyway). It
+//! `attn_v_b`, which latent attention takes per head as stored
+//! ([`charm_common::WeightSource::mla_heads`]: a decode step reads their quantized bytes);
+//! [`super::GgufModel`] joins them back into `kv_b_proj` as f32 for whoever
+//! asks for that tensor by name. It
 //! writes YaRN's `mscale_all_dim` as `rope.scaling.yarn_log_multiplier =
 //! 0.1 · mscale_all_dim` and no `mscale`: every released config has
 //! `mscale == mscale_all_dim`, whose attention factor is 1, and a file that

@@ -22,8 +22,9 @@
 
 use std::path::Path;
 
+use charm_common::gguf::GgmlType;
 use charm_common::gguf::{GgufError, GgufFile, MetaValue};
-use charm_common::{LoadError, Weight, WeightSource};
+use charm_common::{Buf, LoadError, MlaHeads, Weight, WeightData, WeightSource};
 
 use crate::config::{MixerKind, ModelConfig, QkNorm, Yarn};
 use crate::error::ModelError;
@@ -564,6 +565,31 @@ fn bad_tensor(file: &GgufFile, tensor: &str, reason: String) -> LoadError {
     })
 }
 
+/// A Q5_0 matrix as Q8_0 with a packed copy ([`charm_common::gguf::q5_0_as_q8_0`]:
+/// the same values and product bits): llama.cpp's K-quant mixes store MLA's
+/// 192-column `attn_k_b` as Q5_0, which has no packed kernel, and prefill
+/// multiplies it by every row of every head. Other matrices as they are.
+fn q5_0_as_q8_0_weight(file: &GgufFile, name: &str, w: Weight) -> Result<Weight, LoadError> {
+    let (rows, cols) = (w.rows(), w.cols());
+    let bytes = match w.data() {
+        WeightData::Gguf {
+            ty: GgmlType::Q5_0,
+            data,
+        } => charm_common::gguf::q5_0_as_q8_0(data.as_slice()),
+        _ => return Ok(w),
+    };
+    let q8 = Weight::try_new(
+        rows,
+        cols,
+        WeightData::Gguf {
+            ty: GgmlType::Q8_0,
+            data: Buf::owned(bytes),
+        },
+    )
+    .map_err(|e| bad_tensor(file, name, format!("as Q8_0: {e}")))?;
+    Ok(q8.pack_for_cpu())
+}
+
 impl WeightSource for GgufModel {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, LoadError> {
         let hybrid = self.hybrid != Hybrid::No;
@@ -693,6 +719,30 @@ impl WeightSource for GgufModel {
             }
             _ => Ok(all),
         }
+    }
+
+    fn mla_heads(
+        &self,
+        layer: usize,
+        heads: usize,
+        (r, nope, v): (usize, usize, usize),
+    ) -> Result<Option<MlaHeads>, LoadError> {
+        let (kb, vb) = (
+            format!("blk.{layer}.attn_k_b.weight"),
+            format!("blk.{layer}.attn_v_b.weight"),
+        );
+        if self.file.tensor(&kb).is_none() || self.file.tensor(&vb).is_none() {
+            return Ok(None);
+        }
+        // attn_k_b: per head [kv_lora_rank, nope] (the key part transposed:
+        // W_UKᵀ as stored); attn_v_b: per head [v, kv_lora_rank].
+        let uk_t = (0..heads)
+            .map(|h| q5_0_as_q8_0_weight(&self.file, &kb, self.file.weight_slice(&kb, h, r, nope)?))
+            .collect::<Result<Vec<_>, LoadError>>()?;
+        let uv = (0..heads)
+            .map(|h| self.file.weight_slice(&vb, h, v, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some((uk_t, uv)))
     }
 
     fn contains(&self, name: &str) -> bool {

@@ -381,3 +381,29 @@ fn non_finite_activations_give_nan() {
         assert!(dot_on(isa, ty, &row, &a).is_nan(), "{isa:?}");
     }
 }
+
+#[test]
+fn q5_0_rows_as_q8_0_keep_their_values_and_product_bits() {
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for case in 0..30 {
+        let cols = random_cols(&mut rng, GgmlType::Q5_0, case);
+        let row = random_row(&mut rng, GgmlType::Q5_0, cols);
+        let q8 = crate::gguf::q5_0_as_q8_0(&row);
+        assert_eq!(Some(q8.len()), GgmlType::Q8_0.row_bytes(cols));
+        let (a, b) = (
+            dequantized(GgmlType::Q5_0, &row, cols),
+            dequantized(GgmlType::Q8_0, &q8, cols),
+        );
+        assert_eq!(
+            a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "x{cols} values"
+        );
+        let x = Q8Acts::new(&acts(&mut rng, cols));
+        let want = dot_on(Isa::Scalar, GgmlType::Q5_0, &row, &x);
+        for &isa in Isa::available() {
+            let got = dot_on(isa, GgmlType::Q8_0, &q8, &x);
+            assert_eq!(got.to_bits(), want.to_bits(), "x{cols} on {isa:?}: {got} vs {want}");
+        }
+    }
+}

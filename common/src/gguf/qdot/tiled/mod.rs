@@ -46,7 +46,8 @@
 //!     register.
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4, IQ4_NL) need not be whole
-//! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks. The `k`
+//! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks, MLA's
+//! per-head `attn_k_b` rows 192 columns, no whole chunk at all. The `k`
 //! blocks past the last whole chunk (fewer than eight) are a *tail*, laid
 //! out like a chunk of `k` lanes ([`pack_tail`]: their scales first, then
 //! the steps of `4k` bytes; the activations' tail the same,
@@ -84,8 +85,8 @@ pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0, Q4_0, MXFP4 or IQ4_NL rows of at least one chunk (any number of
-/// blocks past it), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
+/// Q8_0, Q4_0, MXFP4 or IQ4_NL rows of whole blocks (whole chunks and up
+/// to seven blocks past them, or fewer blocks than a chunk), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
 /// super-blocks, so whole chunks), on an
 /// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
@@ -95,9 +96,7 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => {
-            cols >= CHUNK && cols.is_multiple_of(QK)
-        }
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => cols > 0 && cols.is_multiple_of(QK),
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
             cols > 0 && cols.is_multiple_of(CHUNK)
         }
@@ -604,7 +603,7 @@ fn pack_rows_into_on(isa: Isa, ty: GgmlType, data: &[u8], rows: usize, cols: usi
         let whole = cols / CHUNK * cb;
         // Runs of about 64 chunks per task: the copy of a large matrix on
         // every core.
-        let run = rb * (64 / (cols / CHUNK)).max(1);
+        let run = rb * (64 / (cols / CHUNK).max(1)).max(1);
         out.par_chunks_mut(run)
             .zip(data.par_chunks(run))
             .for_each(|(dst, src)| {

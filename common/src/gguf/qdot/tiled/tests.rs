@@ -348,7 +348,7 @@ fn requantizing_drops_the_arrangement() {
 }
 
 #[test]
-fn usable_rows_hold_a_whole_chunk() {
+fn usable_rows_are_whole_blocks_or_super_blocks() {
     let x86 = matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni);
     assert_eq!(usable(GgmlType::Q5_K, 4096), x86);
     assert!(!usable(GgmlType::Q4_1, 4096));
@@ -357,11 +357,14 @@ fn usable_rows_hold_a_whole_chunk() {
     assert_eq!(packable(GgmlType::IQ4_XS, 4096), x86);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
         // Blocks past the last whole chunk (gpt-oss's 2880 = 11 chunks
-        // and two blocks), but at least one chunk.
+        // and two blocks), or fewer blocks than a chunk (MLA's per-head
+        // `attn_k_b`, 192 columns): a tail alone.
         assert_eq!(usable(ty, 32 * 9), x86, "{ty}");
         assert_eq!(usable(ty, 2880), x86, "{ty}");
         assert_eq!(packable(ty, 2880), x86, "{ty}");
-        assert!(!usable(ty, 32 * 7), "{ty}");
+        assert_eq!(usable(ty, 32 * 6), x86, "{ty}");
+        assert_eq!(packable(ty, 32), x86, "{ty}");
+        assert!(!usable(ty, 40), "{ty}");
         assert!(!usable(ty, 0), "{ty}");
         assert_eq!(usable(ty, 2048), x86, "{ty}");
     }
@@ -408,7 +411,18 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
         ran = true;
         for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
             // gpt-oss's width, 32 k for k not a multiple of 8, whole chunks.
-            for cols in [2880, 32 * 9, 32 * 13, 32 * 30, 32 * 67, CHUNK, 3 * CHUNK] {
+            for cols in [
+                2880,
+                32,
+                32 * 6,
+                32 * 7,
+                32 * 9,
+                32 * 13,
+                32 * 30,
+                32 * 67,
+                CHUNK,
+                3 * CHUNK,
+            ] {
                 let rows = 4;
                 let data = rows_with_extremes(&mut rng, ty, rows, cols);
                 let rb = data.len() / rows;
