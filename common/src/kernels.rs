@@ -557,8 +557,8 @@ pub fn weighted_rows_many_f16_on(isa: Isa, rows: &[u16], stride: usize, weights:
     });
 }
 
-/// The shapes [`weighted_rows_many`] takes; the outputs' width.
-fn check_many(rows: usize, stride: usize, weights: &[&[f32]], outs: &[&mut [f32]]) -> usize {
+/// The shapes [`weighted_rows_many`] takes.
+fn check_many(rows: usize, stride: usize, weights: &[&[f32]], outs: &[&mut [f32]]) {
     assert_eq!(weights.len(), outs.len(), "one output per head");
     let keys = weights.first().map_or(0, |w| w.len());
     let cols = outs.first().map_or(0, |o| o.len());
@@ -568,15 +568,21 @@ fn check_many(rows: usize, stride: usize, weights: &[&[f32]], outs: &[&mut [f32]
     );
     assert!(outs.iter().all(|o| o.len() == cols), "every output has the same width");
     assert!(cols <= stride && keys * stride <= rows, "rows do not match the weights");
-    cols
 }
 
 /// [`weighted_rows_many`] one head at a time through the one-head sum
-/// (`sum(weights, row-wide zeroed buffer)`), its first columns kept.
+/// (`sum(weights, zeroed row-wide output)`): into each output where it is
+/// as wide as the rows, else into a buffer whose first columns are kept.
 fn one_head_at_a_time(weights: &[&[f32]], outs: &mut [&mut [f32]], stride: usize, sum: impl Fn(&[f32], &mut [f32])) {
-    let mut full = vec![0.0f32; stride];
+    let mut full = Vec::new();
     for (w, o) in weights.iter().zip(outs.iter_mut()) {
-        full.fill(0.0);
+        if o.len() == stride {
+            o.fill(0.0);
+            sum(w, o);
+            continue;
+        }
+        full.clear();
+        full.resize(stride, 0.0);
         sum(w, &mut full);
         o.copy_from_slice(&full[..o.len()]);
     }

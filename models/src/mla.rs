@@ -26,7 +26,7 @@
 use std::time::Instant;
 
 use charm_common::kernels::{rms_norm, rms_norm_rows, softmax};
-use charm_common::{LoadError, Weight, WeightSource};
+use charm_common::{LoadError, MlaHeads, Weight, WeightSource};
 use rayon::prelude::*;
 
 use crate::attention::{deinterleave_heads, AttentionTimes, HEADS_PER_TASK};
@@ -78,7 +78,7 @@ fn split_kv_b(
     p: &str,
     heads: usize,
     (r, nope, v): (usize, usize, usize),
-) -> Result<(Vec<Weight>, Vec<Weight>), LoadError> {
+) -> Result<MlaHeads, LoadError> {
     // kv_nope = self.kv_b_proj(kv_nope).view(..., -1, qk_nope_head_dim + v_head_dim): per head [k_nope | value] rows.
     let kv_b = files
         .matrix(&format!("{p}.kv_b_proj.weight"), heads * (nope + v), r)?
