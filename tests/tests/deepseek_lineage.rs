@@ -10,6 +10,9 @@
 //! - `lineage_ggufs_keep_their_bits_in_containers_and_on_workers`: the
 //!   Q8_0 GGUFs of llama.cpp's converter against their containers, on
 //!   `--local` and on three workers.
+//! - `gguf_mla_up_projections_keep_their_stored_type`: GGUF's per-head
+//!   `attn_k_b` / `attn_v_b` are multiplied in their stored type, not
+//!   widened to f32.
 //! - `the_latent_cache_holds_the_latent_and_the_rope_key`: an MLA layer
 //!   caches `(kv_lora_rank + qk_rope_head_dim) × 4` bytes per position
 //!   (× 2 with the f16 cache), whatever the head count.
@@ -152,6 +155,50 @@ fn lineage_ggufs_keep_their_bits_in_containers_and_on_workers() {
         svc.wait_for_workers(3, TIMEOUT).unwrap();
         assert!(logits_and_ids(&engine(&out, svc), &r) == want, "{name}: on 3 workers");
     }
+}
+
+/// GGUF's per-head up-projections are multiplied as stored: each head's
+/// `W_UKᵀ` / `W_UV` has the stored type of `attn_k_b` / `attn_v_b` (the
+/// converter's Q8_0 fixtures keep these narrow tensors in F16; a Q5_0
+/// one becomes Q8_0), never an f32 widening of a narrower type; a file
+/// with the joined `attn_kv_b` of older converters leaves the split to
+/// latent attention (`None`).
+#[test]
+fn gguf_mla_up_projections_keep_their_stored_type() {
+    use charm_common::gguf::GgmlType;
+    use charm_common::{WeightFormat, WeightSource};
+    let stored = |m: &charm_models::gguf::GgufModel, name: &str| match m.file.tensor(name).unwrap().ty {
+        GgmlType::F32 => WeightFormat::F32,
+        GgmlType::F16 => WeightFormat::F16,
+        GgmlType::BF16 => WeightFormat::BF16,
+        GgmlType::Q5_0 => WeightFormat::Gguf(GgmlType::Q8_0),
+        ty => WeightFormat::Gguf(ty),
+    };
+    let mut narrower = 0;
+    for (file, split) in [
+        ("deepseekv3-q8_0.gguf", true),
+        ("glm4moelite-q8_0.gguf", true),
+        ("deepseekv3-f32.gguf", true),
+        ("deepseekv3-kvb-f32.gguf", false),
+    ] {
+        let m = charm_models::gguf::GgufModel::open(&fixture("gguf").join(file)).unwrap();
+        let s = m.cfg.mla.expect("an MLA model");
+        let (heads, dims) = (m.cfg.num_heads, (s.kv_lora_rank, s.qk_nope_head_dim, s.v_head_dim));
+        let got = m.mla_heads(0, heads, dims).unwrap();
+        assert_eq!(got.is_some(), split, "{file}");
+        let Some((uk_t, uv)) = got else { continue };
+        let (kf, vf) = (stored(&m, "blk.0.attn_k_b.weight"), stored(&m, "blk.0.attn_v_b.weight"));
+        narrower += usize::from(kf != WeightFormat::F32) + usize::from(vf != WeightFormat::F32);
+        assert_eq!((uk_t.len(), uv.len()), (heads, heads), "{file}");
+        for (k, v) in uk_t.iter().zip(&uv) {
+            assert_eq!((k.rows(), k.cols(), k.format()), (dims.0, dims.1, kf), "{file}: W_UKᵀ");
+            assert_eq!((v.rows(), v.cols(), v.format()), (dims.2, dims.0, vf), "{file}: W_UV");
+        }
+    }
+    assert!(
+        narrower > 0,
+        "the quantized fixtures store the up-projections narrower than f32"
+    );
 }
 
 #[test]
