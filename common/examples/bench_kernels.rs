@@ -116,42 +116,27 @@ fn main() {
                 ty.name(),
                 Isa::active().name()
             );
-            // Four activation rows per weight row (a step of four sequences).
-            let four: Vec<&Q8Acts> = vec![&arranged; 4];
-            let batch = qdot::tiled::ArrangedActs::new(&four);
-            let rate4 = time(&|| {
-                let mut o = [0.0f32; 4];
-                let mut s = 0.0;
-                for row in packed.chunks_exact(rb) {
-                    qdot::tiled::dot_many_packed(ty, row, &batch, &mut o);
-                    s += o[3];
-                }
-                s
-            });
-            println!(
-                "{:>6} {:<11} {:>9.0}  (packed rows, 4 activation rows: products/s; weights/s {rate4:.0})",
-                ty.name(),
-                Isa::active().name(),
-                4.0 * rate4
-            );
-            // Eight activation rows per weight row (prefill's blocks).
-            let eight: Vec<&Q8Acts> = vec![&arranged; 8];
-            let batch8 = qdot::tiled::ArrangedActs::new(&eight);
-            let rate8 = time(&|| {
-                let mut o = [0.0f32; 8];
-                let mut s = 0.0;
-                for row in packed.chunks_exact(rb) {
-                    qdot::tiled::dot_many_packed(ty, row, &batch8, &mut o);
-                    s += o[7];
-                }
-                s
-            });
-            println!(
-                "{:>6} {:<11} {:>9.0}  (packed rows, 8 activation rows: products/s)",
-                ty.name(),
-                Isa::active().name(),
-                8.0 * rate8
-            );
+            // Four activation rows per weight row (a step of four
+            // sequences), and eight (prefill's blocks of activation rows).
+            for n in [4usize, 8] {
+                let many: Vec<&Q8Acts> = vec![&arranged; n];
+                let batch = qdot::tiled::ArrangedActs::new(&many);
+                let rate = time(&|| {
+                    let mut o = vec![0.0f32; n];
+                    let mut s = 0.0;
+                    for row in packed.chunks_exact(rb) {
+                        qdot::tiled::dot_many_packed(ty, row, &batch, &mut o);
+                        s += o[n - 1];
+                    }
+                    s
+                });
+                println!(
+                    "{:>6} {:<11} {:>9.0}  (packed rows, {n} activation rows: products/s; weights/s {rate:.0})",
+                    ty.name(),
+                    Isa::active().name(),
+                    n as f64 * rate
+                );
+            }
             // The folding kernel on the same four rows (prefill without a
             // packed copy or arranging).
             let fold4 = time(&|| {
