@@ -751,9 +751,11 @@ impl Weight {
                     let share = tile_bytes.div_ceil(n.div_ceil(ACT_BLOCK)).next_multiple_of(64);
                     for b in blocks {
                         let from = (b.start / ACT_BLOCK * share).min(tile_bytes);
-                        crate::prefetch::span_to_l2(next.wrapping_add(from), share.min(tile_bytes - from));
+                        let len = share.min(tile_bytes - from);
                         let acts = batch.range(b.clone());
                         for i in 0..tile_rows {
+                            // The block's share a slice per weight row.
+                            crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i, tile_rows);
                             let r = r0 + i;
                             let row = &packed.as_slice()[r * rb..(r + 1) * rb];
                             let o = &mut o[i * n + b.start..i * n + b.end];
@@ -763,16 +765,14 @@ impl Weight {
                     t = n;
                 } else if arranged {
                     // The next tile's rows into L2 while this one is
-                    // arranged and used (as the packed rows above).
+                    // arranged (a slice per row, as the packed rows above).
                     let tile_bytes = tile_rows * rb;
-                    crate::prefetch::span_to_l2(
-                        data.as_slice().as_ptr().wrapping_add((r0 + tile_rows) * rb),
-                        tile_bytes,
-                    );
+                    let next = data.as_slice().as_ptr().wrapping_add((r0 + tile_rows) * rb);
                     // The tile's rows arranged once, then met by every block.
                     ARRANGED.with_borrow_mut(|rows| {
                         rows.resize_with(tile_rows.max(rows.len()), Default::default);
                         for (i, row) in rows.iter_mut().enumerate().take(tile_rows) {
+                            crate::prefetch::slice_to_l2(next, tile_bytes, i, tile_rows);
                             let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
                         }

@@ -73,7 +73,7 @@ unsafe fn block<const R: usize, const T: usize>(
 /// row `r`'s tail against `x`. `next` is where the rows after the tile
 /// begin and `tile_bytes` the tile's size: while the tile's blocks run,
 /// the same number of bytes from `next` is asked for into L2, a share per
-/// activation block (a prefill's matrices are read from memory once, and
+/// activation block, spread over its blocks of rows (a prefill's matrices are read from memory once, and
 /// the next tile's first pass would otherwise wait on it; a prefetch never
 /// faults, wherever `next` points).
 #[inline(always)]
@@ -93,10 +93,12 @@ unsafe fn tile(
     while t0 < n {
         let tn = (n - t0).min(ACTS);
         let from = (t0 / ACTS * share).min(tile_bytes);
-        prefetch::span_to_l2(next.wrapping_add(from), share.min(tile_bytes - from));
+        let len = share.min(tile_bytes - from);
         let mut r0 = 0;
         while r0 < nrows {
             let rn = (nrows - r0).min(ROWS);
+            // The block's share a slice per block of rows.
+            prefetch::slice_to_l2(next.wrapping_add(from), len, r0 / ROWS, nrows.div_ceil(ROWS));
             let at = move |r: usize, i: usize| load16(r0 + r, i);
             // SAFETY: the caller's closure reads rows below `nrows` and
             // columns below `full`; every `xs[t]` holds `cols` elements.
