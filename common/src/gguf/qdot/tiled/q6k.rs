@@ -15,10 +15,8 @@
 //! The activations need [`Q8Acts::arrange`]'s transposed codes and its
 //! `off6` (`32 s16` of each half, in the same two groups of eight).
 
-use super::super::reference::codes;
 #[cfg(target_arch = "x86_64")]
 use super::Q8Acts;
-use crate::gguf::types::GgmlType;
 #[cfg(target_arch = "x86_64")]
 use crate::gguf::types::QK_K;
 
@@ -30,22 +28,39 @@ pub const BLOCK: usize = 210;
 /// # Panics
 /// If `src` or `dst` is shorter than [`BLOCK`].
 pub fn pack_block(src: &[u8], dst: &mut [u8]) {
+    let (src, dst): (&[u8; BLOCK], &mut [u8; BLOCK]) = (
+        src[..BLOCK].try_into().expect("a whole super-block"),
+        (&mut dst[..BLOCK]).try_into().expect("a whole super-block"),
+    );
     dst[..192].fill(0);
     for b in 0..8 {
-        let c = codes(GgmlType::Q6_K, src, b);
+        let c = sub_block_codes(src, b);
         for i in 0..16 {
             let (r, k) = (i / 4, i % 4);
             let at = 32 * r + 4 * b + k;
-            dst[at] = (c[i] as u8 & 0x0f) | ((c[16 + i] as u8 & 0x0f) << 4);
+            dst[at] = (c[i] & 0x0f) | ((c[16 + i] & 0x0f) << 4);
         }
         for (e, &v) in c.iter().enumerate() {
             let (h, m, k) = (e / 16, (e % 16) / 4, e % 4);
-            dst[128 + 32 * h + 4 * b + k] |= ((v as u8 >> 4) & 3) << (2 * m);
+            dst[128 + 32 * h + 4 * b + k] |= ((v >> 4) & 3) << (2 * m);
         }
         dst[192 + b] = src[192 + 2 * b];
         dst[200 + b] = src[193 + 2 * b];
     }
     dst[208..210].copy_from_slice(&src[208..210]);
+}
+
+/// The 32 six-bit codes of sub-block `b` of a GGUF Q6_K super-block, as
+/// the scalar reference's `codes` spells them (half `h = b / 4`, `k = b % 4`: the low 4 bits
+/// from `ql[64h + l + 32 (k & 1)]`, its high nibble for `k >= 2`, bits 4–5
+/// from `(qh[32h + l] >> 2k) & 3`), with fixed offsets the compiler
+/// vectorizes: what loading a Q6_K file spends its packing on.
+fn sub_block_codes(src: &[u8; BLOCK], b: usize) -> [u8; 32] {
+    let (h, k) = (b / 4, b % 4);
+    let ql: &[u8; 32] = src[64 * h + 32 * (k & 1)..][..32].try_into().expect("32 low-bit bytes");
+    let qh: &[u8; 32] = src[128 + 32 * h..][..32].try_into().expect("32 high-bit bytes");
+    let (lo_shift, hi_shift) = (4 * (k >> 1), 2 * k);
+    std::array::from_fn(|l| ((ql[l] >> lo_shift) & 0x0f) | (((qh[l] >> hi_shift) & 3) << 4))
 }
 
 /// The `off6` entries [`Q8Acts::arrange`] adds: per chunk of eight blocks,

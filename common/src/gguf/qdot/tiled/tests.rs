@@ -550,23 +550,25 @@ fn the_q6_k_layout_holds_every_code_once() {
     // Unpack the packed bytes as the module docs describe them and compare
     // with the GGUF codes.
     let mut rng = ChaCha8Rng::seed_from_u64(16);
-    let src = random_row(&mut rng, GgmlType::Q6_K, CHUNK);
-    let mut p = vec![0u8; q6k::BLOCK];
-    q6k::pack_block(&src, &mut p);
-    for b in 0..8 {
-        let want = crate::gguf::qdot::reference::codes(GgmlType::Q6_K, &src, b);
-        for (e, &w) in want.iter().enumerate() {
-            let (half, i) = (e / 16, e % 16);
-            let (r, k) = (i / 4, i % 4);
-            let nib = p[32 * r + 4 * b + k] >> (4 * half) & 0x0f;
-            let (m, h) = ((e % 16) / 4, e / 16);
-            let top = p[128 + 32 * h + 4 * b + k] >> (2 * m) & 3;
-            assert_eq!((nib | top << 4) as i16, w, "sub-block {b} element {e}");
+    for _ in 0..16 {
+        let src = random_row(&mut rng, GgmlType::Q6_K, CHUNK);
+        let mut p = vec![0u8; q6k::BLOCK];
+        q6k::pack_block(&src, &mut p);
+        for b in 0..8 {
+            let want = crate::gguf::qdot::reference::codes(GgmlType::Q6_K, &src, b);
+            for (e, &w) in want.iter().enumerate() {
+                let (half, i) = (e / 16, e % 16);
+                let (r, k) = (i / 4, i % 4);
+                let nib = p[32 * r + 4 * b + k] >> (4 * half) & 0x0f;
+                let (m, h) = ((e % 16) / 4, e / 16);
+                let top = p[128 + 32 * h + 4 * b + k] >> (2 * m) & 3;
+                assert_eq!((nib | top << 4) as i16, w, "sub-block {b} element {e}");
+            }
+            assert_eq!(p[192 + b], src[192 + 2 * b]);
+            assert_eq!(p[200 + b], src[193 + 2 * b]);
         }
-        assert_eq!(p[192 + b], src[192 + 2 * b]);
-        assert_eq!(p[200 + b], src[193 + 2 * b]);
+        assert_eq!(p[208..210], src[208..210]);
     }
-    assert_eq!(p[208..210], src[208..210]);
 }
 
 #[test]
