@@ -27,6 +27,9 @@ fi
 # official openai / anthropic Python SDKs (in target/sdk-venv). On CI a
 # missing one fails those tests instead of skipping them.
 if [[ "${CI:-}" == "true" ]]; then export CHARM_CI=1; fi
+# A CI run builds once from clean: incremental state would only take disk
+# (about two thirds of the debug target).
+if [[ -n "${CHARM_CI:-}" ]]; then export CARGO_INCREMENTAL=0; fi
 if ! command -v chromedriver >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == 0 ]]; then
         apt-get update -qq >/dev/null
