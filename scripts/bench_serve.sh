@@ -6,7 +6,8 @@
 #
 # 1. Builds `coordinator` (release).
 # 2. Once, outside the repository: llama.cpp's `llama-server` and
-#    `llama-quantize`, built with cmake from the llama.cpp vendored in the
+#    `llama-quantize`, built with cmake (PyPI's, into $LLAMA_SRC/cmake-venv,
+#    where the machine has none) from the llama.cpp vendored in the
 #    PyPI sdist of llama-cpp-python $LLAMA_VERSION (GGML_NATIVE=ON, AMX off
 #    as in bench_vs_llamacpp.sh), into $LLAMA_BUILD.
 # 3. Once: the bench model $BENCH/olmoe-w (scripts/make_bench_model.py, 4
@@ -55,6 +56,14 @@ if [ ! -f "$LLAMA_CPP/CMakeLists.txt" ]; then
 fi
 if [ ! -x "$LLAMA_BUILD/bin/llama-server" ] || [ ! -x "$LLAMA_BUILD/bin/llama-quantize" ]; then
   echo "== building llama-server (about 10 minutes on 2 cores)" >&2
+  if ! command -v cmake >/dev/null 2>&1; then
+    # Some machine kinds have no cmake; PyPI's `cmake` package carries one.
+    [ -x "$LLAMA_SRC/cmake-venv/bin/cmake" ] || {
+      python3 -m venv "$LLAMA_SRC/cmake-venv"
+      "$LLAMA_SRC/cmake-venv/bin/pip" install -q cmake
+    }
+    export PATH="$LLAMA_SRC/cmake-venv/bin:$PATH"
+  fi
   AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   cmake -S "$LLAMA_CPP" -B "$LLAMA_BUILD" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release \
