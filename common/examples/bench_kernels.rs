@@ -3,6 +3,8 @@
 //!
 //!     cargo run --release -p charm-common --example bench_kernels [-- ROWS COLS REPS]
 //!
+//! (`CHARM_BENCH_TYPES=Q4_0,Q4_K` limits the GGML types measured.)
+//!
 //! Prints one line per (format, instruction set): millions of weight
 //! elements multiplied per second (median of 5 timed passes), and the
 //! speed-up over the scalar build. `scripts/bench_vs_llamacpp.sh` runs it
@@ -16,6 +18,13 @@ use charm_common::gguf::qdot::{self, Q8Acts};
 use charm_common::gguf::GgmlType;
 use charm_common::kernels::{dot_bf16_on, dot_f32_on, dot_int4_on, dot_int8_on};
 use charm_common::Isa;
+
+/// Whether `CHARM_BENCH_TYPES` (comma-separated GGML type names, e.g.
+/// `Q4_0,Q4_K`; all when unset) names `ty`: one type's loops alone, for a
+/// profiler.
+fn wanted(ty: GgmlType) -> bool {
+    std::env::var("CHARM_BENCH_TYPES").map_or(true, |v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(ty.name())))
+}
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
@@ -73,6 +82,9 @@ fn main() {
         GgmlType::IQ4_XS,
         GgmlType::MXFP4,
     ] {
+        if !wanted(ty) {
+            continue;
+        }
         let Some(rb) = ty.row_bytes(cols) else {
             println!("{:>6} skipped: {cols} is not whole blocks", ty.name());
             continue;
@@ -132,6 +144,27 @@ fn main() {
                 });
                 println!(
                     "{:>6} {:<11} {:>9.0}  (packed rows, {n} activation rows: products/s; weights/s {rate:.0})",
+                    ty.name(),
+                    Isa::active().name(),
+                    n as f64 * rate
+                );
+            }
+            // Two weight rows per pass (prefill's tiles, where it pays).
+            if qdot::tiled::pairs_pay(ty, cols) && rows % 2 == 0 {
+                let n = 8;
+                let many: Vec<&Q8Acts> = vec![&arranged; n];
+                let batch = qdot::tiled::ArrangedActs::new(&many);
+                let rate = time(&|| {
+                    let (mut oa, mut ob) = (vec![0.0f32; n], vec![0.0f32; n]);
+                    let mut s = 0.0;
+                    for pair in packed.chunks_exact(2 * rb) {
+                        qdot::tiled::dot_pair_packed(ty, pair.split_at(rb), &batch, &mut oa, &mut ob);
+                        s += oa[n - 1] + ob[n - 1];
+                    }
+                    s
+                });
+                println!(
+                    "{:>6} {:<11} {:>9.0}  (packed row pairs, {n} activation rows: products/s)",
                     ty.name(),
                     Isa::active().name(),
                     n as f64 * rate

@@ -753,13 +753,32 @@ impl Weight {
                         let from = (b.start / ACT_BLOCK * share).min(tile_bytes);
                         let len = share.min(tile_bytes - from);
                         let acts = batch.range(b.clone());
-                        for i in 0..tile_rows {
+                        // Two weight rows per pass where that pays (each
+                        // activation step loaded once for both).
+                        let step = if qdot::tiled::pairs_pay(*ty, self.cols) { 2 } else { 1 };
+                        let row = |r: usize| &packed.as_slice()[r * rb..(r + 1) * rb];
+                        for i in (0..tile_rows).step_by(step) {
                             // The block's share a slice per weight row.
                             crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i, tile_rows);
                             let r = r0 + i;
-                            let row = &packed.as_slice()[r * rb..(r + 1) * rb];
-                            let o = &mut o[i * n + b.start..i * n + b.end];
-                            qdot::tiled::dot_many_packed(*ty, row, &acts, o);
+                            if i + 1 < tile_rows && step == 2 {
+                                crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i + 1, tile_rows);
+                                let (first, second) = o[i * n..(i + 2) * n].split_at_mut(n);
+                                qdot::tiled::dot_pair_packed(
+                                    *ty,
+                                    (row(r), row(r + 1)),
+                                    &acts,
+                                    &mut first[b.clone()],
+                                    &mut second[b.clone()],
+                                );
+                            } else {
+                                qdot::tiled::dot_many_packed(
+                                    *ty,
+                                    row(r),
+                                    &acts,
+                                    &mut o[i * n + b.start..i * n + b.end],
+                                );
+                            }
                         }
                     }
                     t = n;

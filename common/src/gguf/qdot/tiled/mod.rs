@@ -540,6 +540,73 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
     }
 }
 
+/// Whether [`dot_pair_packed`] multiplies two packed rows of `ty` × `cols`
+/// in one pass here: on AVX-512 VNNI, rows of whole chunks of Q8_0, Q4_0,
+/// MXFP4, IQ4_NL, IQ4_XS, Q4_K or Q5_K (Q6_K, Q2_K and Q3_K keep their
+/// half sums' registers for one row; AVX2's sixteen registers hold no
+/// second row).
+pub fn pairs_pay(ty: GgmlType, cols: usize) -> bool {
+    pairs_pay_on(Isa::active(), ty, cols)
+}
+
+/// [`pairs_pay`] for a chosen instruction set.
+pub fn pairs_pay_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
+    isa == Isa::Avx512Vnni
+        && usable_on(isa, ty, cols)
+        && cols.is_multiple_of(CHUNK)
+        && matches!(
+            ty,
+            GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::MXFP4
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+        )
+}
+
+/// [`dot_many_packed`] of two rows of a packed copy at once (`a`, `b`;
+/// results in `out_a`, `out_b`): where [`pairs_pay`], each activation
+/// step is loaded once for both rows (a prefill's and a batched decode's
+/// products are bounded by those loads: 1.3–1.4 × the products per second
+/// of one row at a time for Q8_0 and Q4_0 in `bench_kernels`); elsewhere
+/// one row after the other. The bits of [`dot_many_packed`] for each row.
+///
+/// # Panics
+/// As [`dot_many_packed`], for either row, or if the outputs' lengths
+/// differ from the activation rows'.
+pub fn dot_pair_packed(
+    ty: GgmlType,
+    (a, b): (&[u8], &[u8]),
+    acts: &ArrangedActs<'_>,
+    out_a: &mut [f32],
+    out_b: &mut [f32],
+) {
+    if !pairs_pay(ty, acts.width) || acts.is_empty() {
+        dot_many_packed(ty, a, acts, out_a);
+        return dot_many_packed(ty, b, acts, out_b);
+    }
+    assert_eq!(
+        (out_a.len(), out_b.len()),
+        (acts.len(), acts.len()),
+        "one output per activation row"
+    );
+    let rb = ty.row_bytes(acts.width);
+    assert_eq!(
+        (Some(a.len()), Some(b.len())),
+        (rb, rb),
+        "{ty} packed rows do not match the activations"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `pairs_pay` checked that the CPU runs AVX-512 VNNI and that
+    // the rows are whole chunks of a type the pair loop takes; the widths
+    // were checked above.
+    unsafe {
+        x86::pair_packed_vnni(ty, (a, b), acts.acts, out_a, out_b)
+    }
+}
+
 /// `rows` rows of `ty` × `cols` (`data`: GGUF row order) in the packed
 /// transposed layout for the active instruction set, the same size: per
 /// whole chunk, the codes' eight steps (Q4_0 and MXFP4: four steps of

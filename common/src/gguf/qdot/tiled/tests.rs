@@ -110,6 +110,13 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                 // then the rest), in another order: the same bits per row,
                 // arranged and packed.
                 let packed = (isa == Isa::active() && packable_on(isa, ty, cols)).then(|| pack_rows(ty, &row, 1, cols));
+                // A second row for the pair products, and its bits per activation row.
+                let row2 = random_row(&mut rng, ty, cols);
+                let packed2 = packed.as_ref().map(|_| pack_rows(ty, &row2, 1, cols));
+                let want2: Vec<u32> = acts
+                    .iter()
+                    .map(|a| dot_on(Isa::Scalar, ty, &row2, a).to_bits())
+                    .collect();
                 for len in 1..=13 {
                     let idx: Vec<usize> = (0..len).map(|k| (3 * k + 1) % 4).collect();
                     let many: Vec<&Q8Acts> = idx.iter().map(|&i| &acts[i]).collect();
@@ -118,10 +125,18 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                     for (o, &i) in out.iter().zip(&idx) {
                         assert_eq!(o.to_bits(), got[i].to_bits(), "{len} rows");
                     }
-                    if let Some(packed) = &packed {
+                    if let (Some(packed), Some(packed2)) = (&packed, &packed2) {
                         dot_many_packed(ty, packed, &ArrangedActs::new(&many), &mut out);
                         for (o, &i) in out.iter().zip(&idx) {
                             assert_eq!(o.to_bits(), got[i].to_bits(), "{ty} packed, {len} rows");
+                        }
+                        // Two rows at once (one pass where `pairs_pay`):
+                        // each row's bits.
+                        let (mut oa, mut ob) = (vec![0.0f32; len], vec![0.0f32; len]);
+                        dot_pair_packed(ty, (packed, packed2), &ArrangedActs::new(&many), &mut oa, &mut ob);
+                        for ((a, b), &i) in oa.iter().zip(&ob).zip(&idx) {
+                            assert_eq!(a.to_bits(), got[i].to_bits(), "{ty} pair, first row, {len} rows");
+                            assert_eq!(b.to_bits(), want2[i], "{ty} pair, second row, {len} rows");
                         }
                     }
                 }

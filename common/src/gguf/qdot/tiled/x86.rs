@@ -1166,20 +1166,186 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                     s0 = madd::<true, false>(s0, w[j], q(j));
                     s1 = madd::<true, false>(s1, w[j + 1], q(j + 1));
                 }
-                let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
-                if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
-                    let i = _mm256_add_epi32(s0, s1);
-                    *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
-                    continue;
-                }
-                let mut i = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_sll_epi32(tot, count));
-                if ty == GgmlType::IQ4_XS {
-                    i = _mm256_mullo_epi32(sc, i);
-                }
-                *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
+                let i = _mm256_add_epi32(s0, s1);
+                *acc = _mm256_add_ps(*acc, whole_term(ty, (dw, sc, mn, dmin), a, c, i, count));
             }
         }
         acc
     }
+}
+
+/// [`super::super::combine`]'s term on the eight lanes of activation row
+/// `a`'s chunk `c`, for the types whose blocks end in one integer sum `i`
+/// (not Q6_K's, Q2_K's or Q3_K's halves): less the activation totals
+/// shifted by `count` (Q4_0's 8; the +128 of Q8_0's and the table types'
+/// codes on VNNI), times IQ4_XS's sub-block scales, or Q4_K's and Q5_K's
+/// scale and min term; `(dw, sc, mn, dmin)` the weight chunk's scales.
+#[inline(always)]
+unsafe fn whole_term(
+    ty: GgmlType,
+    (dw, sc, mn, dmin): (__m256, __m256i, __m256i, __m256),
+    a: &Q8Acts,
+    c: usize,
+    i: __m256i,
+    count: __m128i,
+) -> __m256 {
+    // SAFETY: the caller's chunk index is in range; arranged activations
+    // hold eight totals and eight scales per chunk.
+    unsafe {
+        let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+        let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+            return k_term(sc, mn, dw, dmin, dx, i, tot);
+        }
+        let mut i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
+        if ty == GgmlType::IQ4_XS {
+            i = _mm256_mullo_epi32(sc, i);
+        }
+        _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i))
+    }
+}
+
+/// Two packed rows of `ty` (whole chunks, a type [`super::pairs_pay_on`]
+/// takes) against the activation rows, four at a time, into `oa` and `ob`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn pair_packed_vnni(
+    ty: GgmlType,
+    (a, b): (&[u8], &[u8]),
+    acts: &[&Q8Acts],
+    oa: &mut [f32],
+    ob: &mut [f32],
+) {
+    let cb = chunk_bytes(ty);
+    let chunks = a.len() / cb;
+    let (pa, pb, flip) = (a.as_ptr(), b.as_ptr(), true);
+    // SAFETY (all): forwarded; both rows hold `chunks` whole chunks.
+    unsafe {
+        match ty {
+            GgmlType::MXFP4 => pair_rows(
+                ty,
+                chunks,
+                (
+                    PackedLut::<LUT_MXFP4> { p: pa, flip },
+                    PackedLut::<LUT_MXFP4> { p: pb, flip },
+                ),
+                acts,
+                (oa, ob),
+            ),
+            GgmlType::IQ4_XS => pair_rows(
+                ty,
+                chunks,
+                (
+                    PackedLut::<LUT_IQ4_XS> { p: pa, flip },
+                    PackedLut::<LUT_IQ4_XS> { p: pb, flip },
+                ),
+                acts,
+                (oa, ob),
+            ),
+            GgmlType::IQ4_NL => pair_rows(
+                ty,
+                chunks,
+                (
+                    PackedLut::<LUT_IQ4_NL> { p: pa, flip },
+                    PackedLut::<LUT_IQ4_NL> { p: pb, flip },
+                ),
+                acts,
+                (oa, ob),
+            ),
+            _ => each_type!(ty, t => pair_rows(
+                t,
+                chunks,
+                (Packed { ty: t, p: pa, cb }, Packed { ty: t, p: pb, cb }),
+                acts,
+                (oa, ob),
+            )),
+        }
+    }
+}
+
+/// Quads of activation rows, then the one to three left, for a pair of rows.
+#[inline(always)]
+unsafe fn pair_rows<R: Row>(
+    ty: GgmlType,
+    chunks: usize,
+    rows: (R, R),
+    acts: &[&Q8Acts],
+    out: (&mut [f32], &mut [f32]),
+) {
+    let (oa, ob) = out;
+    let mut t = 0;
+    macro_rules! run {
+        ($n:literal) => {{
+            let a: [&Q8Acts; $n] = std::array::from_fn(|k| acts[t + k]);
+            // SAFETY: forwarded; `t + $n` rows are left.
+            let (x, y) = unsafe { body_pair::<$n>(ty, chunks, rows, a) };
+            // SAFETY: register arithmetic on this target.
+            let (x, y) = unsafe {
+                (
+                    crate::gguf::qdot::x86::lane_sums(x),
+                    crate::gguf::qdot::x86::lane_sums(y),
+                )
+            };
+            oa[t..t + $n].copy_from_slice(&x);
+            ob[t..t + $n].copy_from_slice(&y);
+        }};
+    }
+    while t + 4 <= acts.len() {
+        run!(4);
+        t += 4;
+    }
+    match acts.len() - t {
+        1 => run!(1),
+        2 => run!(2),
+        3 => run!(3),
+        _ => {}
+    }
+}
+
+/// The VNNI chunk loop for two weight rows at once: each activation step
+/// is loaded once and multiplied into both rows' sums (one activation load
+/// per two `vpdpbusd` instead of one: a row against eight activation rows
+/// reloads every activation byte per weight row, and its loads, not its
+/// multiplies, bounded it), then [`whole_term`] per row and lane. Integer
+/// sums are exact in any order, so each row's lanes are [`body`]'s bits.
+#[inline(always)]
+unsafe fn body_pair<const N: usize>(
+    ty: GgmlType,
+    chunks: usize,
+    (ra, rb): (impl Row, impl Row),
+    acts: [&Q8Acts; N],
+) -> ([__m256; N], [__m256; N]) {
+    let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
+    let count = _mm_cvtsi32_si128(shift);
+    let mut acc_a = [_mm256_setzero_ps(); N];
+    let mut acc_b = [_mm256_setzero_ps(); N];
+    let scaled = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+    // SAFETY: both rows hold `chunks` chunks and the activations' `qt`,
+    // `tot`, `d` as many (the caller checked the widths).
+    unsafe {
+        for c in 0..chunks {
+            let mut sa = [_mm256_setzero_si256(); N];
+            let mut sb = [_mm256_setzero_si256(); N];
+            for j in 0..4 {
+                let (a0, a4) = ra.pair(c, j);
+                let (b0, b4) = rb.pair(c, j);
+                for r in 0..N {
+                    let q = acts[r].qt.as_ptr().add(c * CHUNK) as *const u8;
+                    let x = _mm256_loadu_si256(q.add(32 * j) as *const __m256i);
+                    let y = _mm256_loadu_si256(q.add(32 * (4 + j)) as *const __m256i);
+                    sa[r] = madd::<true, false>(madd::<true, false>(sa[r], a0, x), a4, y);
+                    sb[r] = madd::<true, false>(madd::<true, false>(sb[r], b0, x), b4, y);
+                }
+            }
+            let none = (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps());
+            let (sc, mn, dmin) = if scaled { ra.k_scales(c) } else { none };
+            let ka = (ra.scales(c), sc, mn, dmin);
+            let (sc, mn, dmin) = if scaled { rb.k_scales(c) } else { none };
+            let kb = (rb.scales(c), sc, mn, dmin);
+            for r in 0..N {
+                acc_a[r] = _mm256_add_ps(acc_a[r], whole_term(ty, ka, acts[r], c, sa[r], count));
+                acc_b[r] = _mm256_add_ps(acc_b[r], whole_term(ty, kb, acts[r], c, sb[r], count));
+            }
+        }
+    }
+    (acc_a, acc_b)
 }
