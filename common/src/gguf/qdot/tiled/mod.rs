@@ -542,9 +542,9 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
 
 /// Whether [`dot_pair_packed`] multiplies two packed rows of `ty` × `cols`
 /// in one pass here: on AVX-512 VNNI, rows of whole chunks of Q8_0, Q4_0,
-/// MXFP4, IQ4_NL, IQ4_XS, Q4_K or Q5_K (Q6_K, Q2_K and Q3_K keep their
-/// half sums' registers for one row; AVX2's sixteen registers hold no
-/// second row).
+/// MXFP4, IQ4_NL, IQ4_XS, Q4_K, Q5_K or Q6_K (Q2_K's and Q3_K's half
+/// scales and sums take the registers a second row would need; AVX2's
+/// sixteen registers hold no second row).
 pub fn pairs_pay(ty: GgmlType, cols: usize) -> bool {
     pairs_pay_on(Isa::active(), ty, cols)
 }
@@ -563,6 +563,7 @@ pub fn pairs_pay_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
                 | GgmlType::IQ4_XS
                 | GgmlType::Q4_K
                 | GgmlType::Q5_K
+                | GgmlType::Q6_K
         )
 }
 

@@ -1205,6 +1205,49 @@ unsafe fn whole_term(
     }
 }
 
+/// [`body_pair`] for Q6_K: each row's two half sums kept apart (steps
+/// `0..4` and `4..8`, each half with its own scale), then [`q6_k_term`],
+/// as [`body`] forms it.
+#[inline(always)]
+unsafe fn body_pair_halves<const N: usize>(
+    chunks: usize,
+    (ra, rb): (impl Row, impl Row),
+    acts: [&Q8Acts; N],
+) -> ([__m256; N], [__m256; N]) {
+    let mut acc_a = [_mm256_setzero_ps(); N];
+    let mut acc_b = [_mm256_setzero_ps(); N];
+    // SAFETY: as in `body_pair`; arranged activations also hold sixteen
+    // half offsets per chunk.
+    unsafe {
+        for c in 0..chunks {
+            let z = _mm256_setzero_si256();
+            let (mut sa, mut sb) = ([[z; 2]; N], [[z; 2]; N]);
+            for j in 0..4 {
+                let (a0, a4) = ra.pair(c, j);
+                let (b0, b4) = rb.pair(c, j);
+                for r in 0..N {
+                    let q = acts[r].qt.as_ptr().add(c * CHUNK) as *const u8;
+                    let x = _mm256_loadu_si256(q.add(32 * j) as *const __m256i);
+                    let y = _mm256_loadu_si256(q.add(32 * (4 + j)) as *const __m256i);
+                    sa[r][0] = madd::<true, false>(sa[r][0], a0, x);
+                    sa[r][1] = madd::<true, false>(sa[r][1], a4, y);
+                    sb[r][0] = madd::<true, false>(sb[r][0], b0, x);
+                    sb[r][1] = madd::<true, false>(sb[r][1], b4, y);
+                }
+            }
+            let (sc, mn, _) = ra.k_scales(c);
+            let ka = (ra.scales(c), sc, mn);
+            let (sc, mn, _) = rb.k_scales(c);
+            let kb = (rb.scales(c), sc, mn);
+            for r in 0..N {
+                acc_a[r] = _mm256_add_ps(acc_a[r], q6_k_term(c, ka, acts[r], sa[r][0], sa[r][1]));
+                acc_b[r] = _mm256_add_ps(acc_b[r], q6_k_term(c, kb, acts[r], sb[r][0], sb[r][1]));
+            }
+        }
+    }
+    (acc_a, acc_b)
+}
+
 /// Two packed rows of `ty` (whole chunks, a type [`super::pairs_pay_on`]
 /// takes) against the activation rows, four at a time, into `oa` and `ob`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -1314,6 +1357,10 @@ unsafe fn body_pair<const N: usize>(
     (ra, rb): (impl Row, impl Row),
     acts: [&Q8Acts; N],
 ) -> ([__m256; N], [__m256; N]) {
+    if ty == GgmlType::Q6_K {
+        // SAFETY: forwarded.
+        return unsafe { body_pair_halves::<N>(chunks, (ra, rb), acts) };
+    }
     let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
     let count = _mm_cvtsi32_si128(shift);
     let mut acc_a = [_mm256_setzero_ps(); N];
