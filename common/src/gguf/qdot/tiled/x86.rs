@@ -1260,40 +1260,13 @@ pub(super) unsafe fn pair_packed_vnni(
 ) {
     let cb = chunk_bytes(ty);
     let chunks = a.len() / cb;
-    let (pa, pb, flip) = (a.as_ptr(), b.as_ptr(), true);
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
     // SAFETY (all): forwarded; both rows hold `chunks` whole chunks.
     unsafe {
         match ty {
-            GgmlType::MXFP4 => pair_rows(
-                ty,
-                chunks,
-                (
-                    PackedLut::<LUT_MXFP4> { p: pa, flip },
-                    PackedLut::<LUT_MXFP4> { p: pb, flip },
-                ),
-                acts,
-                (oa, ob),
-            ),
-            GgmlType::IQ4_XS => pair_rows(
-                ty,
-                chunks,
-                (
-                    PackedLut::<LUT_IQ4_XS> { p: pa, flip },
-                    PackedLut::<LUT_IQ4_XS> { p: pb, flip },
-                ),
-                acts,
-                (oa, ob),
-            ),
-            GgmlType::IQ4_NL => pair_rows(
-                ty,
-                chunks,
-                (
-                    PackedLut::<LUT_IQ4_NL> { p: pa, flip },
-                    PackedLut::<LUT_IQ4_NL> { p: pb, flip },
-                ),
-                acts,
-                (oa, ob),
-            ),
+            GgmlType::MXFP4 => pair_rows(ty, chunks, lut_pair::<LUT_MXFP4>(pa, pb), acts, (oa, ob)),
+            GgmlType::IQ4_XS => pair_rows(ty, chunks, lut_pair::<LUT_IQ4_XS>(pa, pb), acts, (oa, ob)),
+            GgmlType::IQ4_NL => pair_rows(ty, chunks, lut_pair::<LUT_IQ4_NL>(pa, pb), acts, (oa, ob)),
             _ => each_type!(ty, t => pair_rows(
                 t,
                 chunks,
@@ -1303,6 +1276,11 @@ pub(super) unsafe fn pair_packed_vnni(
             )),
         }
     }
+}
+
+/// Two packed rows of a table type, looked up offset by 128 (VNNI).
+fn lut_pair<const KIND: u8>(pa: *const u8, pb: *const u8) -> (PackedLut<KIND>, PackedLut<KIND>) {
+    (PackedLut { p: pa, flip: true }, PackedLut { p: pb, flip: true })
 }
 
 /// Quads of activation rows, then the one to three left, for a pair of rows.
