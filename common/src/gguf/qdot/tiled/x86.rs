@@ -722,30 +722,9 @@ unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Act
     // bytes, then fewer than eight blocks.
     unsafe {
         match ty {
-            GgmlType::MXFP4 => many::<VNNI>(
-                GgmlType::MXFP4,
-                chunks,
-                PackedLut::<LUT_MXFP4> { p, flip },
-                tail,
-                acts,
-                out,
-            ),
-            GgmlType::IQ4_XS => many::<VNNI>(
-                GgmlType::IQ4_XS,
-                chunks,
-                PackedLut::<LUT_IQ4_XS> { p, flip },
-                tail,
-                acts,
-                out,
-            ),
-            GgmlType::IQ4_NL => many::<VNNI>(
-                GgmlType::IQ4_NL,
-                chunks,
-                PackedLut::<LUT_IQ4_NL> { p, flip },
-                tail,
-                acts,
-                out,
-            ),
+            GgmlType::MXFP4 => many::<VNNI>(GgmlType::MXFP4, chunks, lut::<LUT_MXFP4>(p, flip), tail, acts, out),
+            GgmlType::IQ4_XS => many::<VNNI>(GgmlType::IQ4_XS, chunks, lut::<LUT_IQ4_XS>(p, flip), tail, acts, out),
+            GgmlType::IQ4_NL => many::<VNNI>(GgmlType::IQ4_NL, chunks, lut::<LUT_IQ4_NL>(p, flip), tail, acts, out),
             _ => each_type!(ty, t => many::<VNNI>(t, chunks, Packed { ty: t, p, cb }, tail, acts, out)),
         }
     }
@@ -1264,9 +1243,9 @@ pub(super) unsafe fn pair_packed_vnni(
     // SAFETY (all): forwarded; both rows hold `chunks` whole chunks.
     unsafe {
         match ty {
-            GgmlType::MXFP4 => pair_rows(ty, chunks, lut_pair::<LUT_MXFP4>(pa, pb), acts, (oa, ob)),
-            GgmlType::IQ4_XS => pair_rows(ty, chunks, lut_pair::<LUT_IQ4_XS>(pa, pb), acts, (oa, ob)),
-            GgmlType::IQ4_NL => pair_rows(ty, chunks, lut_pair::<LUT_IQ4_NL>(pa, pb), acts, (oa, ob)),
+            GgmlType::MXFP4 => pair_rows(GgmlType::MXFP4, chunks, lut_pair::<LUT_MXFP4>(pa, pb), acts, (oa, ob)),
+            GgmlType::IQ4_XS => pair_rows(GgmlType::IQ4_XS, chunks, lut_pair::<LUT_IQ4_XS>(pa, pb), acts, (oa, ob)),
+            GgmlType::IQ4_NL => pair_rows(GgmlType::IQ4_NL, chunks, lut_pair::<LUT_IQ4_NL>(pa, pb), acts, (oa, ob)),
             _ => each_type!(ty, t => pair_rows(
                 t,
                 chunks,
@@ -1278,9 +1257,14 @@ pub(super) unsafe fn pair_packed_vnni(
     }
 }
 
+/// A packed row of a table type at `p` (`flip`: its levels offset by 128).
+fn lut<const KIND: u8>(p: *const u8, flip: bool) -> PackedLut<KIND> {
+    PackedLut { p, flip }
+}
+
 /// Two packed rows of a table type, looked up offset by 128 (VNNI).
 fn lut_pair<const KIND: u8>(pa: *const u8, pb: *const u8) -> (PackedLut<KIND>, PackedLut<KIND>) {
-    (PackedLut { p: pa, flip: true }, PackedLut { p: pb, flip: true })
+    (lut(pa, true), lut(pb, true))
 }
 
 /// Quads of activation rows, then the one to three left, for a pair of rows.
