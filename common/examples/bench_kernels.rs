@@ -12,6 +12,9 @@
 //! super-blocks (gpt-oss's 2880: `-- 256 2880`) skips the K-quants; the
 //! packed lines then take the whole chunks and the blocks past them.
 
+#[path = "shared/random_rows.rs"]
+mod random_rows;
+
 use std::time::Instant;
 
 use charm_common::gguf::qdot::{self, Q8Acts};
@@ -31,13 +34,7 @@ fn main() {
     let rows = args.first().copied().unwrap_or(256);
     let cols = args.get(1).copied().unwrap_or(2048);
     let reps = args.get(2).copied().unwrap_or(20);
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = random_rows::xorshift();
     let x: Vec<f32> = (0..cols).map(|_| (next() % 2000) as f32 / 1000.0 - 1.0).collect();
     let acts = Q8Acts::new(&x);
     println!("rows {rows} cols {cols} reps {reps}; M elements/s, median of 5, one thread");
@@ -89,27 +86,7 @@ fn main() {
             println!("{:>6} skipped: {cols} is not whole blocks", ty.name());
             continue;
         };
-        let mut data: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
-        // Small finite f16 scales where each type keeps them.
-        let f16_at: &[usize] = match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
-            GgmlType::Q6_K => &[208],
-            GgmlType::Q2_K => &[80, 82],
-            GgmlType::Q3_K => &[108],
-            GgmlType::MXFP4 => &[],
-            _ => &[0, 2],
-        };
-        for b in data.chunks_exact_mut(ty.block_bytes()) {
-            if ty == GgmlType::MXFP4 {
-                // Exponents 2^-8..2^-1: normal floats.
-                b[0] = 120 + b[0] % 8;
-            }
-            for &at in f16_at {
-                // K-quant super-block scales of small weights are f16 subnormals.
-                let d: u16 = if ty.block_elems() == 256 { 0x01b4 } else { 0x2000 };
-                b[at..at + 2].copy_from_slice(&d.to_le_bytes());
-            }
-        }
+        let data = random_rows::ggml_rows(ty, rows, rb, &mut next);
         report(ty.name(), &|isa| {
             data.chunks_exact(rb).map(|row| qdot::dot_on(isa, ty, row, &acts)).sum()
         });

@@ -194,6 +194,8 @@ impl Q8Acts {
         transpose_blocks(&src[whole..], &mut dst[whole..], false);
         self.tot.clear();
         self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
+        self.toff.clear();
+        self.toff.extend(self.tot.iter().map(|t| -128 * t));
         q6k::half_offsets(&self.s16, &mut self.off6);
     }
 

@@ -1146,7 +1146,7 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
                     s1 = madd::<true, false>(s1, w[j + 1], q(j + 1));
                 }
                 let i = _mm256_add_epi32(s0, s1);
-                *acc = _mm256_add_ps(*acc, whole_term(ty, (dw, sc, mn, dmin), a, c, i, count));
+                *acc = _mm256_add_ps(*acc, whole_term(ty, (dw, sc, mn, dmin), a, c, i, Some(count)));
             }
         }
         acc
@@ -1166,17 +1166,20 @@ unsafe fn whole_term(
     a: &Q8Acts,
     c: usize,
     i: __m256i,
-    count: __m128i,
+    count: Option<__m128i>,
 ) -> __m256 {
     // SAFETY: the caller's chunk index is in range; arranged activations
     // hold eight totals and eight scales per chunk.
     unsafe {
-        let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+        let tot = || _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
         let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
         if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
-            return k_term(sc, mn, dw, dmin, dx, i, tot);
+            return k_term(sc, mn, dw, dmin, dx, i, tot());
         }
-        let mut i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
+        let mut i = match count {
+            Some(count) => _mm256_sub_epi32(i, _mm256_sll_epi32(tot(), count)),
+            None => i,
+        };
         if ty == GgmlType::IQ4_XS {
             i = _mm256_mullo_epi32(sc, i);
         }
@@ -1267,7 +1270,8 @@ fn lut_pair<const KIND: u8>(pa: *const u8, pb: *const u8) -> (PackedLut<KIND>, P
     (lut(pa, true), lut(pb, true))
 }
 
-/// Quads of activation rows, then the one to three left, for a pair of rows.
+/// Octets of activation rows, then a quad, then the one to three left, for
+/// a pair of rows (eight rows share each decoded weight step).
 #[inline(always)]
 unsafe fn pair_rows<R: Row>(
     ty: GgmlType,
@@ -1293,6 +1297,10 @@ unsafe fn pair_rows<R: Row>(
             oa[t..t + $n].copy_from_slice(&x);
             ob[t..t + $n].copy_from_slice(&y);
         }};
+    }
+    while t + 8 <= acts.len() {
+        run!(8);
+        t += 8;
     }
     while t + 4 <= acts.len() {
         run!(4);
@@ -1323,17 +1331,30 @@ unsafe fn body_pair<const N: usize>(
         // SAFETY: forwarded.
         return unsafe { body_pair_halves::<N>(chunks, (ra, rb), acts) };
     }
-    let shift = if ty == GgmlType::Q4_0 { 3 } else { 7 };
-    let count = _mm_cvtsi32_si128(shift);
     let mut acc_a = [_mm256_setzero_ps(); N];
     let mut acc_b = [_mm256_setzero_ps(); N];
     let scaled = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+    // Sums of codes offset by 128 (Q4_0's by 8) start at the activation
+    // totals' offset, once for both rows; Q4_K's and Q5_K's unsigned
+    // nibbles take theirs in `k_term`.
+    let offset = !matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
     // SAFETY: both rows hold `chunks` chunks and the activations' `qt`,
-    // `tot`, `d` as many (the caller checked the widths).
+    // `tot`, `toff`, `d` as many (the caller checked the widths).
     unsafe {
         for c in 0..chunks {
-            let mut sa = [_mm256_setzero_si256(); N];
-            let mut sb = [_mm256_setzero_si256(); N];
+            let start: [__m256i; N] = std::array::from_fn(|r| {
+                if !offset {
+                    return _mm256_setzero_si256();
+                }
+                let t = _mm256_loadu_si256(acts[r].toff.as_ptr().add(8 * c) as *const __m256i);
+                if ty == GgmlType::Q4_0 {
+                    _mm256_srai_epi32::<4>(t)
+                } else {
+                    t
+                }
+            });
+            let mut sa = start;
+            let mut sb = start;
             for j in 0..4 {
                 let (a0, a4) = ra.pair(c, j);
                 let (b0, b4) = rb.pair(c, j);
@@ -1351,8 +1372,8 @@ unsafe fn body_pair<const N: usize>(
             let (sc, mn, dmin) = if scaled { rb.k_scales(c) } else { none };
             let kb = (rb.scales(c), sc, mn, dmin);
             for r in 0..N {
-                acc_a[r] = _mm256_add_ps(acc_a[r], whole_term(ty, ka, acts[r], c, sa[r], count));
-                acc_b[r] = _mm256_add_ps(acc_b[r], whole_term(ty, kb, acts[r], c, sb[r], count));
+                acc_a[r] = _mm256_add_ps(acc_a[r], whole_term(ty, ka, acts[r], c, sa[r], None));
+                acc_b[r] = _mm256_add_ps(acc_b[r], whole_term(ty, kb, acts[r], c, sb[r], None));
             }
         }
     }
