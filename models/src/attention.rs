@@ -285,63 +285,102 @@ impl Attention {
     }
 
     /// softmax(q k^T / sqrt(head_dim)) v for one sequence's roped queries
-    /// `q` (rows from position `first`). One task per row and run of up to
-    /// [`HEADS_PER_TASK`] query heads that share a KV head: their queries
-    /// are scored in one pass over the keys (`dots_many`: each score the
-    /// bits of a one-query pass), each head's softmax, then the run's
-    /// weighted values in one more pass (`weighted_many`).
+    /// `q` (rows from position `first`). One task per run of up to
+    /// [`HEADS_PER_TASK`] query heads that share a KV head, and (layers
+    /// without a window) per block of up to [`TOKENS_PER_TASK`] rows: the
+    /// block's queries are scored in one pass over the keys the last row
+    /// sees (`dots_many`: each score the bits of a one-query pass; an
+    /// earlier row's scores past its own position are dropped), each
+    /// query's softmax over its own keys, then the weighted values of the
+    /// keys every row sees in one more pass (`weighted_many`, from zero)
+    /// and each later row's further keys added in order (`add_weighted`):
+    /// every sum runs over its keys in order from zero, as one query alone
+    /// takes it, so the bits do not depend on the blocks. One pass over a
+    /// block's keys instead of one per row: in a long prefill the cache
+    /// leaves L2 and attention waited on it.
     fn heads_into(&self, q: &[f32], first: usize, kv: &LayerKv, ctx: &mut [f32]) {
         let (qd, hd, vd) = (self.heads * self.head_dim, self.head_dim, self.v_head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
         let group = self.heads / self.kv_heads;
         let run = group.clamp(1, HEADS_PER_TASK);
-        let tasks: Vec<(usize, usize, &mut [f32])> = ctx
+        // A window starts each row's keys elsewhere: rows one at a time.
+        let block = if self.window.is_some() { 1 } else { TOKENS_PER_TASK };
+        // Each row's runs of heads (runs never straddle two KV heads' groups).
+        let rows: Vec<Vec<(usize, &mut [f32])>> = ctx
             .chunks_mut(self.heads * vd)
-            .enumerate()
-            .flat_map(|(t, c)| {
-                // Runs never straddle two KV heads' groups.
+            .map(|c| {
                 let mut runs = Vec::new();
                 let mut rest = c;
                 let mut h = 0;
                 while h < self.heads {
                     let k = run.min(group - h % group);
                     let (this, tail) = std::mem::take(&mut rest).split_at_mut(k * vd);
-                    runs.push((t, h, this));
+                    runs.push((h, this));
                     rest = tail;
                     h += k;
                 }
                 runs
             })
             .collect();
-        tasks.into_par_iter().for_each(|(t, h0, o)| {
-            let pos = first + t;
+        // Tasks: (first row of the block, first head of the run, the run's
+        // outputs in each row of the block).
+        let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new();
+        let mut rows = rows.into_iter().enumerate().peekable();
+        while let Some((t0, runs)) = rows.next() {
+            let mut these: Vec<(usize, Vec<&mut [f32]>)> = runs.into_iter().map(|(h, o)| (h, vec![o])).collect();
+            for _ in 1..block {
+                let Some((_, runs)) = rows.next() else { break };
+                for ((_, outs), (_, o)) in these.iter_mut().zip(runs) {
+                    outs.push(o);
+                }
+            }
+            tasks.extend(these.into_iter().map(|(h, outs)| (t0, h, outs)));
+        }
+        tasks.into_par_iter().for_each(|(t0, h0, mut outs)| {
+            let nt = outs.len();
+            let k = outs[0].len() / vd;
+            let pos = |i: usize| first + t0 + i;
             let start = match self.window {
-                Some(w) => (pos + 1).saturating_sub(w),
+                Some(w) => (pos(0) + 1).saturating_sub(w),
                 None => 0,
             };
-            let keys = pos + 1 - start;
-            let qs: Vec<&[f32]> = (h0..h0 + o.len() / vd)
-                .map(|h| &q[t * qd + h * hd..t * qd + (h + 1) * hd])
+            // Keys row `i` of the block sees: `start..=pos(i)`.
+            let seen = |i: usize| pos(i) + 1 - start;
+            let keys = seen(nt - 1);
+            let qs: Vec<&[f32]> = (0..nt)
+                .flat_map(|i| (h0..h0 + k).map(move |h| (t0 + i, h)))
+                .map(|(t, h)| &q[t * qd + h * hd..t * qd + (h + 1) * hd])
                 .collect();
-            let mut all = vec![0.0f32; keys * qs.len()];
-            kv.keys(h0 / group, start, pos + 1).dots_many(hd, &qs, &mut all);
-            let probs: Vec<Vec<f32>> = (0..qs.len())
-                .map(|k| {
-                    let mut scores: Vec<f32> = (0..keys).map(|j| all[j * qs.len() + k] * scale).collect();
+            let m = qs.len();
+            let mut all = vec![0.0f32; keys * m];
+            kv.keys(h0 / group, start, start + keys).dots_many(hd, &qs, &mut all);
+            // Query `j` = row `j / k`, head `h0 + j % k`.
+            let probs: Vec<Vec<f32>> = (0..m)
+                .map(|j| {
+                    let mut scores: Vec<f32> = (0..seen(j / k)).map(|x| all[x * m + j] * scale).collect();
                     match &self.sinks {
                         // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
                         // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
-                        Some(sinks) => softmax_with_sink(&mut scores, sinks[h0 + k]),
+                        Some(sinks) => softmax_with_sink(&mut scores, sinks[h0 + j % k]),
                         None => softmax(&mut scores),
                     }
                     scores
                 })
                 .collect();
-            // The run's weighted values in one pass over them.
-            let weights: Vec<&[f32]> = probs.iter().map(|p| &p[..]).collect();
-            let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(vd).collect();
-            kv.values(h0 / group, start, pos + 1)
+            // The keys every row sees, in one pass over their values.
+            let shared = seen(0);
+            let weights: Vec<&[f32]> = probs.iter().map(|p| &p[..shared]).collect();
+            let mut outs: Vec<&mut [f32]> = outs.iter_mut().flat_map(|o| o.chunks_exact_mut(vd)).collect();
+            kv.values(h0 / group, start, start + shared)
                 .weighted_many(vd, &weights, &mut outs);
+            // Each later row's further keys, continuing its sums in order.
+            for (j, o) in outs.iter_mut().enumerate() {
+                let n = seen(j / k);
+                if n > shared {
+                    kv.values(h0 / group, start + shared, start + n)
+                        .add_weighted(&probs[j][shared..], o);
+                }
+            }
         });
     }
 }
@@ -349,6 +388,11 @@ impl Attention {
 /// Query heads per attention task: one register block of the score tile
 /// (`charm_common::kernels::dots_tile_*`).
 pub(crate) const HEADS_PER_TASK: usize = 4;
+
+/// Rows of a prefill per attention task (layers without a window): one
+/// register block of the score tile for a lone head, and each key and
+/// value read once for all of them.
+pub(crate) const TOKENS_PER_TASK: usize = 4;
 
 /// Softmax over `scores` and one more logit, `sink`, whose probability is
 /// then dropped: the scores sum to less than one. The max is taken over

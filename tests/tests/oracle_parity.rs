@@ -14,9 +14,11 @@
 //!   the logits of the teacher-forced forward at that position;
 //! - for families with recurrent (gated DeltaNet) layers, a second turn
 //!   that cuts back into the cache starts over (the state cannot rewind),
-//!   one that extends it reuses all of it, and one-shot, chunked and
-//!   token-by-token prefill give the same logit bits (as they do for
-//!   latent attention, which runs in its absorbed form throughout).
+//!   and one that extends it reuses all of it;
+//! - one-shot, chunked and token-by-token prefill give the same logit bits
+//!   in every family (the recurrence, latent attention's absorbed form and
+//!   attention's blocks of prefill rows each run in one order whatever
+//!   the chunking).
 
 use charm_coordinator::{Engine, FinishReason, GenerateParams, SamplingParams, Session};
 use charm_models::MixerKind;
@@ -240,25 +242,24 @@ fn check_family(name: &str) {
     d_decode = d_decode.max(d);
     println!("{name}: KV-cache decode vs logits_all maxdiff={d_decode:.3e}; vs reference maxdiff={d_ref:.3e}");
 
-    if recurrent || engine.config().mixers.contains(&MixerKind::Mla) {
-        // 5. The recurrence, and latent attention's absorbed form, run in
-        // one order whatever the chunking: the same bits from one chunk,
-        // chunks of 5 and one token at a time.
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-        let mut by_token = Vec::new();
-        let mut cache = engine.model.new_cache();
-        for &t in &all {
-            by_token.extend(engine.forward(&[t], &mut cache, true).unwrap());
-        }
-        assert!(
-            bits(&chunked) == bits(&one_shot),
-            "{name}: chunked prefill changed logit bits"
-        );
-        assert!(
-            bits(&by_token) == bits(&one_shot),
-            "{name}: token-by-token changed logit bits"
-        );
+    // 5. Every mixer runs in one order whatever the chunking (the
+    // recurrence, latent attention's absorbed form, attention's blocks of
+    // prefill rows): the same bits from one chunk, chunks of 5 and one
+    // token at a time.
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut by_token = Vec::new();
+    let mut cache = engine.model.new_cache();
+    for &t in &all {
+        by_token.extend(engine.forward(&[t], &mut cache, true).unwrap());
     }
+    assert!(
+        bits(&chunked) == bits(&one_shot),
+        "{name}: chunked prefill changed logit bits"
+    );
+    assert!(
+        bits(&by_token) == bits(&one_shot),
+        "{name}: token-by-token changed logit bits"
+    );
 }
 
 fn crate_default_chunk() -> usize {
