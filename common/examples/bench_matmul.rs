@@ -17,20 +17,6 @@ use std::time::Instant;
 use charm_common::gguf::GgmlType;
 use charm_common::{Buf, Weight, WeightData, WeightFormat};
 
-/// Every GGML type with a packed product, by name.
-const GGML: [GgmlType; 10] = [
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-    GgmlType::MXFP4,
-];
-
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let rows = args.first().copied().unwrap_or(2048);
@@ -50,7 +36,10 @@ fn main() {
         Ok(list) => list
             .split(',')
             .filter_map(|name| {
-                let ty = GGML.into_iter().find(|t| t.name().eq_ignore_ascii_case(name.trim()))?;
+                let ty = GgmlType::ALL
+                    .into_iter()
+                    .filter(|t| t.block_elems() > 1)
+                    .find(|t| t.name().eq_ignore_ascii_case(name.trim()))?;
                 let rb = ty.row_bytes(cols)?;
                 let data = random_rows::ggml_rows(ty, rows, rb, &mut bits);
                 let w = Weight::new(
