@@ -325,7 +325,7 @@ impl Attention {
         // Tasks: (first row of the block, first head of the run, the run's
         // outputs in each row of the block).
         let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::new();
-        let mut rows = rows.into_iter().enumerate().peekable();
+        let mut rows = rows.into_iter().enumerate();
         while let Some((t0, runs)) = rows.next() {
             let mut these: Vec<(usize, Vec<&mut [f32]>)> = runs.into_iter().map(|(h, o)| (h, vec![o])).collect();
             for _ in 1..block {
