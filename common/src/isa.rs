@@ -12,6 +12,9 @@ pub enum Isa {
     Scalar,
     /// AArch64 Advanced SIMD.
     Neon,
+    /// AArch64 Advanced SIMD with the dot-product instructions (`sdot`;
+    /// ARMv8.2's `dotprod`, every Apple M-series core).
+    NeonDot,
     /// x86-64 AVX2 (with F16C and FMA).
     Avx2,
     /// x86-64 AVX-512 (F, BW, VL) with VNNI.
@@ -24,6 +27,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Neon => "neon",
+            Isa::NeonDot => "neondot",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512vnni",
         }
@@ -47,7 +51,12 @@ impl Isa {
                 }
             }
             #[cfg(target_arch = "aarch64")]
-            v.push(Isa::Neon);
+            {
+                v.push(Isa::Neon);
+                if std::arch::is_aarch64_feature_detected!("dotprod") {
+                    v.push(Isa::NeonDot);
+                }
+            }
             v
         })
     }

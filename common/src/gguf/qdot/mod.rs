@@ -56,19 +56,20 @@
 //! - `reference`: the scalar codes and sums (the definition, and the path on
 //!   CPUs without a vector unit charm knows).
 //! - `x86`: AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) sums.
-//! - `neon`: AArch64 sums (widening multiplies).
+//! - `neon`: AArch64 sums (widening multiplies, or `sdot` where the CPU has
+//!   it), the codes decoded once for the four activation rows of `dot4`.
 //! - [`tiled`]: Q8_0, Q4_0, MXFP4, Q4_K and Q6_K matrix products on x86
 //!   with both sides chunk-transposed, so no block needs a horizontal fold
 //!   (same bits), and decode's packed copies of the same rows (the blocks
 //!   past a row's last whole chunk through this module's per-block code).
 
-/// `$body` with `$t` bound to `$ty`, one arm per type the x86 kernels'
+/// `$body` with `$t` bound to `$ty`, one arm per type the x86 and NEON kernels'
 /// chunk loops take, each with the type as a constant: inlined into an arm, every test
 /// of the type in the loops folds away. With the type a run-time value the
 /// loops branched on it per chunk and per activation row (a jump table in
 /// the chunk loop); folded, the four-row products of `bench_kernels` ran
 /// 17–31 % faster for Q8_0, Q4_0 and the K-quants, decode rows 4–16 %.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 macro_rules! each_type {
     ($ty:expr, $t:ident => $body:expr) => {
         match $ty {
@@ -168,6 +169,17 @@ pub(crate) trait Sums {
     /// The CPU must run the instruction set; `chunk` must hold `nblocks`
     /// blocks of `ty` (or one super-block) and `q` `32 * nblocks` codes.
     unsafe fn raw(ty: GgmlType, chunk: &[u8], q: &[i8], nblocks: usize) -> Raw;
+
+    /// [`Sums::raw`] for `N` activation rows' codes of the same chunk (an
+    /// instruction set may decode the weight codes once for all of them).
+    ///
+    /// # Safety
+    /// As [`Sums::raw`], for each of `qs`.
+    #[inline(always)]
+    unsafe fn raw_n<const N: usize>(ty: GgmlType, chunk: &[u8], qs: [&[i8]; N], nblocks: usize) -> [Raw; N] {
+        // SAFETY: forwarded.
+        qs.map(|q| unsafe { Self::raw(ty, chunk, q, nblocks) })
+    }
 }
 
 /// Dot product of a row of `ty` (`row`: its bytes) with quantized
@@ -195,13 +207,17 @@ pub fn dot_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
         }
     }
     #[cfg(target_arch = "aarch64")]
-    if isa == Isa::Neon {
+    match isa {
         // SAFETY: Advanced SIMD is part of every AArch64 CPU.
-        return unsafe { row_dot::<neon::Neon>(ty, row, acts) };
+        Isa::Neon => return unsafe { neon::rows_dot_neon(ty, row, [acts])[0] },
+        // SAFETY: `dotprod` was detected (the caller's `isa` is available
+        // or the scalar path runs below).
+        Isa::NeonDot if isa.runs() => return unsafe { neon::rows_dot_sdot(ty, row, [acts])[0] },
+        _ => {}
     }
     let _ = isa;
     // SAFETY: the scalar path runs everywhere.
-    unsafe { row_dot::<reference::Scalar>(ty, row, acts) }
+    unsafe { rows_dot::<reference::Scalar, 1>(ty, row, [acts])[0] }
 }
 
 /// `out[i] = dot(row i of rows, acts)` for `out.len()` consecutive rows
@@ -264,6 +280,15 @@ pub fn dot4_on(isa: Isa, ty: GgmlType, row: &[u8], acts: [&Q8Acts; 4]) -> [f32; 
             _ => {}
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    match isa {
+        // SAFETY: Advanced SIMD is part of every AArch64 CPU; the shapes
+        // were checked above.
+        Isa::Neon => return unsafe { neon::rows_dot_neon(ty, row, acts) },
+        // SAFETY: as above, and `dotprod` was detected.
+        Isa::NeonDot if isa.runs() => return unsafe { neon::rows_dot_sdot(ty, row, acts) },
+        _ => {}
+    }
     acts.map(|a| dot_on(isa, ty, row, a))
 }
 
@@ -279,15 +304,16 @@ fn check(ty: GgmlType, row: &[u8], acts: &Q8Acts) {
     );
 }
 
-/// The row loop shared by every instruction set: chunks of 8 blocks (or one
-/// super-block), integer sums from `S`, terms from [`combine`].
+/// The row loop shared by the scalar and NEON paths: chunks of 8 blocks
+/// (or one super-block), integer sums from `S` for `N` activation rows at
+/// once, terms from [`combine`], one result per activation row.
 ///
 /// # Safety
-/// The CPU must run `S`'s instruction set; `row` must hold `acts.len()`
-/// elements of `ty`.
+/// The CPU must run `S`'s instruction set; `row` must hold `acts[n].len()`
+/// elements of `ty` for every `n`.
 #[inline(always)]
-pub(crate) unsafe fn row_dot<S: Sums>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -> f32 {
-    let mut acc = [0.0f32; 8];
+pub(crate) unsafe fn rows_dot<S: Sums, const N: usize>(ty: GgmlType, row: &[u8], acts: [&Q8Acts; N]) -> [f32; N] {
+    let mut acc = [[0.0f32; 8]; N];
     let super_blocks = ty.block_elems() == QK_K;
     let chunk_bytes = if super_blocks {
         ty.block_bytes()
@@ -301,14 +327,15 @@ pub(crate) unsafe fn row_dot<S: Sums>(ty: GgmlType, row: &[u8], acts: &Q8Acts) -
         } else {
             chunk.len() / ty.block_bytes()
         };
-        let q = &acts.qs[b0 * QK..(b0 + k) * QK];
-        let s16 = &acts.s16[2 * b0..2 * (b0 + k)];
+        let qs = acts.map(|a| &a.qs[b0 * QK..(b0 + k) * QK]);
         // SAFETY: forwarded from the caller; `chunk` holds `k` blocks.
-        let raw = unsafe { S::raw(ty, chunk, q, k) };
-        combine(ty, chunk, k, &raw, &acts.d[b0..b0 + k], s16, &mut acc);
+        let raw = unsafe { S::raw_n(ty, chunk, qs, k) };
+        for ((raw, a), acc) in raw.iter().zip(acts).zip(&mut acc) {
+            combine(ty, chunk, k, raw, &a.d[b0..b0 + k], &a.s16[2 * b0..2 * (b0 + k)], acc);
+        }
         b0 += k;
     }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+    acc.map(|acc| ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])))
 }
 
 /// Adds the f32 terms of one chunk's `k` blocks to the lanes (the table in

@@ -407,3 +407,18 @@ fn q5_0_rows_as_q8_0_keep_their_values_and_product_bits() {
         }
     }
 }
+
+/// The `sdot` path runs wherever the CPU has `dotprod` (qemu-user's default
+/// AArch64 CPU does, which is where CI tests NEON); CI's strict mode
+/// (`CHARM_CI=1`) fails rather than leave it untested.
+#[cfg(target_arch = "aarch64")]
+#[test]
+fn sdot_path_is_tested_where_the_cpu_has_it() {
+    if !Isa::NeonDot.runs() {
+        assert!(
+            std::env::var("CHARM_CI").map_or(true, |v| v != "1"),
+            "CHARM_CI=1: this CPU has no dotprod, so the sdot path is untested"
+        );
+        eprintln!("no dotprod on this CPU: the sdot path is not exercised");
+    }
+}
