@@ -206,7 +206,7 @@ if [[ " $PHASES " == *" pooled "* ]]; then
             state="$(fresh_state "w$i")"
             rm -f "$OUT/w$i.out"
             "$BIN/worker" --model "$PARTS/part-$i" --cluster-key-file "$KEY" --listen "127.0.0.1:$port" --no-mdns \
-                --expert-cache-gb "$PART_GB" --state-dir "$state" ${WORKER_THREADS:+--threads "$WORKER_THREADS"} \
+                --expert-cache-gb "$PART_GB" --direct-io --state-dir "$state" ${WORKER_THREADS:+--threads "$WORKER_THREADS"} \
                 >"$OUT/w$i.out" 2>"$OUT/w$i.log" &
             PIDS+=($!)
             ADDRS="${ADDRS:+$ADDRS,}127.0.0.1:$port"
