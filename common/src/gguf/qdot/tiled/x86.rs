@@ -1298,7 +1298,10 @@ unsafe fn pair_rows<R: Row>(
             ob[t..t + $n].copy_from_slice(&y);
         }};
     }
-    while t + 8 <= acts.len() {
+    // Q6_K keeps two half sums per weight row and activation row: eight
+    // activation rows would hold 32 integer accumulators for the pair.
+    let octets = ty != GgmlType::Q6_K;
+    while octets && t + 8 <= acts.len() {
         run!(8);
         t += 8;
     }
