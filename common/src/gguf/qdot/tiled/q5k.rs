@@ -14,25 +14,27 @@
 //! From byte 32 on, a block reads as a packed Q4_K one for its scales
 //! ([`super::q4k::scales`] at `p + 32`).
 
-use super::super::reference::codes;
-use crate::gguf::types::GgmlType;
-
 /// Bytes of one packed (and one GGUF) Q5_K super-block.
 pub const BLOCK: usize = 176;
 
-/// One super-block (`src`: its GGUF bytes) in the packed layout.
+/// One super-block (`src`: its GGUF bytes) in the packed layout: the
+/// nibbles as Q4_K's ([`super::q4k::nibble_steps`], `qs` from byte 48),
+/// and sub-block `b`'s element `l`'s fifth bit, bit `b` of `qh[l]` (`qh`
+/// at 16..48), gathered byte-wise with fixed offsets.
 ///
 /// # Panics
 /// If `src` or `dst` is shorter than [`BLOCK`].
 pub fn pack_block(src: &[u8], dst: &mut [u8]) {
-    dst[..160].fill(0);
+    let (src, dst): (&[u8; BLOCK], &mut [u8; BLOCK]) = (
+        src[..BLOCK].try_into().expect("a whole super-block"),
+        (&mut dst[..BLOCK]).try_into().expect("a whole super-block"),
+    );
+    super::q4k::nibble_steps(src[48..176].try_into().expect("128 nibble bytes"), &mut dst[..128]);
+    let qh: &[u8; 32] = src[16..48].try_into().expect("32 fifth-bit bytes");
     for b in 0..8 {
-        let c = codes(GgmlType::Q5_K, src, b);
-        for (e, &v) in c.iter().enumerate() {
-            let (half, i) = (e / 16, e % 16);
-            let (j, k) = (i / 4, i % 4);
-            dst[32 * j + 4 * b + k] |= (v as u8 & 0x0f) << (4 * half);
-            dst[128 + 4 * b + k] |= ((v as u8 >> 4) & 1) << (e / 4);
+        // Bit `s` of byte `128 + 4b + k`: the fifth bit of element `4s + k`.
+        for k in 0..4 {
+            dst[128 + 4 * b + k] = (0..8).fold(0u8, |v, s| v | (((qh[4 * s + k] >> b) & 1) << s));
         }
     }
     dst[160..172].copy_from_slice(&src[4..16]);

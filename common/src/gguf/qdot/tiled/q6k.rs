@@ -32,7 +32,6 @@ pub fn pack_block(src: &[u8], dst: &mut [u8]) {
         src[..BLOCK].try_into().expect("a whole super-block"),
         (&mut dst[..BLOCK]).try_into().expect("a whole super-block"),
     );
-    dst[..192].fill(0);
     for b in 0..8 {
         let c = sub_block_codes(src, b);
         for i in 0..16 {
@@ -40,9 +39,13 @@ pub fn pack_block(src: &[u8], dst: &mut [u8]) {
             let at = 32 * r + 4 * b + k;
             dst[at] = (c[i] & 0x0f) | ((c[16 + i] & 0x0f) << 4);
         }
-        for (e, &v) in c.iter().enumerate() {
-            let (h, m, k) = (e / 16, (e % 16) / 4, e % 4);
-            dst[128 + 32 * h + 4 * b + k] |= ((v >> 4) & 3) << (2 * m);
+        // Byte `128 + 32h + 4b + k`: bits 4–5 of element `16h + 4m + k`
+        // at bits `2m`, m = 0..4.
+        for h in 0..2 {
+            for k in 0..4 {
+                dst[128 + 32 * h + 4 * b + k] =
+                    (0..4).fold(0u8, |v, m| v | (((c[16 * h + 4 * m + k] >> 4) & 3) << (2 * m)));
+            }
         }
         dst[192 + b] = src[192 + 2 * b];
         dst[200 + b] = src[193 + 2 * b];
