@@ -8,11 +8,11 @@
 //!   pairwise-added into i32 lanes and summed across the register;
 //! - [`NeonDot`]: `sdot` (ARMv8.2 `dotprod`), four i32 lanes of four
 //!   products each, summed across the register: one instruction where
-//!   `smull` takes four.
+//!   the widening path takes five.
 //!
-//! Both give the exact integer sums, so the same bits. [`rows_dot`]
-//! decodes a chunk's codes once for every activation row it meets (what
-//! the four-row products of prefill use).
+//! Both give the exact integer sums, so the same bits. Their
+//! [`Sums::raw_n`] decodes a chunk's codes once for every activation row
+//! it meets (what `dot4`, the four-row products of prefill, uses).
 
 use std::arch::aarch64::*;
 use std::arch::asm;
