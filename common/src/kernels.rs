@@ -30,7 +30,10 @@
 //! activation rows per block), each pair with the one-row dot's bits. The
 //! gated delta rule of
 //! DeltaNet layers (`delta_rule`) has a reference and a column-blocked
-//! fast path with its bits.
+//! fast path with its bits. SiLU, sigmoid and the softmaxes take `e^x`
+//! from [`exp`] (`f64` additions and multiplications, one rounding), not
+//! the C library, whose `expf` differs between glibc's CPU variants and
+//! macOS: an expert's activation has the same bits on every worker.
 
 use crate::dtype::{bf16_to_f32, f16_to_f32};
 use crate::isa::Isa;
@@ -436,6 +439,8 @@ macro_rules! multiversion {
 // After the macros, which it uses.
 mod delta_rule;
 pub use delta_rule::{delta_rule, delta_rule_on, delta_rule_ref, DeltaInputs};
+mod exp;
+pub use exp::exp;
 
 float_dot!(
     /// `Σ w[i] x[i]` for an f32 weight row.
@@ -919,11 +924,12 @@ pub fn rms_norm_rows(xs: &mut [f32], weight: &[f32], eps: f32) {
 /// Numerically stable softmax in place.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
+    // The exponentials in one loop (it vectorizes), then their sum in
+    // order.
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+        *v = exp(*v - max);
     }
+    let sum = x.iter().fold(0.0f32, |s, v| s + v);
     let inv = 1.0 / sum;
     for v in x.iter_mut() {
         *v *= inv;
@@ -933,13 +939,13 @@ pub fn softmax(x: &mut [f32]) {
 /// SiLU: `x * sigmoid(x)`.
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp(-x))
 }
 
 /// Logistic sigmoid.
 #[inline]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
 }
 
 /// Index of the largest value; the first one on ties (as `torch.argmax`).

@@ -3,7 +3,7 @@
 //! output gate (Qwen3-Next, Qwen3.5); keys and values go through the
 //! layer's [`LayerKv`] so decode cost grows only with context length.
 
-use charm_common::kernels::{rms_norm, rms_norm_rows, sigmoid, softmax};
+use charm_common::kernels::{exp, rms_norm, rms_norm_rows, sigmoid, softmax};
 use charm_common::{LoadError, Weight, WeightSource};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -400,11 +400,11 @@ pub(crate) const TOKENS_PER_TASK: usize = 4;
 /// (`combined_logits - combined_logits.max(dim=-1, keepdim=True).values`).
 pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
     let max = scores.iter().copied().fold(sink, f32::max);
-    let mut sum = (sink - max).exp();
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+        *s = exp(*s - max);
     }
+    // The sink's term first, then the scores' in order.
+    let sum = scores.iter().fold(exp(sink - max), |a, s| a + s);
     let inv = 1.0 / sum;
     for s in scores.iter_mut() {
         *s *= inv;
