@@ -101,6 +101,29 @@ mod tests {
         assert_eq!(exp(-1e-30), 1.0);
     }
 
+    /// A digest of the bits over a sweep, pinned: every machine that runs
+    /// the tests (x86-64 natively, AArch64 under qemu in CI) must give
+    /// exactly these bits, which is what lets an expert run anywhere.
+    #[test]
+    fn the_bits_are_pinned_on_every_architecture() {
+        let mut digest = 0xcbf2_9ce4_8422_2325u64;
+        for bits in (0u32..=u32::MAX).step_by(4099) {
+            let x = f32::from_bits(bits);
+            // A NaN's payload is the hardware's choice; it only has to
+            // stay a NaN.
+            if x.is_nan() {
+                assert!(exp(x).is_nan());
+                continue;
+            }
+            digest = (digest ^ exp(x).to_bits() as u64).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        assert_eq!(digest, PINNED, "exp's bits changed: {digest:#018x}");
+    }
+
+    /// The digest of [`the_bits_are_pinned_on_every_architecture`] on the
+    /// x86-64 build that introduced this `exp`.
+    const PINNED: u64 = 0xfc0a_2d40_e549_d351;
+
     #[test]
     fn a_vectorized_loop_gives_the_bits_of_one_call_at_a_time() {
         // Rows as SiLU and softmax use them: the compiler may vectorize the
