@@ -31,7 +31,7 @@
 //! gated delta rule of
 //! DeltaNet layers (`delta_rule`) has a reference and a column-blocked
 //! fast path with its bits. SiLU, sigmoid and the softmaxes take `e^x`
-//! from [`exp`] (`f64` additions and multiplications, one rounding), not
+//! from [`exp`] (`f32` IEEE operations only, within 1.2 ulp), not
 //! the C library, whose `expf` differs between glibc's CPU variants and
 //! macOS: an expert's activation has the same bits on every worker.
 
