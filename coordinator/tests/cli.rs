@@ -500,8 +500,11 @@ fn convert_then_generate_from_the_container_with_store_stats() {
             &[
                 "--expert-cache-gb",
                 cache,
+                // A state dir per run: a later run would otherwise pin what
+                // the earlier ones learned before its prompt (timing-dependent
+                // prefill reads); that warm start has tests of its own.
                 "--state-dir",
-                tmp.path().join("state").to_str().unwrap(),
+                tmp.path().join(format!("state-{cache}")).to_str().unwrap(),
                 "generate",
                 "--prompt-ids",
                 &p,
