@@ -1,6 +1,8 @@
 //! charm's shared foundations: the pieces every other crate stands on.
 //!
 //! # Layout
+//! - [`arithmetic`]: the version of the bits charm's kernels compute,
+//!   checked between coordinator and workers and in the prefix cache.
 //! - [`error`]: typed load errors that name the file and the tensor.
 //! - [`dtype`]: the weight element types charm reads (F32, BF16, F16).
 //! - [`quant`]: charm's quantized formats (symmetric INT8 and INT4 with f32
@@ -37,6 +39,7 @@
 //! - [`isa`]: the instruction sets the kernels are compiled for, detected
 //!   at run time (`CHARM_ISA` picks one); every one gives the same bits.
 
+pub mod arithmetic;
 pub mod container;
 pub mod dtype;
 pub mod error;
@@ -54,6 +57,7 @@ pub mod source;
 pub mod warm;
 pub mod weight;
 
+pub use arithmetic::ARITHMETIC;
 pub use dtype::DType;
 pub use error::LoadError;
 pub use isa::Isa;

@@ -43,11 +43,6 @@ use sha2::{Digest, Sha256};
 const MAGIC: &[u8; 8] = b"CHARMPFX";
 /// Version of the file layout.
 const VERSION: u32 = 1;
-/// What a cached state's bits depend on besides the model: bumped with
-/// every change of the engine's arithmetic, so a restarted server never
-/// continues from a prefix an older charm computed (v2: `kernels::exp`
-/// instead of the C library's `expf`).
-const ARITHMETIC: &str = "charm prefix cache v2\0";
 /// Bytes before the header: magic, version, header length and CRC, body
 /// length and CRC.
 const PREAMBLE: usize = 8 + 4 + 8 + 4 + 8 + 4;
@@ -502,12 +497,13 @@ fn file_name(tokens: &[u32]) -> String {
 }
 
 /// A fingerprint of the model a prefix file belongs to: the engine's
-/// arithmetic ([`ARITHMETIC`]), the layout of its sequence cache, and the
+/// arithmetic ([`charm_common::ARITHMETIC`]: a restarted server never
+/// continues from a prefix another build computed), the layout of its sequence cache, and the
 /// names, sizes and modification times of its files (`model` is a
 /// directory or a GGUF file).
 pub fn model_fingerprint(model: &Path, fresh: &KvCache) -> String {
     let mut h = Sha256::new();
-    h.update(ARITHMETIC.as_bytes());
+    h.update(format!("charm arithmetic {}\0", charm_common::ARITHMETIC).as_bytes());
     h.update(bincode::serde::encode_to_vec(fresh, bincode::config::standard()).unwrap_or_default());
     let files: Vec<PathBuf> = if model.is_dir() {
         let mut v: Vec<PathBuf> = std::fs::read_dir(model)

@@ -264,6 +264,7 @@ mod tests {
             }),
             Message::Hello(Hello {
                 software: "charm-worker 0.1.0".into(),
+                arithmetic: 2,
                 fingerprint: "abc".into(),
                 num_layers: 2,
                 num_experts: 8,
@@ -325,7 +326,7 @@ mod tests {
     /// renumbering must fail here.
     #[test]
     fn version_tags_and_codes_are_pinned() {
-        assert_eq!(PROTOCOL_VERSION, 2);
+        assert_eq!(PROTOCOL_VERSION, 3);
         let tags: Vec<(u8, &str)> = Tag::ALL.iter().map(|t| (*t as u8, t.name())).collect();
         assert_eq!(
             tags,
@@ -365,7 +366,7 @@ mod tests {
         let bytes = encode(&run()).unwrap();
         #[rustfmt::skip]
         let expected: Vec<u8> = vec![
-            b'C', b'H', b'R', b'M', 2, 0, 3, 0, 25, 0, 0, 0, // header: version 2, tag 3, 25 bytes
+            b'C', b'H', b'R', b'M', 3, 0, 3, 0, 25, 0, 0, 0, // header: version 3, tag 3, 25 bytes
             7,                                   // step (varint)
             1,                                   // layer
             2,                                   // hidden
@@ -386,7 +387,7 @@ mod tests {
         b[4] = 1;
         let err = decode(&b, MAX_FRAME_LEN).unwrap_err();
         assert_eq!(err, FrameError::UnsupportedVersion { found: 1 });
-        assert!(err.to_string().contains("version 1") && err.to_string().contains("version 2"));
+        assert!(err.to_string().contains("version 1") && err.to_string().contains("version 3"));
         let mut b = good.clone();
         b[6] = 200;
         assert_eq!(decode(&b, MAX_FRAME_LEN), Err(FrameError::UnknownTag(200)));

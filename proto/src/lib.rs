@@ -27,4 +27,4 @@ pub use wire::{
 
 /// Version of the wire protocol, carried in every frame header. Bumped on
 /// any incompatible change; a frame of another version is refused by number.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;

@@ -167,6 +167,10 @@ pub struct Hello {
     /// Program and version, e.g. `charm-worker 0.1.0`.
     #[serde(deserialize_with = "bounded_text")]
     pub software: String,
+    /// The version of the bits the worker's kernels compute
+    /// (`charm_common::ARITHMETIC`): a coordinator takes only workers that
+    /// compute as it does.
+    pub arithmetic: u32,
     /// Model fingerprint: a container's manifest fingerprint, or one
     /// computed from a Hugging Face directory.
     #[serde(deserialize_with = "bounded_text")]

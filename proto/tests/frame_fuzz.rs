@@ -80,6 +80,7 @@ fn samples(rng: &mut ChaCha8Rng) -> Vec<Message> {
         }),
         Message::Hello(Hello {
             software: "charm-worker test".into(),
+            arithmetic: 2,
             fingerprint: "f00d".into(),
             num_layers: 4,
             num_experts: 16,

@@ -486,6 +486,15 @@ impl Shared {
     /// Checks a worker's `Hello` against our model.
     fn check(&self, hello: &Hello) -> Result<(), String> {
         let s = &self.shape;
+        if hello.arithmetic != charm_common::ARITHMETIC {
+            return Err(format!(
+                "it computes with charm arithmetic {} ({}), this coordinator with {}: \
+                 run the same charm release on every machine, or the experts' bits would depend on placement",
+                hello.arithmetic,
+                hello.software,
+                charm_common::ARITHMETIC
+            ));
+        }
         if hello.fingerprint != self.fingerprint {
             return Err(format!(
                 "it holds a different model (fingerprint {}…; this model is {}…)",
@@ -675,6 +684,7 @@ mod tests {
         let (_rt, s) = shared();
         let hello = |max_frame| Hello {
             software: "charm-worker test".into(),
+            arithmetic: charm_common::ARITHMETIC,
             fingerprint: "fp".into(),
             num_layers: 1,
             num_experts: 4,
@@ -691,6 +701,18 @@ mod tests {
         assert_eq!(s.check(&hello(charm_proto::MAX_FRAME_LEN)), Ok(()));
         let err = s.check(&hello(64)).unwrap_err();
         assert!(err.contains("frames of only 64 bytes"), "{err}");
+        // A worker of a build whose kernels round differently.
+        let other = Hello {
+            arithmetic: charm_common::ARITHMETIC + 1,
+            ..hello(charm_proto::MAX_FRAME_LEN)
+        };
+        let err = s.check(&other).unwrap_err();
+        assert!(
+            err.contains(&format!("charm arithmetic {}", charm_common::ARITHMETIC + 1))
+                && err.contains("charm-worker test")
+                && err.contains("same charm release"),
+            "{err}"
+        );
     }
 
     #[test]

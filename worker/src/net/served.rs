@@ -206,6 +206,7 @@ impl Served {
             service,
             hello: Hello {
                 software: format!("charm-worker {}", env!("CARGO_PKG_VERSION")),
+                arithmetic: charm_common::ARITHMETIC,
                 fingerprint,
                 num_layers: cfg.num_layers as u32,
                 num_experts: cfg.num_experts as u32,
