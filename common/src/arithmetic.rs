@@ -15,6 +15,8 @@
 //! History:
 //! - 1: before `fd9bb9f` (the C library's `expf`).
 //! - 2: `fd9bb9f`, `kernels::exp` for SiLU, sigmoid and every softmax.
+//! - 3: Q4_K, Q5_K and IQ4_XS terms with the exact `d · sc`, `dmin · mn`,
+//!   `d · (ls - 32)` formed first (`gguf::qdot`'s definition table).
 
 /// The arithmetic this build computes with (see the module docs).
-pub const ARITHMETIC: u32 = 2;
+pub const ARITHMETIC: u32 = 3;

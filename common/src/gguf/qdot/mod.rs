@@ -18,13 +18,13 @@
 //! | type | term |
 //! |---|---|
 //! | Q8_0, IQ4_NL | `(d * dx) * f32(lo + hi)` |
-//! | IQ4_XS | `(d * dx) * f32((ls - 32) (lo + hi))` |
+//! | IQ4_XS | `((d · (ls - 32)) * dx) * f32(lo + hi)` |
 //! | MXFP4 | `(e8m0_half(e) * dx) * f32(lo + hi)` |
 //! | Q4_0 / Q5_0 | `(d * dx) * f32(lo + hi - 8 S)` / `- 16 S` |
 //! | Q4_1 / Q5_1 | `(d * dx) * f32(lo + hi) + (m * dx) * f32(S)` |
 //! | Q2_K | `(d * dx) * f32(sc₀ lo + sc₁ hi) - (dmin * dx) * f32(mn₀ s16[2b] + mn₁ s16[2b + 1])` |
 //! | Q3_K | `(d * dx) * f32(sc₀ (lo - 4 s16[2b]) + sc₁ (hi - 4 s16[2b + 1]))` |
-//! | Q4_K / Q5_K | `(d * dx) * f32(sc (lo + hi)) - (dmin * dx) * f32(mn S)` |
+//! | Q4_K / Q5_K | `((d · sc) * dx) * f32(lo + hi) - (dmin · mn) * (dx * f32(S))` |
 //! | Q6_K | `(d * dx) * f32(sc₀ (lo - 32 s16[2b]) + sc₁ (hi - 32 s16[2b + 1]))` |
 //!
 //! (`d`, `m`, `dmin` the f16 fields widened; `sc`, `mn` the sub-block's
@@ -35,7 +35,11 @@
 //! ([`super::types::iq4_xs_scale`]); `sc₀`, `sc₁` Q6_K's i8 scales of the two halves;
 //! `e8m0_half(e)` MXFP4's `2^(e - 128)`, [`super::types::e8m0_to_f32_half`]:
 //! ggml's `GGML_E8M0_TO_FP32_HALF(x[ib].e) * GGML_FP16_TO_FP32(y[ib].d) * sumi`,
-//! with the f32 activation scale in place of the f16 one).
+//! with the f32 activation scale in place of the f16 one). `d · sc`,
+//! `dmin · mn` and `d · (ls - 32)` are exact (an f16 times an integer of at
+//! most 6 bits fits an f32's 24-bit significand), so a kernel may form them
+//! once per weight chunk and `dx * f32(S)` once per activation block: the
+//! per-term work of a tile is then three multiplies and a subtraction.
 //! Term `b` is added to lane `b % 8` of eight f32 sums, which are reduced as
 //! `((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7))`.
 //!
@@ -379,9 +383,10 @@ pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32
             for b in 0..8 {
                 let (sc, mn) = scale_min_k4(scales, b);
                 let (s0, s1) = half(b);
-                let i = sc as i32 * (raw.lo[b] + raw.hi[b]);
-                let m = mn as i32 * (s0 + s1);
-                acc[b] += (d * dx[b]) * i as f32 - (dmin * dx[b]) * m as f32;
+                // Exact: an f16 times a 6-bit integer fits an f32's 24 bits.
+                let (ds, dm) = (d * sc as f32, dmin * mn as f32);
+                let xs = dx[b] * (s0 + s1) as f32;
+                acc[b] += (ds * dx[b]) * (raw.lo[b] + raw.hi[b]) as f32 - dm * xs;
             }
         }
         GgmlType::Q2_K => {
@@ -409,8 +414,9 @@ pub(crate) fn combine(ty: GgmlType, chunk: &[u8], k: usize, raw: &Raw, dx: &[f32
         GgmlType::IQ4_XS => {
             let d = f16_le([chunk[0], chunk[1]]);
             for b in 0..8 {
-                let sc = iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b);
-                acc[b] += (d * dx[b]) * (sc * (raw.lo[b] + raw.hi[b])) as f32;
+                // Exact, as Q4_K's `d · sc`.
+                let ds = d * iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b) as f32;
+                acc[b] += (ds * dx[b]) * (raw.lo[b] + raw.hi[b]) as f32;
             }
         }
         GgmlType::Q6_K => {

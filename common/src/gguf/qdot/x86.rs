@@ -355,10 +355,10 @@ pub(crate) unsafe fn e8m0_lanes(e: __m256i) -> __m256 {
 }
 
 /// A full chunk's weight scales, lane `b` for block `b`, shared by every
-/// activation row: `d` (all types), `m` (Q4_1 / Q5_1) or `dmin` (K), and
-/// the integer sub-block scales `sc` and mins `mn` (K) or the two 16-element
-/// groups' scales `sc₀`, `sc₁` (Q2_K, Q3_K, Q6_K), with Q2_K's mins
-/// `mn₀`, `mn₁` in `mn2`.
+/// activation row: `d` (most types; Q4_K's and Q5_K's `d · sc`, IQ4_XS's
+/// `d · (ls - 32)`), `m` (Q4_1 / Q5_1; Q4_K's and Q5_K's `dmin · mn`), and
+/// the integer scales of the two 16-element groups, `sc₀` in `sc` and
+/// `sc₁` in `mn` (Q2_K, Q3_K, Q6_K), with Q2_K's mins `mn₀`, `mn₁` in `mn2`.
 struct Scales {
     d: __m256,
     m: __m256,
@@ -388,12 +388,12 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
             GgmlType::Q5_0 => only_d(f16x8(c, 22)),
             GgmlType::MXFP4 => only_d(e8m0x8(c, 17)),
             GgmlType::IQ4_NL => only_d(f16x8(c, 18)),
-            GgmlType::IQ4_XS => Scales {
-                sc: ints(std::array::from_fn(|b| {
+            GgmlType::IQ4_XS => only_d(_mm256_mul_ps(
+                f16x1(c),
+                _mm256_cvtepi32_ps(ints(std::array::from_fn(|b| {
                     iq4_xs_scale([chunk[2], chunk[3]], &chunk[4..8], b)
-                })),
-                ..only_d(f16x1(c))
-            },
+                }))),
+            )),
             GgmlType::Q2_K => {
                 let g = |i: usize| chunk[i] as i32;
                 Scales {
@@ -431,11 +431,8 @@ unsafe fn scales(ty: GgmlType, chunk: &[u8]) -> Scales {
                     (sc[j], mn[j]) = (a as i32, b as i32);
                 }
                 Scales {
-                    d: f16x1(c),
-                    m: f16x1(c.add(2)),
-                    sc: ints(sc),
-                    mn: ints(mn),
-                    mn2: (zero_i, zero_i),
+                    m: _mm256_mul_ps(f16x1(c.add(2)), _mm256_cvtepi32_ps(ints(mn))),
+                    ..only_d(_mm256_mul_ps(f16x1(c), _mm256_cvtepi32_ps(ints(sc))))
                 }
             }
             GgmlType::Q6_K => {
@@ -476,12 +473,17 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
         let raw = _mm256_add_epi32(lo, hi);
         let total = _mm256_add_epi32(s.0, s.1);
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => {
+            GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
+            | GgmlType::MXFP4
+            | GgmlType::IQ4_NL
+            | GgmlType::IQ4_XS => {
                 // raw - off * total with off = 0, 8 or 16: the product as
                 // a shift (the same wrapping i32 result, without
                 // `vpmulld`'s two uops and ten-cycle latency).
                 let i = match ty {
-                    GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => raw,
+                    GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => raw,
                     GgmlType::Q4_0 => _mm256_sub_epi32(raw, _mm256_slli_epi32::<3>(total)),
                     _ => _mm256_sub_epi32(raw, _mm256_slli_epi32::<4>(total)),
                 };
@@ -491,15 +493,10 @@ unsafe fn terms(ty: GgmlType, w: &Scales, lo: __m256i, hi: __m256i, s: (__m256i,
                 _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(raw)),
                 _mm256_mul_ps(_mm256_mul_ps(w.m, dx), f32s(total)),
             ),
-            GgmlType::Q4_K | GgmlType::Q5_K => {
-                let i = _mm256_mullo_epi32(w.sc, raw);
-                let m = _mm256_mullo_epi32(w.mn, total);
-                _mm256_sub_ps(
-                    _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(i)),
-                    _mm256_mul_ps(_mm256_mul_ps(w.m, dx), f32s(m)),
-                )
-            }
-            GgmlType::IQ4_XS => _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(_mm256_mullo_epi32(w.sc, raw))),
+            GgmlType::Q4_K | GgmlType::Q5_K => _mm256_sub_ps(
+                _mm256_mul_ps(_mm256_mul_ps(w.d, dx), f32s(raw)),
+                _mm256_mul_ps(w.m, _mm256_mul_ps(dx, f32s(total))),
+            ),
             GgmlType::Q2_K => {
                 let i = _mm256_add_epi32(_mm256_mullo_epi32(w.sc, lo), _mm256_mullo_epi32(w.mn, hi));
                 let m = _mm256_add_epi32(_mm256_mullo_epi32(w.mn2.0, s.0), _mm256_mullo_epi32(w.mn2.1, s.1));

@@ -58,3 +58,20 @@ pub unsafe fn scales(p: *const u8) -> (std::arch::x86_64::__m256i, std::arch::x8
         (_mm256_sub_epi32(ls, _mm256_set1_epi32(32)), d)
     }
 }
+
+/// A packed super-block's `d · (ls - 32)` in lane `b` ([`scales`]' two
+/// parts multiplied: exact, an f16 times a 6-bit integer), the factor of
+/// its term ([`crate::gguf::qdot::dot`]'s IQ4_XS row).
+///
+/// # Safety
+/// As [`scales`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn scaled_d(p: *const u8) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: forwarded.
+    unsafe {
+        let (sc, d) = scales(p);
+        _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc))
+    }
+}

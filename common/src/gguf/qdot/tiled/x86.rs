@@ -327,9 +327,8 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                     i = _mm256_sub_epi32(i, _mm256_sll_epi32(tot, count));
                 }
                 if xs {
-                    let (sc, d) = super::iq4xs::scales(p);
-                    let i = _mm256_mullo_epi32(sc, i);
-                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i)));
+                    let ds = super::iq4xs::scaled_d(p);
+                    acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(ds, dx), _mm256_cvtepi32_ps(i)));
                     continue;
                 }
                 let dw = if ty == GgmlType::MXFP4 {
@@ -522,20 +521,15 @@ impl<const KIND: u8> Row for PackedLut<KIND> {
             match KIND {
                 LUT_MXFP4 => e8m0_8(p.add(128)),
                 LUT_IQ4_NL => _mm256_cvtph_ps(_mm_loadu_si128(p.add(128) as *const __m128i)),
-                _ => super::iq4xs::scales(p).1,
+                _ => super::iq4xs::scaled_d(p),
             }
         }
     }
 
     #[inline(always)]
-    unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
-        let sc = if KIND == LUT_IQ4_XS {
-            // SAFETY: as above.
-            unsafe { super::iq4xs::scales(self.p.add(c * Self::CHUNK)).0 }
-        } else {
-            _mm256_setzero_si256()
-        };
-        (sc, _mm256_setzero_si256(), _mm256_setzero_ps())
+    unsafe fn k_scales(self, _c: usize) -> (__m256i, __m256i, __m256) {
+        // IQ4_XS's sub-block scales are in its `scales` (`d · (ls - 32)`).
+        (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
     }
 }
 
@@ -646,15 +640,23 @@ impl Row for Packed {
 }
 
 /// [`super::super::combine`]'s Q4_K term on eight sub-blocks' lanes:
-/// `(d * dx) * f32(sc · i) - (dmin * dx) * f32(mn · S)`, from the
+/// `((d · sc) * dx) * f32(i) - (dmin · mn) * (dx * f32(S))`, from the
 /// super-block's scales and mins (`Row::k_scales`, read once per chunk).
+/// Inlined into the loops, `d · sc` and `dmin · mn` are formed once per
+/// weight chunk and `dx * f32(S)` once per activation chunk (the compiler
+/// shares them across the rows that use them), so a term is three
+/// multiplies, a conversion and a subtraction.
 #[inline(always)]
 unsafe fn k_term(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
     // SAFETY: register arithmetic only (the caller's target runs AVX2).
     unsafe {
-        let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, i)));
-        let b = _mm256_mul_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, tot)));
-        _mm256_sub_ps(a, b)
+        let ds = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(sc));
+        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+        let xs = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(tot));
+        _mm256_sub_ps(
+            _mm256_mul_ps(_mm256_mul_ps(ds, dx), _mm256_cvtepi32_ps(i)),
+            _mm256_mul_ps(dm, xs),
+        )
     }
 }
 
@@ -981,7 +983,6 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
     // Q5_K's 5-bit pairs (up to 2 · 31 · 127) are widened every step.
     let wide = SIGNED || ty == GgmlType::Q5_K;
-    let iq = ty == GgmlType::IQ4_XS;
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -1019,7 +1020,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 }
             }
             let dw = row.scales(c);
-            let (sc, mn, dmin) = if k_quant || iq {
+            let (sc, mn, dmin) = if k_quant {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
@@ -1032,9 +1033,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                     *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
                     continue;
                 }
-                let i = if iq {
-                    _mm256_mullo_epi32(sc, s)
-                } else if SIGNED {
+                let i = if SIGNED {
                     s
                 } else {
                     let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
@@ -1111,7 +1110,7 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
     unsafe {
         for c in 0..chunks {
             let (w, dw) = row.chunk(c);
-            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS) {
+            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
@@ -1157,8 +1156,8 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
 /// `a`'s chunk `c`, for the types whose blocks end in one integer sum `i`
 /// (not Q6_K's, Q2_K's or Q3_K's halves): less the activation totals
 /// shifted by `count` (Q4_0's 8; the +128 of Q8_0's and the table types'
-/// codes on VNNI), times IQ4_XS's sub-block scales, or Q4_K's and Q5_K's
-/// scale and min term; `(dw, sc, mn, dmin)` the weight chunk's scales.
+/// codes on VNNI), or Q4_K's and Q5_K's scale and min term; `(dw, sc, mn,
+/// dmin)` the weight chunk's scales (IQ4_XS's `dw` is `d · (ls - 32)`).
 #[inline(always)]
 unsafe fn whole_term(
     ty: GgmlType,
@@ -1176,13 +1175,10 @@ unsafe fn whole_term(
         if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
             return k_term(sc, mn, dw, dmin, dx, i, tot());
         }
-        let mut i = match count {
+        let i = match count {
             Some(count) => _mm256_sub_epi32(i, _mm256_sll_epi32(tot(), count)),
             None => i,
         };
-        if ty == GgmlType::IQ4_XS {
-            i = _mm256_mullo_epi32(sc, i);
-        }
         _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i))
     }
 }
@@ -1336,7 +1332,7 @@ unsafe fn body_pair<const N: usize>(
     }
     let mut acc_a = [_mm256_setzero_ps(); N];
     let mut acc_b = [_mm256_setzero_ps(); N];
-    let scaled = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::IQ4_XS);
+    let scaled = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
     // Sums of codes offset by 128 (Q4_0's by 8) start at the activation
     // totals' offset, once for both rows; Q4_K's and Q5_K's unsigned
     // nibbles take theirs in `k_term`.
