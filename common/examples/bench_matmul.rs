@@ -1,6 +1,8 @@
 //! Throughput of matrix products ([`Weight::matmul`]) as prefill runs
 //! them: float rows (BF16 / F16 / F32 weights against f32 activation
-//! rows, the products of HF directories) or, with `CHARM_BENCH_TYPES`
+//! rows, the products of HF directories) and charm's INT8 / INT4 (a
+//! converted container's experts: `convert`'s default groups, one per row
+//! and 32) or, with `CHARM_BENCH_TYPES`
 //! naming GGML types (`Q4_K,IQ4_XS,...`), random GGML rows with their
 //! packed copy (`Weight::pack_for_cpu`) against `N` distinct activation
 //! rows; in G multiply-adds per second on the rayon pool
@@ -53,10 +55,16 @@ fn main() {
                 Some((ty.name().to_string(), w.pack_for_cpu()))
             })
             .collect(),
-        Err(_) => [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16]
-            .into_iter()
-            .map(|f| (format!("{f:?}"), base.to_format(f).expect("float formats convert")))
-            .collect(),
+        Err(_) => [
+            WeightFormat::F32,
+            WeightFormat::BF16,
+            WeightFormat::F16,
+            WeightFormat::Int8 { group: cols },
+            WeightFormat::Int4 { group: 32 },
+        ]
+        .into_iter()
+        .map(|f| (format!("{f:?}"), base.to_format(f).expect("formats convert")))
+        .collect(),
     };
     for (format, w) in weights {
         let mut out = vec![0.0f32; n * rows];

@@ -27,8 +27,10 @@
 //! values in one pass) with the same bits. Prefill's float-row products
 //! (`dots_tile_*`: a tile of weight rows against many activation rows)
 //! run register-blocked on AVX-512 (`float_tile_x512`: three rows by four
-//! activation rows per block), each pair with the one-row dot's bits. The
-//! gated delta rule of
+//! activation rows per block), each pair with the one-row dot's bits;
+//! charm's INT8 / INT4 rows likewise (`int_x512`: one-row dots, and tiles
+//! of two rows by four activation rows, for groups of whole 16-column
+//! chunks). The gated delta rule of
 //! DeltaNet layers (`delta_rule`) has a reference and a column-blocked
 //! fast path with its bits. SiLU, sigmoid and the softmaxes take `e^x`
 //! from [`exp`] (`f32` IEEE operations only, within 1.2 ulp), not
@@ -43,6 +45,8 @@ use crate::quant::unpack_int4;
 mod attention_x512;
 #[cfg(target_arch = "x86_64")]
 mod float_tile_x512;
+#[cfg(target_arch = "x86_64")]
+mod int_x512;
 
 /// Lanes of the float dots: four 8-wide (or two 16-wide, or eight 4-wide)
 /// vectors of independent sums, enough to hide the add latency on every
@@ -815,18 +819,162 @@ fn reduce_q(acc: [f32; QLANES]) -> f32 {
 }
 
 multiversion!(
-    /// Fast INT8 dot product, the same value as [`dot_int8_ref`] up to
-    /// rounding: per group, `QLANES` lane sums of `q x` (columns past the
-    /// last full `QLANES` chunk of the group go to a scalar tail), each lane
-    /// sum scaled into its own running total (no per-group horizontal sum),
-    /// then one fixed-order reduction.
-    dot_int8, dot_int8_on, dot_int8_portable, (q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32
+    /// [`dot_int8`] as the compiler builds its portable body.
+    dot_int8_compiled, dot_int8_compiled_on, dot_int8_portable, (q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32
 );
 multiversion!(
-    /// Fast INT4 dot product: as [`dot_int8`], unpacking `QLANES` nibbles
-    /// (`QLANES / 2` bytes) at a time.
-    dot_int4, dot_int4_on, dot_int4_portable, (packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32
+    /// [`dot_int4`] as the compiler builds its portable body.
+    dot_int4_compiled, dot_int4_compiled_on, dot_int4_portable, (packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32
 );
+
+/// Whether the explicit AVX-512 INT8 / INT4 bodies ([`int_x512`]) run
+/// products of `group` on `isa`: groups of whole 16-column chunks (no
+/// scalar tail), on a CPU with AVX-512.
+#[cfg(target_arch = "x86_64")]
+fn int_x512_runs(isa: Isa, group: usize) -> bool {
+    attention_x512_runs(isa) && group > 0 && group.is_multiple_of(QLANES)
+}
+
+/// Fast INT8 dot product, the same value as [`dot_int8_ref`] up to
+/// rounding: per group, `QLANES` lane sums of `q x` (columns past the
+/// last full `QLANES` chunk of the group go to a scalar tail), each lane
+/// sum scaled into its own running total (no per-group horizontal sum),
+/// then one fixed-order reduction ([`dot_int8_portable`] is the
+/// definition; AVX-512 CPUs run its operations from `int_x512`).
+#[inline]
+pub fn dot_int8(q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+    dot_int8_on(Isa::active(), q, scales, group, x)
+}
+
+/// [`dot_int8`] on a chosen instruction set.
+pub fn dot_int8_on(isa: Isa, q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if int_x512_runs(isa, group) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
+        return finish_q(unsafe { int_x512::dot_int8_lanes(q, scales, group, x) }, 0.0);
+    }
+    dot_int8_compiled_on(isa, q, scales, group, x)
+}
+
+/// Fast INT4 dot product: as [`dot_int8`], unpacking `QLANES` nibbles
+/// (`QLANES / 2` bytes) at a time.
+#[inline]
+pub fn dot_int4(packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+    dot_int4_on(Isa::active(), packed, scales, group, x)
+}
+
+/// [`dot_int4`] on a chosen instruction set.
+pub fn dot_int4_on(isa: Isa, packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if int_x512_runs(isa, group) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
+        return finish_q(unsafe { int_x512::dot_int4_lanes(packed, scales, group, x) }, 0.0);
+    }
+    dot_int4_compiled_on(isa, packed, scales, group, x)
+}
+
+/// [`dot_int8`] of a tile of rows (`q: rows × cols`, `scales: rows × cols /
+/// group`) with many activation rows: `out[r * xs.len() + t]` the bits of
+/// `dot_int8(row r, xs[t])` (prefill's products). AVX-512 CPUs run a
+/// register-blocked tile (`int_x512`: two rows by four activation rows,
+/// each weight chunk widened once for the four); elsewhere one-row dots.
+#[inline]
+pub fn dots_tile_int8(q: &[i8], scales: &[f32], group: usize, cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    dots_tile_int8_on(Isa::active(), (q, scales, group), cols, xs, out)
+}
+
+/// [`dots_tile_int8`] on a chosen instruction set.
+pub fn dots_tile_int8_on(
+    isa: Isa,
+    (q, scales, group): (&[i8], &[f32], usize),
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    let n = check_int_tile(cols, xs, out, (q.len(), scales.len(), group));
+    if n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if int_x512_runs(isa, group) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA; the sizes
+        // were checked.
+        return unsafe { int_x512::dots_tile_int8((q, scales, group), cols, xs, out, |l| finish_q(l, 0.0)) };
+    }
+    let gpr = cols / group;
+    for (r, o) in out.chunks_exact_mut(n).enumerate() {
+        let (qr, sr) = (&q[r * cols..(r + 1) * cols], &scales[r * gpr..(r + 1) * gpr]);
+        for (o, x) in o.iter_mut().zip(xs) {
+            *o = dot_int8_on(isa, qr, sr, group, x);
+        }
+    }
+}
+
+/// [`dot_int4`] of a tile of rows (`packed: rows × cols / 2` bytes), as
+/// [`dots_tile_int8`].
+#[inline]
+pub fn dots_tile_int4(packed: &[u8], scales: &[f32], group: usize, cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    dots_tile_int4_on(Isa::active(), (packed, scales, group), cols, xs, out)
+}
+
+/// [`dots_tile_int4`] on a chosen instruction set.
+pub fn dots_tile_int4_on(
+    isa: Isa,
+    (packed, scales, group): (&[u8], &[f32], usize),
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    let n = check_int_tile(cols, xs, out, (2 * packed.len(), scales.len(), group));
+    if n == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if int_x512_runs(isa, group) {
+        // SAFETY: as in `dots_tile_int8_on`.
+        return unsafe { int_x512::dots_tile_int4((packed, scales, group), cols, xs, out, |l| finish_q(l, 0.0)) };
+    }
+    let gpr = cols / group;
+    for (r, o) in out.chunks_exact_mut(n).enumerate() {
+        let (pr, sr) = (
+            &packed[r * cols / 2..(r + 1) * cols / 2],
+            &scales[r * gpr..(r + 1) * gpr],
+        );
+        for (o, x) in o.iter_mut().zip(xs) {
+            *o = dot_int4_on(isa, pr, sr, group, x);
+        }
+    }
+}
+
+/// Checks a tile's sizes (`values` elements, `scales` group scales of
+/// `group` columns) and returns its number of activation rows.
+///
+/// # Panics
+/// If the shapes do not match.
+fn check_int_tile(cols: usize, xs: &[&[f32]], out: &[f32], (values, scales, group): (usize, usize, usize)) -> usize {
+    let n = xs.len();
+    assert!(
+        xs.iter().all(|x| x.len() == cols),
+        "activation rows are not {cols} wide"
+    );
+    assert!(
+        group > 0 && cols.is_multiple_of(group),
+        "group {group} does not divide {cols} columns"
+    );
+    let rows = out.len() / n.max(1);
+    assert!(
+        out.len() == rows * n && values == rows * cols && scales == rows * (cols / group),
+        "rows do not match the outputs"
+    );
+    n
+}
+
+/// The end of every INT8 / INT4 product: the lane totals summed in index
+/// order, then the scalar tails' total.
+#[inline(always)]
+fn finish_q(total: [f32; QLANES], tail_total: f32) -> f32 {
+    reduce_q(total) + tail_total
+}
 
 /// The body of [`dot_int8`], for whatever target features the caller has.
 #[inline(always)]
@@ -858,7 +1006,7 @@ pub(crate) fn dot_int8_portable(q: &[i8], scales: &[f32], group: usize, x: &[f32
             tail_total += tail * scale;
         }
     }
-    reduce_q(total) + tail_total
+    finish_q(total, tail_total)
 }
 
 /// The body of [`dot_int4`], for whatever target features the caller has.
@@ -899,7 +1047,7 @@ pub(crate) fn dot_int4_portable(packed: &[u8], scales: &[f32], group: usize, x: 
             tail_total += tail * scale;
         }
     }
-    reduce_q(total) + tail_total
+    finish_q(total, tail_total)
 }
 
 /// RMS norm in place: `x * rsqrt(mean(x²) + eps) * weight`.
@@ -974,6 +1122,84 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// INT8 / INT4 tiles and one-row dots on every instruction set give the
+    /// portable body's bits (`Isa::Scalar`), for groups of whole 16-column
+    /// chunks (the AVX-512 bodies: 16, 32, 48 with INT4's half-register
+    /// step, 64, a whole row) and others (the compiled body's tails), at
+    /// every edge of the tile's two-row by four-activation-row blocks.
+    #[test]
+    fn int_tiles_and_dots_give_the_portable_bits() {
+        for (cols, group) in [
+            (64, 16),
+            (96, 32),
+            (96, 48),
+            (256, 64),
+            (128, 128),
+            (60, 6),
+            (30, 30),
+            (64, 32),
+        ] {
+            for (rows, n) in [(1, 1), (2, 4), (3, 5), (5, 9), (4, 3), (7, 2)] {
+                let gpr = cols / group;
+                let mut state = (cols * 31 + group * 7 + rows * 5 + n) as u64;
+                let mut next = move || {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (state >> 33) as u32
+                };
+                let q: Vec<i8> = (0..rows * cols).map(|_| (next() % 255) as i8).collect();
+                let packed: Vec<u8> = (0..rows * cols / 2).map(|_| next() as u8).collect();
+                let scales: Vec<f32> = (0..rows * gpr).map(|_| (next() % 1000) as f32 / 7000.0).collect();
+                let xs: Vec<Vec<f32>> = (0..n)
+                    .map(|t| {
+                        (0..cols)
+                            .map(|_| ((next() % 2001) as f32 / 1000.0 - 1.0) * 10f32.powi(t as i32 % 3 - 1))
+                            .collect()
+                    })
+                    .collect();
+                let xs: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+                let mut want8 = vec![0u32; rows * n];
+                let mut want4 = vec![0u32; rows * n];
+                for r in 0..rows {
+                    let sr = &scales[r * gpr..(r + 1) * gpr];
+                    for (t, x) in xs.iter().enumerate() {
+                        let q8 = &q[r * cols..(r + 1) * cols];
+                        want8[r * n + t] = dot_int8_on(Isa::Scalar, q8, sr, group, x).to_bits();
+                        let p4 = &packed[r * cols / 2..(r + 1) * cols / 2];
+                        want4[r * n + t] = dot_int4_on(Isa::Scalar, p4, sr, group, x).to_bits();
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                for &isa in Isa::available() {
+                    let what = format!("{isa:?} {rows}x{cols}/g{group} n={n}");
+                    let mut out = vec![0.0; rows * n];
+                    dots_tile_int8_on(isa, (&q, &scales, group), cols, &xs, &mut out);
+                    assert_eq!(bits(&out), want8, "int8 tile {what}");
+                    dots_tile_int4_on(isa, (&packed, &scales, group), cols, &xs, &mut out);
+                    assert_eq!(bits(&out), want4, "int4 tile {what}");
+                    for r in 0..rows {
+                        let sr = &scales[r * gpr..(r + 1) * gpr];
+                        let q8 = &q[r * cols..(r + 1) * cols];
+                        let p4 = &packed[r * cols / 2..(r + 1) * cols / 2];
+                        for (t, x) in xs.iter().enumerate() {
+                            assert_eq!(
+                                dot_int8_on(isa, q8, sr, group, x).to_bits(),
+                                want8[r * n + t],
+                                "int8 {what}"
+                            );
+                            assert_eq!(
+                                dot_int4_on(isa, p4, sr, group, x).to_bits(),
+                                want4[r * n + t],
+                                "int4 {what}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn three_row_float_dots_give_each_row_dot_bits() {

@@ -25,7 +25,10 @@ use crate::dtype::{bf16_to_f32, f16_to_f32, DType};
 use crate::gguf::qdot::{self, Q8Acts};
 use crate::gguf::{self, GgmlType};
 use crate::hugemem::HugeBuf;
-use crate::kernels::{dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8, dots_tile_bf16, dots_tile_f16, dots_tile_f32};
+use crate::kernels::{
+    dot_bf16, dot_f16, dot_f32, dot_int4, dot_int8, dots_tile_bf16, dots_tile_f16, dots_tile_f32, dots_tile_int4,
+    dots_tile_int8,
+};
 use crate::quant::{
     check_int4_buffers, check_int8_buffers, dequantize_int4_row, dequantize_int8_row, gguf_bytes, quantize_int4,
     quantize_int8, QuantError, WeightFormat,
@@ -815,22 +818,33 @@ impl Weight {
                     t += 4;
                 }
             }
-            // Float rows: the tile against every activation row at once,
-            // register-blocked (the one-row dot's bits).
-            if t == 0 && matches!(self.data, WeightData::F32(_) | WeightData::BF16(_) | WeightData::F16(_)) {
+            // Float and INT8 / INT4 rows: the tile against every activation
+            // row at once, register-blocked (the one-row dot's bits).
+            if t == 0 && !matches!(self.data, WeightData::Gguf { .. }) {
                 let xs: Vec<&[f32]> = acts
                     .iter()
                     .map(|a| match a {
                         Prepared::F32(x) => *x,
-                        Prepared::Q8(_) => unreachable!("float rows take f32 activations"),
+                        Prepared::Q8(_) => unreachable!("float and charm-quantized rows take f32 activations"),
                     })
                     .collect();
-                let range = r0 * self.cols..(r0 + tile_rows) * self.cols;
+                let c = self.cols;
+                let range = r0 * c..(r0 + tile_rows) * c;
                 match &self.data {
-                    WeightData::F32(b) => dots_tile_f32(&b.as_slice()[range], self.cols, &xs, o),
-                    WeightData::BF16(b) => dots_tile_bf16(&b.as_slice()[range], self.cols, &xs, o),
-                    WeightData::F16(b) => dots_tile_f16(&b.as_slice()[range], self.cols, &xs, o),
-                    _ => unreachable!("checked above"),
+                    WeightData::F32(b) => dots_tile_f32(&b.as_slice()[range], c, &xs, o),
+                    WeightData::BF16(b) => dots_tile_bf16(&b.as_slice()[range], c, &xs, o),
+                    WeightData::F16(b) => dots_tile_f16(&b.as_slice()[range], c, &xs, o),
+                    WeightData::Int8 { scales, q, group } => {
+                        let gpr = c / group;
+                        let s = &scales.as_slice()[r0 * gpr..(r0 + tile_rows) * gpr];
+                        dots_tile_int8(&q.as_slice()[range], s, *group, c, &xs, o)
+                    }
+                    WeightData::Int4 { scales, q, group } => {
+                        let gpr = c / group;
+                        let s = &scales.as_slice()[r0 * gpr..(r0 + tile_rows) * gpr];
+                        dots_tile_int4(&q.as_slice()[range.start / 2..range.end / 2], s, *group, c, &xs, o)
+                    }
+                    WeightData::Gguf { .. } => unreachable!("checked above"),
                 }
                 t = n;
             }
@@ -874,31 +888,41 @@ mod tests {
     #[test]
     fn matvec_and_matmul_agree_bit_for_bit() {
         let rows = 70;
-        let cols = 37;
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
-            .collect();
-        let w = Weight::from_f32(rows, cols, w);
         // Seven activation rows: two groups of three (the float rows'
-        // three-row products) and one more, in every float format.
+        // three-row products) and one more, in every float format; INT8 and
+        // INT4 with groups of whole 16-column chunks (their tiles) and not.
         let n = 7;
-        let xs: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 11) as f32 / 11.0 - 0.3).collect();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        for format in [WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16] {
-            let w = w.to_format(format).unwrap();
+        let check = |w: &Weight, xs: &[f32], what: WeightFormat| {
+            let cols = w.cols;
             let mut batched = vec![0.0; n * rows];
-            w.matmul(&xs, n, &mut batched);
+            w.matmul(xs, n, &mut batched);
             for t in 0..n {
                 let mut one = vec![0.0; rows];
                 w.matvec(&xs[t * cols..(t + 1) * cols], &mut one);
-                assert_eq!(
-                    bits(&one),
-                    bits(&batched[t * rows..(t + 1) * rows]),
-                    "{format:?} row {t}"
-                );
+                assert_eq!(bits(&one), bits(&batched[t * rows..(t + 1) * rows]), "{what:?} row {t}");
                 let mut seq = vec![0.0; rows];
                 w.matvec_seq(&xs[t * cols..(t + 1) * cols], &mut seq);
-                assert_eq!(bits(&one), bits(&seq), "{format:?} row {t}");
+                assert_eq!(bits(&one), bits(&seq), "{what:?} row {t}");
+            }
+        };
+        for (cols, formats) in [
+            (37, vec![WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16]),
+            (
+                96,
+                [16, 32, 48, 8]
+                    .into_iter()
+                    .flat_map(|group| [WeightFormat::Int8 { group }, WeightFormat::Int4 { group }])
+                    .collect(),
+            ),
+        ] {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+                .collect();
+            let w = Weight::from_f32(rows, cols, w);
+            let xs: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 11) as f32 / 11.0 - 0.3).collect();
+            for format in formats {
+                check(&w.to_format(format).unwrap(), &xs, format);
             }
         }
     }
