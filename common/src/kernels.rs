@@ -28,9 +28,9 @@
 //! (`dots_tile_*`: a tile of weight rows against many activation rows)
 //! run register-blocked on AVX-512 (`float_tile_x512`: three rows by four
 //! activation rows per block), each pair with the one-row dot's bits;
-//! charm's INT8 / INT4 rows likewise (`int_x512`: one-row dots, and tiles
-//! of two rows by four activation rows, for groups of whole 16-column
-//! chunks). The gated delta rule of
+//! charm's INT8 / INT4 rows likewise (`int_x86`: one-row dots, and tiles
+//! of two rows by four activation rows on AVX-512, one by two on AVX2, for
+//! groups of whole 16-column chunks). The gated delta rule of
 //! DeltaNet layers (`delta_rule`) has a reference and a column-blocked
 //! fast path with its bits. SiLU, sigmoid and the softmaxes take `e^x`
 //! from [`exp`] (`f32` IEEE operations only, within 1.2 ulp), not
@@ -46,7 +46,7 @@ mod attention_x512;
 #[cfg(target_arch = "x86_64")]
 mod float_tile_x512;
 #[cfg(target_arch = "x86_64")]
-mod int_x512;
+mod int_x86;
 
 /// Lanes of the float dots: four 8-wide (or two 16-wide, or eight 4-wide)
 /// vectors of independent sums, enough to hide the add latency on every
@@ -827,12 +827,13 @@ multiversion!(
     dot_int4_compiled, dot_int4_compiled_on, dot_int4_portable, (packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32
 );
 
-/// Whether the explicit AVX-512 INT8 / INT4 bodies ([`int_x512`]) run
-/// products of `group` on `isa`: groups of whole 16-column chunks (no
-/// scalar tail), on a CPU with AVX-512.
+/// Which explicit x86 INT8 / INT4 body ([`int_x86`]) runs products of
+/// `group` on `isa`: groups of whole 16-column chunks (no scalar tail), on
+/// an AVX-512 or AVX2 CPU.
 #[cfg(target_arch = "x86_64")]
-fn int_x512_runs(isa: Isa, group: usize) -> bool {
-    attention_x512_runs(isa) && group > 0 && group.is_multiple_of(QLANES)
+fn int_x86_body(isa: Isa, group: usize) -> Option<Isa> {
+    let whole = group > 0 && group.is_multiple_of(QLANES);
+    (whole && matches!(isa, Isa::Avx512Vnni | Isa::Avx2) && isa.runs()).then_some(isa)
 }
 
 /// Fast INT8 dot product, the same value as [`dot_int8_ref`] up to
@@ -840,7 +841,7 @@ fn int_x512_runs(isa: Isa, group: usize) -> bool {
 /// last full `QLANES` chunk of the group go to a scalar tail), each lane
 /// sum scaled into its own running total (no per-group horizontal sum),
 /// then one fixed-order reduction ([`dot_int8_portable`] is the
-/// definition; AVX-512 CPUs run its operations from `int_x512`).
+/// definition; AVX-512 and AVX2 CPUs run its operations from `int_x86`).
 #[inline]
 pub fn dot_int8(q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     dot_int8_on(Isa::active(), q, scales, group, x)
@@ -849,9 +850,12 @@ pub fn dot_int8(q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
 /// [`dot_int8`] on a chosen instruction set.
 pub fn dot_int8_on(isa: Isa, q: &[i8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if int_x512_runs(isa, group) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
-        return finish_q(unsafe { int_x512::dot_int8_lanes(q, scales, group, x) }, 0.0);
+    match int_x86_body(isa, group) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), AVX2, F16C and FMA.
+        Some(Isa::Avx512Vnni) => return finish_q(unsafe { int_x86::dot_int8_x512(q, scales, group, x) }, 0.0),
+        // SAFETY: the CPU runs AVX2, F16C and FMA.
+        Some(_) => return finish_q(unsafe { int_x86::dot_int8_avx2(q, scales, group, x) }, 0.0),
+        None => {}
     }
     dot_int8_compiled_on(isa, q, scales, group, x)
 }
@@ -866,18 +870,22 @@ pub fn dot_int4(packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
 /// [`dot_int4`] on a chosen instruction set.
 pub fn dot_int4_on(isa: Isa, packed: &[u8], scales: &[f32], group: usize, x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if int_x512_runs(isa, group) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
-        return finish_q(unsafe { int_x512::dot_int4_lanes(packed, scales, group, x) }, 0.0);
+    match int_x86_body(isa, group) {
+        // SAFETY: the CPU runs AVX-512 (F, BW, VL), AVX2, F16C and FMA.
+        Some(Isa::Avx512Vnni) => return finish_q(unsafe { int_x86::dot_int4_x512(packed, scales, group, x) }, 0.0),
+        // SAFETY: the CPU runs AVX2, F16C and FMA.
+        Some(_) => return finish_q(unsafe { int_x86::dot_int4_avx2(packed, scales, group, x) }, 0.0),
+        None => {}
     }
     dot_int4_compiled_on(isa, packed, scales, group, x)
 }
 
 /// [`dot_int8`] of a tile of rows (`q: rows × cols`, `scales: rows × cols /
 /// group`) with many activation rows: `out[r * xs.len() + t]` the bits of
-/// `dot_int8(row r, xs[t])` (prefill's products). AVX-512 CPUs run a
-/// register-blocked tile (`int_x512`: two rows by four activation rows,
-/// each weight chunk widened once for the four); elsewhere one-row dots.
+/// `dot_int8(row r, xs[t])` (prefill's products). AVX-512 and AVX2 CPUs
+/// run register-blocked tiles (`int_x86`: two rows by four activation
+/// rows, or one by two, each weight chunk widened once for the block's
+/// activation rows); elsewhere one-row dots.
 #[inline]
 pub fn dots_tile_int8(q: &[i8], scales: &[f32], group: usize, cols: usize, xs: &[&[f32]], out: &mut [f32]) {
     dots_tile_int8_on(Isa::active(), (q, scales, group), cols, xs, out)
@@ -896,10 +904,17 @@ pub fn dots_tile_int8_on(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if int_x512_runs(isa, group) {
-        // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA; the sizes
-        // were checked.
-        return unsafe { int_x512::dots_tile_int8((q, scales, group), cols, xs, out, |l| finish_q(l, 0.0)) };
+    {
+        let rows = (q, scales, group);
+        let finish = |l| finish_q(l, 0.0);
+        match int_x86_body(isa, group) {
+            // SAFETY: the CPU runs AVX-512 (F, BW, VL), AVX2, F16C and FMA;
+            // the sizes were checked.
+            Some(Isa::Avx512Vnni) => return unsafe { int_x86::dots_tile_int8_x512(rows, cols, xs, out, finish) },
+            // SAFETY: the CPU runs AVX2, F16C and FMA; the sizes were checked.
+            Some(_) => return unsafe { int_x86::dots_tile_int8_avx2(rows, cols, xs, out, finish) },
+            None => {}
+        }
     }
     let gpr = cols / group;
     for (r, o) in out.chunks_exact_mut(n).enumerate() {
@@ -930,9 +945,16 @@ pub fn dots_tile_int4_on(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if int_x512_runs(isa, group) {
-        // SAFETY: as in `dots_tile_int8_on`.
-        return unsafe { int_x512::dots_tile_int4((packed, scales, group), cols, xs, out, |l| finish_q(l, 0.0)) };
+    {
+        let rows = (packed, scales, group);
+        let finish = |l| finish_q(l, 0.0);
+        match int_x86_body(isa, group) {
+            // SAFETY: as in `dots_tile_int8_on`.
+            Some(Isa::Avx512Vnni) => return unsafe { int_x86::dots_tile_int4_x512(rows, cols, xs, out, finish) },
+            // SAFETY: as in `dots_tile_int8_on`.
+            Some(_) => return unsafe { int_x86::dots_tile_int4_avx2(rows, cols, xs, out, finish) },
+            None => {}
+        }
     }
     let gpr = cols / group;
     for (r, o) in out.chunks_exact_mut(n).enumerate() {
