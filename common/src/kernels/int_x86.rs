@@ -181,7 +181,7 @@ unsafe fn int4x16<L: Lanes>(p: *const u8) -> L {
 
 /// One row against one activation row: `chunk(g, acc)` adds group `g`'s
 /// products into its lanes; the groups' weights (`group_bytes` each from
-/// `base`) are prefetched as the portable body prefetches them.
+/// `base`) are prefetched a cache line at a time (a hint: never a bit).
 #[inline(always)]
 unsafe fn row<L: Lanes>(
     scales: &[f32],
@@ -189,11 +189,17 @@ unsafe fn row<L: Lanes>(
     chunk: impl Fn(usize, L) -> L,
 ) -> [f32; W] {
     let pf = prefetch::distance();
+    let mut line = 0;
     // SAFETY: register arithmetic; the caller's closure reads its group.
     unsafe {
         let mut total = L::zero();
         for (g, &scale) in scales.iter().enumerate() {
-            prefetch::ahead_span(base.wrapping_add(g * group_bytes), group_bytes, pf);
+            // Every line the group reaches into, once (INT4's groups of 32
+            // are a quarter of a line).
+            while line < (g + 1) * group_bytes {
+                prefetch::ahead(base.wrapping_add(line), pf);
+                line += 64;
+            }
             let acc = chunk(g, L::zero());
             total = total.add(acc.mul(L::splat(scale)));
         }
