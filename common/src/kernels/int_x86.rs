@@ -301,16 +301,20 @@ unsafe fn block<L: Lanes, const R: usize, const T: usize>(
 
 /// The tile: `finish(lanes)` of every pair of the `out.len() / xs.len()`
 /// rows and `xs` into `out[r * xs.len() + t]`, in blocks of
-/// [`Lanes::BLOCK`] and smaller blocks at the edges.
+/// [`Lanes::BLOCK`] and smaller blocks at the edges. `widen(r, c)` is row
+/// `r`'s column chunk `c` as f32; row `r`'s scales are `scales[r * groups..
+/// (r + 1) * groups]` (the caller checked the sizes).
 #[inline(always)]
 unsafe fn tile<L: Lanes>(
-    (group, groups): (usize, usize),
+    (scales, group, cols): (&[f32], usize, usize),
     xs: &[&[f32]],
     out: &mut [f32],
     widen: impl Fn(usize, usize) -> L + Copy,
-    scale: impl Fn(usize, usize) -> f32 + Copy,
     finish: impl Fn([f32; W]) -> f32,
 ) {
+    let groups = cols / group;
+    // SAFETY: row `r < out.len() / xs.len()` has `groups` scales.
+    let scale = |r: usize, g: usize| unsafe { *scales.get_unchecked(r * groups + g) };
     let (rows, acts) = L::BLOCK;
     let n = xs.len();
     let nrows = out.len() / n.max(1);
@@ -351,54 +355,6 @@ unsafe fn tile<L: Lanes>(
     }
 }
 
-/// The INT8 tile: row `r` is `q[r * cols..(r + 1) * cols]` with scales
-/// `scales[r * groups..(r + 1) * groups]` (the caller checked the sizes).
-#[inline(always)]
-unsafe fn tile_int8<L: Lanes>(
-    (q, scales, group): (&[i8], &[f32], usize),
-    cols: usize,
-    xs: &[&[f32]],
-    out: &mut [f32],
-    finish: impl Fn([f32; W]) -> f32,
-) {
-    let groups = cols / group;
-    // SAFETY: chunk `c` of row `r` is inside `q` (checked sizes).
-    unsafe {
-        tile::<L>(
-            (group, groups),
-            xs,
-            out,
-            |r, c| int8x16::<L>(q.as_ptr().add(r * cols + W * c)),
-            |r, g| *scales.get_unchecked(r * groups + g),
-            finish,
-        )
-    }
-}
-
-/// The INT4 tile: row `r` is `packed[r * cols / 2..(r + 1) * cols / 2]`,
-/// scales as [`tile_int8`]'s.
-#[inline(always)]
-unsafe fn tile_int4<L: Lanes>(
-    (packed, scales, group): (&[u8], &[f32], usize),
-    cols: usize,
-    xs: &[&[f32]],
-    out: &mut [f32],
-    finish: impl Fn([f32; W]) -> f32,
-) {
-    let groups = cols / group;
-    // SAFETY: chunk `c` of row `r` is inside `packed` (checked sizes).
-    unsafe {
-        tile::<L>(
-            (group, groups),
-            xs,
-            out,
-            |r, c| int4x16::<L>(packed.as_ptr().add(r * cols / 2 + W / 2 * c)),
-            |r, g| *scales.get_unchecked(r * groups + g),
-            finish,
-        )
-    }
-}
-
 /// The entry points of one instruction set: `$features` enabled, `$lanes`
 /// its [`Lanes`].
 macro_rules! entries {
@@ -420,27 +376,35 @@ macro_rules! entries {
         /// [`super::dots_tile_int8`] (`group` a multiple of 16).
         #[target_feature(enable = $features)]
         pub(super) fn $tile8(
-            rows: (&[i8], &[f32], usize),
+            (q, scales, group): (&[i8], &[f32], usize),
             cols: usize,
             xs: &[&[f32]],
             out: &mut [f32],
             finish: impl Fn([f32; W]) -> f32,
         ) {
-            // SAFETY: as above; the caller checked the tile's sizes.
-            unsafe { tile_int8::<$lanes>(rows, cols, xs, out, finish) }
+            // SAFETY: as above; the caller checked the tile's sizes (row
+            // `r` is `q[r * cols..(r + 1) * cols]`).
+            unsafe {
+                let widen = |r: usize, c: usize| int8x16::<$lanes>(q.as_ptr().add(r * cols + W * c));
+                tile::<$lanes>((scales, group, cols), xs, out, widen, finish)
+            }
         }
 
         /// [`super::dots_tile_int4`] (`group` a multiple of 16).
         #[target_feature(enable = $features)]
         pub(super) fn $tile4(
-            rows: (&[u8], &[f32], usize),
+            (packed, scales, group): (&[u8], &[f32], usize),
             cols: usize,
             xs: &[&[f32]],
             out: &mut [f32],
             finish: impl Fn([f32; W]) -> f32,
         ) {
-            // SAFETY: as above.
-            unsafe { tile_int4::<$lanes>(rows, cols, xs, out, finish) }
+            // SAFETY: as above (row `r` is `packed[r * cols / 2..(r + 1) *
+            // cols / 2]`).
+            unsafe {
+                let widen = |r: usize, c: usize| int4x16::<$lanes>(packed.as_ptr().add(r * cols / 2 + W / 2 * c));
+                tile::<$lanes>((scales, group, cols), xs, out, widen, finish)
+            }
         }
     };
 }
