@@ -1106,6 +1106,52 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
+/// `g[i] = f(g[i], u[i])` for every pair (an FFN's gating: `act(gate) *
+/// up`), the loop compiled for the active instruction set so that an
+/// elementwise `f` of IEEE operations, such as [`silu`]'s, runs a vector
+/// of pairs at a time. Each lane computes what `f` computes, so the bits
+/// are `f`'s on every path.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn zip_apply<F: Fn(f32, f32) -> f32 + Copy>(g: &mut [f32], u: &[f32], f: F) {
+    zip_apply_on(Isa::active(), g, u, f)
+}
+
+/// [`zip_apply`] compiled for `isa` (the portable build when this CPU lacks
+/// it).
+pub fn zip_apply_on<F: Fn(f32, f32) -> f32 + Copy>(isa: Isa, g: &mut [f32], u: &[f32], f: F) {
+    assert_eq!(g.len(), u.len(), "one up value per gate value");
+    #[inline(always)]
+    fn body<F: Fn(f32, f32) -> f32>(g: &mut [f32], u: &[f32], f: F) {
+        for (gv, &uv) in g.iter_mut().zip(u) {
+            *gv = f(*gv, uv);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,f16c,fma")]
+        fn avx2<F: Fn(f32, f32) -> f32>(g: &mut [f32], u: &[f32], f: F) {
+            body(g, u, f)
+        }
+        #[target_feature(enable = "avx2,f16c,fma,avx512f,avx512bw,avx512vl")]
+        fn avx512<F: Fn(f32, f32) -> f32>(g: &mut [f32], u: &[f32], f: F) {
+            body(g, u, f)
+        }
+        if isa.runs() {
+            match isa {
+                // SAFETY: the CPU runs AVX-512 (checked above).
+                Isa::Avx512Vnni => return unsafe { avx512(g, u, f) },
+                // SAFETY: the CPU runs AVX2 (checked above).
+                Isa::Avx2 => return unsafe { avx2(g, u, f) },
+                _ => {}
+            }
+        }
+    }
+    let _ = isa;
+    body(g, u, f)
+}
+
 /// SiLU: `x * sigmoid(x)`.
 #[inline]
 pub fn silu(x: f32) -> f32 {
@@ -1451,6 +1497,44 @@ mod tests {
         assert_eq!(dot_bf16(&wb, &x), dot_f32(&w, &x));
         let wh: Vec<u16> = w.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
         assert_eq!(dot_f16(&wh, &x), dot_f32(&w, &x));
+    }
+
+    #[test]
+    fn zip_apply_gives_the_elementwise_bits_on_every_path() {
+        // Extremes (NaN, infinities, overflowing and subnormal exponentials,
+        // signed zeros) and a sweep, at lengths that leave vector tails.
+        let mut gate = vec![
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            -f32::MIN_POSITIVE,
+            1e-40,
+            88.9,
+            89.5,
+            -103.9,
+            -150.0,
+            f32::MAX,
+            f32::MIN,
+        ];
+        gate.extend((0..1000).map(|i| (i as f32 - 500.0) * 0.173));
+        let up: Vec<f32> = (0..gate.len()).map(|i| ((i * 37) % 101) as f32 * 0.11 - 5.0).collect();
+        let silu_mul = |g: f32, u: f32| silu(g) * u;
+        for len in [0, 1, 7, 16, 31, gate.len()] {
+            let want: Vec<u32> = gate[..len]
+                .iter()
+                .zip(&up)
+                .map(|(&g, &u)| silu_mul(g, u).to_bits())
+                .collect();
+            for &isa in Isa::available() {
+                let mut g = gate[..len].to_vec();
+                zip_apply_on(isa, &mut g, &up[..len], silu_mul);
+                let got: Vec<u32> = g.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "{isa:?}, {len} pairs");
+            }
+        }
     }
 
     #[test]

@@ -293,9 +293,27 @@ const ROWS_PER_TASK: usize = 32;
 /// cache while every activation row passes over it.
 const TILE_ROWS: usize = 16;
 
-/// Tokens per task when a matrix-matrix product's tile-major output is
-/// turned back to token-major.
-const TRANSPOSE_TOKENS: usize = 8;
+/// The token-major output of a matrix-matrix product, written by its
+/// tiles in disjoint columns ([`Weight::matmul`]).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: the tiles that share it write disjoint elements, and the product
+// waits for all of them before the output is used again.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element `i` places from the start.
+    ///
+    /// # Safety
+    /// `i` lies inside the output.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: the caller's promise.
+        unsafe { self.0.add(i) }
+    }
+}
 
 /// Activation rows per block of a tiled product: eight 2048-wide rows and
 /// their block sums (~20 KiB) share L1 with a tile's weight rows.
@@ -316,6 +334,9 @@ thread_local! {
     static Q8_SCRATCH: Cell<Q8Acts> = Cell::new(Q8Acts::default());
     /// The weight rows of a tile a matrix product arranges for its activations.
     static ARRANGED: RefCell<Vec<qdot::tiled::ArrangedRow>> = const { RefCell::new(Vec::new()) };
+    /// A matrix product's tile outputs before they are stored token-major
+    /// (taken while in use, as [`Q8_SCRATCH`]).
+    static TILE_OUT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 impl Weight {
@@ -729,11 +750,19 @@ impl Weight {
     fn matmul_prepared(&self, acts: &[Prepared<'_>], arranged_acts: &[&Q8Acts], n: usize, out: &mut [f32]) {
         let arranged = !arranged_acts.is_empty();
         let batch = qdot::tiled::ArrangedActs::new(arranged_acts);
-        // Tile-major output (`rows × n`), transposed at the end.
-        let mut by_row = vec![0.0f32; self.rows * n];
-        by_row.par_chunks_mut(TILE_ROWS * n).enumerate().for_each(|(tile, o)| {
+        // Each tile's outputs gather in a small tile-major buffer (`o[i * n
+        // + t]`, what the kernels write), stored into the token-major `out`
+        // once the tile is done: `tile_rows` columns of every activation
+        // row, which no other tile writes.
+        let dst = OutPtr(out.as_mut_ptr());
+        let tiles = self.rows.div_ceil(TILE_ROWS);
+        (0..tiles).into_par_iter().for_each(|tile| {
             let r0 = tile * TILE_ROWS;
-            let tile_rows = o.len() / n;
+            let tile_rows = TILE_ROWS.min(self.rows - r0);
+            let mut buf = TILE_OUT.take();
+            buf.clear();
+            buf.resize(tile_rows * n, 0.0);
+            let o = &mut buf[..];
             let mut t = 0;
             // GGML blocks: four activation rows per call, codes decoded once.
             if let (WeightData::Gguf { ty, data }, true) = (&self.data, self.int8_activations()) {
@@ -853,20 +882,17 @@ impl Weight {
                     o[i * n + t] = self.dot_prepared(r0 + i, a);
                 }
             }
-        });
-        // Back to token-major, in blocks of tokens (a block's rows of
-        // `by_row` stay in cache while it is read), on every thread.
-        out.par_chunks_mut(self.rows * TRANSPOSE_TOKENS)
-            .enumerate()
-            .for_each(|(b, o)| {
-                let t0 = b * TRANSPOSE_TOKENS;
-                let k = o.len() / self.rows;
-                for (r, src) in by_row.chunks_exact(n).enumerate() {
-                    for (j, &v) in src[t0..t0 + k].iter().enumerate() {
-                        o[j * self.rows + r] = v;
-                    }
+            for t in 0..n {
+                // SAFETY: `out` holds `n × rows` elements (checked by the
+                // caller) and lives until every tile is done; this tile
+                // alone writes columns `r0..r0 + tile_rows`.
+                let row = unsafe { std::slice::from_raw_parts_mut(dst.at(t * self.rows + r0), tile_rows) };
+                for (i, v) in row.iter_mut().enumerate() {
+                    *v = o[i * n + t];
                 }
-            });
+            }
+            TILE_OUT.set(buf);
+        });
     }
 }
 

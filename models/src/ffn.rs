@@ -6,7 +6,7 @@
 //! shared blocks. Two gating kinds ([`GluAct`]): the SwiGLU of most
 //! families, and gpt-oss's clamped variant with biases.
 
-use charm_common::kernels::silu;
+use charm_common::kernels::{silu, zip_apply};
 use charm_common::{LoadError, Weight, WeightSource};
 
 use crate::clamped_swiglu::clamped_glu;
@@ -30,20 +30,12 @@ impl GluAct {
         }
     }
 
-    /// [`GluAct::apply`] to every pair of `g` and `u`, into `g`: one loop
-    /// per kind, so the compiler vectorizes SiLU's (same bits per pair).
+    /// [`GluAct::apply`] to every pair of `g` and `u`, into `g`: one
+    /// vectorized loop per kind ([`zip_apply`], the same bits per pair).
     pub fn apply_rows(self, g: &mut [f32], u: &[f32]) {
         match self {
-            GluAct::Silu => {
-                for (gv, &uv) in g.iter_mut().zip(u) {
-                    *gv = GluAct::Silu.apply(*gv, uv);
-                }
-            }
-            act => {
-                for (gv, &uv) in g.iter_mut().zip(u) {
-                    *gv = act.apply(*gv, uv);
-                }
-            }
+            GluAct::Silu => zip_apply(g, u, |gate, up| silu(gate) * up),
+            GluAct::Clamped { alpha, limit } => zip_apply(g, u, move |gate, up| clamped_glu(gate, up, alpha, limit)),
         }
     }
 
@@ -190,6 +182,25 @@ mod tests {
         };
         assert_eq!(act.apply(10.0, 0.5), clamped_glu(10.0, 0.5, 1.702, 7.0));
         assert!(act.clamps(7.5, 0.0) && !GluAct::Silu.clamps(100.0, 100.0));
+    }
+
+    #[test]
+    fn rows_take_each_pairs_bits() {
+        let gate: Vec<f32> = (0..203).map(|i| (i as f32 - 100.0) * 0.097).collect();
+        let up: Vec<f32> = (0..203).map(|i| ((i * 13) % 29) as f32 * 0.7 - 10.0).collect();
+        for act in [
+            GluAct::Silu,
+            GluAct::Clamped {
+                alpha: 1.702,
+                limit: 7.0,
+            },
+        ] {
+            let mut g = gate.clone();
+            act.apply_rows(&mut g, &up);
+            for ((&got, &gv), &uv) in g.iter().zip(&gate).zip(&up) {
+                assert_eq!(got.to_bits(), act.apply(gv, uv).to_bits(), "{act:?} at ({gv}, {uv})");
+            }
+        }
     }
 
     #[test]
