@@ -1091,8 +1091,15 @@ pub fn rms_norm_rows(xs: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// Numerically stable softmax in place.
-pub fn softmax(x: &mut [f32]) {
+multiversion!(
+    /// Numerically stable softmax in place, compiled for the active
+    /// instruction set (the exponentials a vector at a time; the sum in
+    /// index order on every path, so the same bits).
+    softmax, softmax_on, softmax_portable, (x: &mut [f32]) -> ()
+);
+
+#[inline(always)]
+fn softmax_portable(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     // The exponentials in one loop (it vectorizes), then their sum in
     // order.
@@ -1543,6 +1550,19 @@ mod tests {
         softmax(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(x[1] > x[0] && x[0] > x[2]);
+    }
+
+    #[test]
+    fn softmax_gives_the_same_bits_on_every_path() {
+        let row: Vec<f32> = (0..517).map(|i| ((i * 7919) % 1000) as f32 * 0.037 - 20.0).collect();
+        let mut want = row.clone();
+        softmax_on(Isa::Scalar, &mut want);
+        for &isa in Isa::available() {
+            let mut got = row.clone();
+            softmax_on(isa, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{isa:?}");
+        }
     }
 
     #[test]

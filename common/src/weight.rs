@@ -776,10 +776,11 @@ impl Weight {
                 // once would stream them from L2 for each weight row).
                 let blocks = (0..n).step_by(ACT_BLOCK).map(|b| b..(b + ACT_BLOCK).min(n));
                 if let (true, Some(packed)) = (arranged, &self.packed) {
+                    let packed = packed.as_slice();
                     // The next tile's packed rows into L2, a share per
                     // block of activation rows, while this tile's are used.
                     let tile_bytes = tile_rows * rb;
-                    let next = packed.as_slice().as_ptr().wrapping_add((r0 + tile_rows) * rb);
+                    let next = packed.as_ptr().wrapping_add((r0 + tile_rows) * rb);
                     let share = tile_bytes.div_ceil(n.div_ceil(ACT_BLOCK)).next_multiple_of(64);
                     for b in blocks {
                         let from = (b.start / ACT_BLOCK * share).min(tile_bytes);
@@ -788,7 +789,7 @@ impl Weight {
                         // Two weight rows per pass where that pays (each
                         // activation step loaded once for both).
                         let step = if qdot::tiled::pairs_pay(*ty, self.cols) { 2 } else { 1 };
-                        let row = |r: usize| &packed.as_slice()[r * rb..(r + 1) * rb];
+                        let row = |r: usize| &packed[r * rb..(r + 1) * rb];
                         for i in (0..tile_rows).step_by(step) {
                             // The block's share a slice per weight row.
                             crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i, tile_rows);
