@@ -73,6 +73,8 @@ reference.json with outputs computed by the transformers implementation:
                                         layers only; layer 0 dense, then 16 experts top-4 (fused, as Qwen3.5)
                                         through the sigmoid router with e_score_correction_bias, 2 groups of
                                         which 1 is kept, routed_scaling_factor 2.5; transformers-5 spelling
+  mimo-gguf/      MiMoV2FlashForCausalLM the same with routed_scaling_factor 1.0 (a GGUF records none):
+                                        what scripts/make_gguf_mimo_fixtures.py converts
   minimax-m2/     MiniMaxM2ForCausalLM  float32, 4 q / 2 kv heads of 32 (heads * head_dim = 128 != hidden),
                                         rotary_dim 16 (partial 0.5), QK-norm over the whole q / k projection
                                         (q_norm [128], k_norm [64]); every layer MoE: 8 experts top-2,
@@ -2149,7 +2151,7 @@ def make_gptoss_mxfp4():
           f"min_router_gap {ref['min_router_gap']:.4g}")
 
 
-def make_mimo():
+def make_mimo(name="mimo", routed_scaling_factor=2.5):
     cfg = MiMoV2FlashConfig(
         **{**DS_SIZES, "rms_norm_eps": 1e-5},
         num_attention_heads=4,
@@ -2170,13 +2172,20 @@ def make_mimo():
         num_experts_per_tok=4,
         n_group=2,
         topk_group=1,
-        routed_scaling_factor=2.5,
+        routed_scaling_factor=routed_scaling_factor,
         norm_topk_prob=True,
         **COMMON,
     )
-    return build("mimo", MiMoV2FlashForCausalLM, cfg, "mimo_v2_flash", "float32", DS_STDS,
-                 GenerationConfig(**TINY_SPECIAL), tiny_prompt("mimo", DS_PROMPT_LEN),
+    return build(name, MiMoV2FlashForCausalLM, cfg, "mimo_v2_flash", "float32", DS_STDS,
+                 GenerationConfig(**TINY_SPECIAL), tiny_prompt(name, DS_PROMPT_LEN),
                  randomizer=randomize_deepseek, extra=deepseek_extra, router_stats=sigmoid_router_stats)
+
+
+def make_mimo_gguf():
+    # What a GGUF can say: llama.cpp's converter records no routed scaling
+    # factor for `mimo2` (llama.cpp applies none), so the fixture that
+    # scripts/make_gguf_mimo_fixtures.py converts has 1.0.
+    return make_mimo("mimo-gguf", routed_scaling_factor=1.0)
 
 
 MAKERS = {
@@ -2203,6 +2212,7 @@ MAKERS = {
     "gptoss": make_gptoss,
     "gptoss-mxfp4": make_gptoss_mxfp4,
     "mimo": make_mimo,
+    "mimo-gguf": make_mimo_gguf,
 }
 
 

@@ -7,8 +7,9 @@ DeepSeek lineage (`deepseekv3-*`, `glm4moe-*`, `minimax-m2-*`, and with
 sparse attention `deepseekv32-*`, `glmmoedsa-*`, from
 scripts/make_gguf_lineage_fixtures.py), F32 and Q8_0, and gpt-oss
 (`gptoss-f32.gguf`, and `gptoss-mxfp4.gguf` with the hub's MXFP4 experts,
-from scripts/make_gguf_gptoss_fixtures.py): the second reference for their
-GGUF semantics (tests/tests/gguf_parity.rs measures charm against it).
+from scripts/make_gguf_gptoss_fixtures.py), and MiMo-V2-Flash
+(`mimo-{f32,q8_0}.gguf`, from scripts/make_gguf_mimo_fixtures.py): the
+second reference for their GGUF semantics (tests/tests/gguf_parity.rs measures charm against it).
 
 llama.cpp runs gpt-oss with two constants of its own: the experts' GLU
 clamp at 7 (it ignores the fixtures' `gpt-oss.swiglu_clamp_exp` of 1) and a
@@ -62,7 +63,7 @@ FILES = [f"{f}-sq-{t}.gguf" for f in ("qwen3next", "qwen35moe") for t in ("f32",
     # and llama.cpp then looks for `blk.0.ffn_gate_inp.weight`.
     f"{f}-{t}.gguf" for f in ("deepseekv3", "glm4moe", "minimax-m2", "deepseekv32", "glmmoedsa")
     for t in ("f32", "q8_0")
-] + ["gptoss-f32.gguf", "gptoss-mxfp4.gguf"]
+] + ["gptoss-f32.gguf", "gptoss-mxfp4.gguf", "mimo-f32.gguf", "mimo-q8_0.gguf"]
 PROMPTS = 8
 GEN = 24
 

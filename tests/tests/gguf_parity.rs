@@ -9,7 +9,8 @@
 //! reorderings and folded norms are undone at load; so are the DeepSeek
 //! lineage (`scripts/make_gguf_lineage_fixtures.py`) and gpt-oss, with the
 //! hub's MXFP4 experts kept as GGML MXFP4 blocks
-//! (`scripts/make_gguf_gptoss_fixtures.py`).
+//! (`scripts/make_gguf_gptoss_fixtures.py`), and MiMo-V2-Flash
+//! (`scripts/make_gguf_mimo_fixtures.py`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -202,6 +203,7 @@ fn q8_0_gguf_is_measured_against_the_reference() {
         (hybrid_gguf("gptoss-q8_0.gguf"), "gptoss"),
         // Exact MXFP4 experts; their products round the activations to 8 bits.
         (hybrid_gguf("gptoss-mxfp4.gguf"), "gptoss-mxfp4"),
+        (hybrid_gguf("mimo-q8_0.gguf"), "mimo-gguf"),
     ] {
         let file = path.file_name().unwrap().to_string_lossy();
         let r = Reference::load(name);
@@ -277,7 +279,13 @@ fn converted_ggufs_agree_with_llama_cpp_greedy() {
     ]
     .into_iter()
     .flat_map(|f| [(f, "f32"), (f, "q8_0")]);
-    for (family, ty) in lineage.chain([("gptoss", "f32"), ("gptoss", "mxfp4")]) {
+    let more = [
+        ("gptoss", "f32"),
+        ("gptoss", "mxfp4"),
+        ("mimo", "f32"),
+        ("mimo", "q8_0"),
+    ];
+    for (family, ty) in lineage.chain(more) {
         let file = format!("{family}-{ty}.gguf");
         let runs: Vec<LlamaRun> = serde_json::from_value(all["files"][&file].clone())
             .unwrap_or_else(|e| panic!("{file} in llamacpp-greedy.json: {e}"));
@@ -490,6 +498,9 @@ fn converted_gguf_missing_a_layer_tensor_names_it() {
         ("gptoss-f32.gguf", "blk.3.ffn_gate_inp.bias"),
         ("gptoss-mxfp4.gguf", "blk.2.ffn_up_exps.bias"),
         ("gptoss-mxfp4.gguf", "blk.1.ffn_down_exps.weight"),
+        ("mimo-f32.gguf", "blk.2.exp_probs_b.bias"),
+        ("mimo-f32.gguf", "blk.3.attn_v.weight"),
+        ("mimo-f32.gguf", "blk.0.ffn_gate.weight"),
     ] {
         let mut bytes = std::fs::read(hybrid_gguf(file)).unwrap();
         // Rename the tensor in the table (same length, so the file stays valid).
@@ -681,6 +692,54 @@ fn gpt_oss_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
     assert_eq!(bits(&logits), bits(&want), "logits differ from gptoss (max {diff:e})");
 }
 
+/// MiMo-V2-Flash through llama.cpp's converter (`mimo2`): per-layer KV head
+/// counts, the sliding layers' window, rope theta and sinks, value heads of
+/// their own width and scale, partial rotary, the grouped sigmoid router:
+/// the F32 file has the Hugging Face directory's config and gives its
+/// greedy and teacher-forced ids and logit bits.
+#[test]
+fn mimo_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
+    let r = Reference::load("mimo-gguf");
+    let path = hybrid_gguf("mimo-f32.gguf");
+    assert_eq!(
+        GgufFile::open(&path)
+            .unwrap()
+            .meta("general.architecture")
+            .and_then(|v| v.as_str()),
+        Some("mimo2")
+    );
+    let g = Engine::local(&path).unwrap();
+    let hf = Engine::local(&fixture("mimo-gguf")).unwrap();
+    let (gc, hc) = (g.config(), hf.config());
+    assert_eq!(gc.family, hc.family);
+    assert_eq!(gc.sliding_window, [None, Some(4), Some(4), None]);
+    assert_eq!(gc.sliding_window, hc.sliding_window, "sliding layers");
+    assert_eq!(gc.attn_sinks, hc.attn_sinks, "sinks on the sliding layers");
+    assert_eq!(
+        (gc.num_kv_heads, gc.swa),
+        (hc.num_kv_heads, hc.swa),
+        "KV heads and rope per kind"
+    );
+    assert_eq!(
+        (gc.head_dim, gc.v_head_dim, gc.rotary_dim, gc.value_scale, gc.rope_theta),
+        (hc.head_dim, hc.v_head_dim, hc.rotary_dim, hc.value_scale, hc.rope_theta)
+    );
+    assert_eq!(gc.group_routing, hc.group_routing, "groups, scale and selection bias");
+    assert_eq!(gc.norm_topk_prob, hc.norm_topk_prob);
+    assert_eq!(gc.moe_layers, hc.moe_layers, "the dense first layer");
+    assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "greedy ids");
+    let seq = r.full_sequence();
+    let logits = g.logits_all(&seq).unwrap();
+    assert_eq!(r.top1_agreement(&logits), 1.0, "teacher-forced argmax");
+    let want = hf.logits_all(&seq).unwrap();
+    let diff = charm_tests::max_abs_diff(&logits, &want);
+    assert_eq!(
+        bits(&logits),
+        bits(&want),
+        "logits differ from mimo-gguf (max {diff:e})"
+    );
+}
+
 /// The hub's MXFP4 experts (`*_blocks` / `*_scales`) through llama.cpp's
 /// converter: GGML MXFP4 blocks, byte for byte what charm's own conversion
 /// of the hub tensors gives (gate and up picked from the interleaved rows of
@@ -807,14 +866,19 @@ fn gpt_oss_gguf_without_a_clamp_key_clamps_at_7() {
     );
 }
 
-/// gpt-oss GGUFs (F32, and MXFP4 experts) re-laid into a container: the
-/// experts' biases travel in their records, the MXFP4 blocks as stored,
-/// and the container gives the file's logit bits from RAM and from disk.
+/// gpt-oss GGUFs (F32, and MXFP4 experts) and MiMo-V2-Flash's Q8_0 re-laid
+/// into a container: gpt-oss's expert biases travel in their records, the
+/// MXFP4 and Q8_0 blocks as stored, and the container gives the file's
+/// logit bits from RAM and from disk.
 #[test]
-fn gpt_oss_gguf_converts_to_a_container_with_the_same_bits() {
+fn gpt_oss_and_mimo_ggufs_convert_to_containers_with_the_same_bits() {
     let tmp = scratch();
-    let seq = Reference::load("gptoss").full_sequence();
-    for file in ["gptoss-f32.gguf", "gptoss-mxfp4.gguf"] {
+    for (file, name) in [
+        ("gptoss-f32.gguf", "gptoss"),
+        ("gptoss-mxfp4.gguf", "gptoss"),
+        ("mimo-q8_0.gguf", "mimo-gguf"),
+    ] {
+        let seq = Reference::load(name).full_sequence();
         let src = hybrid_gguf(file);
         let out = tmp.path().join(file.replace(".gguf", ""));
         convert(&src, &out, Quant::Gguf, false).unwrap_or_else(|e| panic!("{file}: {e:#}"));

@@ -413,3 +413,9 @@ fn gptoss_mxfp4() {
 fn mimo() {
     check_family("mimo");
 }
+
+/// The fixture scripts/make_gguf_mimo_fixtures.py converts (no routed scaling).
+#[test]
+fn mimo_gguf() {
+    check_family("mimo-gguf");
+}

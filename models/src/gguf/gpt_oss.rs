@@ -57,7 +57,7 @@ pub(super) fn gpt_oss(f: &GgufFile, arch: &str, c: &mut ModelConfig) -> Result<(
                 format!("missing or zero metadata {}", key("attention.sliding_window")),
             )
         })? as usize;
-    c.sliding_window = sliding_layers(f, &key("attention.sliding_window_pattern"), n)?
+    c.sliding_window = sliding_layers(f, &key("attention.sliding_window_pattern"), n, Some(DEFAULT_SWA_PERIOD))?
         .into_iter()
         .map(|swa| swa.then_some(window))
         .collect();
@@ -80,10 +80,20 @@ pub(super) fn gpt_oss(f: &GgufFile, arch: &str, c: &mut ModelConfig) -> Result<(
 }
 
 /// Which of `n` layers slide, from `pattern_key` (llama.cpp's
-/// `load_swa_pattern`: an array of bools, else a period).
-fn sliding_layers(f: &GgufFile, pattern_key: &str, n: usize) -> Result<Vec<bool>, ModelError> {
+/// `load_swa_pattern`: an array of bools, or of integers where non-zero
+/// slides, as the `mimo2` converter writes it; else a period), or the
+/// architecture's default period when the file names none (`None`: the key
+/// is required).
+pub(super) fn sliding_layers(
+    f: &GgufFile,
+    pattern_key: &str,
+    n: usize,
+    default_period: Option<u64>,
+) -> Result<Vec<bool>, ModelError> {
     match f.meta(pattern_key) {
-        None => Ok(swa_period(DEFAULT_SWA_PERIOD, n)),
+        None => default_period
+            .map(|p| swa_period(p, n))
+            .ok_or_else(|| bad(f, format!("missing metadata {pattern_key}"))),
         Some(MetaValue::Array(list)) => {
             if list.len() < n {
                 return Err(bad(
@@ -95,7 +105,8 @@ fn sliding_layers(f: &GgufFile, pattern_key: &str, n: usize) -> Result<Vec<bool>
                 .iter()
                 .map(|v| {
                     v.as_bool()
-                        .ok_or_else(|| bad(f, format!("{pattern_key} holds a non-bool")))
+                        .or_else(|| v.as_u64().map(|i| i != 0))
+                        .ok_or_else(|| bad(f, format!("{pattern_key} holds neither bools nor integers")))
                 })
                 .collect()
         }

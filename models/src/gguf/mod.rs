@@ -34,10 +34,12 @@ use crate::gated_delta_net::DeltaNetShape;
 mod gpt_oss;
 mod hybrid;
 mod lineage;
+mod mimo;
 
 use gpt_oss::gpt_oss;
 use hybrid::{a_log_from_ssm_a, hybrid_layers, input_order, rearranged, untile};
 use lineage::{lineage, sparse_attention};
+use mimo::mimo;
 
 /// A GGUF file as a model: its config and its tensors by HF name.
 pub struct GgufModel {
@@ -95,7 +97,7 @@ fn bad(file: &GgufFile, reason: String) -> ModelError {
 }
 
 /// Architectures charm reads from GGUF.
-pub const GGUF_ARCHES: [&str; 12] = [
+pub const GGUF_ARCHES: [&str; 13] = [
     "llama",
     "olmoe",
     "qwen3moe",
@@ -108,6 +110,7 @@ pub const GGUF_ARCHES: [&str; 12] = [
     "deepseek32",
     "glm-dsa",
     "gpt-oss",
+    "mimo2",
 ];
 
 fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError> {
@@ -125,6 +128,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         "deepseek32" => Family::DeepseekV32,
         "glm-dsa" => Family::GlmMoeDsa,
         "gpt-oss" => Family::GptOss,
+        "mimo2" => Family::MiMoV2Flash,
         other => {
             return Err(ModelError::UnknownArchitecture {
                 name: format!("{other} (GGUF general.architecture)"),
@@ -261,6 +265,9 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
     if family == Family::GptOss {
         gpt_oss(f, arch, &mut cfg)?;
     }
+    if family == Family::MiMoV2Flash {
+        mimo(f, arch, &mut cfg)?;
+    }
     cfg.validate().map_err(|reason| bad(f, reason))?;
     Ok(cfg)
 }
@@ -357,6 +364,8 @@ fn map_name(hf: &str, hybrid: Hybrid) -> Option<Mapped> {
         "self_attn.o_proj.bias" => return blk("attn_output.bias"),
         // gpt-oss: `if "sinks" in name: name += ".weight"`.
         "self_attn.sinks" => return blk("attn_sinks.weight"),
+        // MiMo-V2-Flash: `if "attention_sink" in name ...: name += ".weight"`.
+        "self_attn.attention_sink_bias" => return blk("attn_sinks.weight"),
         "mlp.router.weight" => return blk("ffn_gate_inp.weight"),
         "mlp.router.bias" => return blk("ffn_gate_inp.bias"),
         "self_attn.q_proj.bias" => return blk("attn_q.bias"),
