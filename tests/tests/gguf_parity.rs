@@ -553,6 +553,32 @@ fn deepseek2_gguf_with_unsupported_routing_or_rope_is_a_clear_error() {
     assert!(e.contains("rope scaling type xarn"), "{e}");
 }
 
+/// A `mimo2` file whose router is not sigmoid, or whose full (or sliding)
+/// layers disagree on their KV head count, is refused by name.
+#[test]
+fn mimo_gguf_with_a_softmax_router_or_mixed_kv_heads_is_a_clear_error() {
+    let tmp = scratch();
+    let src = std::fs::read(hybrid_gguf("mimo-f32.gguf")).unwrap();
+
+    let mut softmax = src.clone();
+    let at = meta_value_at(&softmax, "mimo2.expert_gating_func");
+    softmax[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
+    let p = tmp.path().join("softmax.gguf");
+    std::fs::write(&p, &softmax).unwrap();
+    let e = load_err(&p);
+    assert!(e.contains("mimo2.expert_gating_func") && e.contains("sigmoid"), "{e}");
+
+    let mut mixed = src;
+    // An array: its element type (u32), its length (u64), then [1, 2, 2, 1].
+    let at = meta_value_at(&mixed, "mimo2.attention.head_count_kv") + 12;
+    assert_eq!(&mixed[at..at + 4], &1u32.to_le_bytes());
+    mixed[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
+    let p = tmp.path().join("mixed.gguf");
+    std::fs::write(&p, &mixed).unwrap();
+    let e = load_err(&p);
+    assert!(e.contains("head_count_kv") && e.contains("full layers"), "{e}");
+}
+
 /// Sparse-attention files with a missing indexer size or indexer types that
 /// are not booleans are refused by name.
 #[test]
