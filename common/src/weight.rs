@@ -748,6 +748,7 @@ impl Weight {
     /// The tiles of [`Weight::matmul_many`] for one matrix: `acts` prepared
     /// for it, `arranged_acts` the same rows arranged (empty: not tiled).
     fn matmul_prepared(&self, acts: &[Prepared<'_>], arranged_acts: &[&Q8Acts], n: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), n * self.rows, "one output row per activation row");
         let arranged = !arranged_acts.is_empty();
         let batch = qdot::tiled::ArrangedActs::new(arranged_acts);
         // Each tile's outputs gather in a small tile-major buffer (`o[i * n
@@ -884,8 +885,8 @@ impl Weight {
                 }
             }
             for t in 0..n {
-                // SAFETY: `out` holds `n × rows` elements (checked by the
-                // caller) and lives until every tile is done; this tile
+                // SAFETY: `out` holds `n × rows` elements (checked above)
+                // and lives until every tile is done; this tile
                 // alone writes columns `r0..r0 + tile_rows`.
                 let row = unsafe { std::slice::from_raw_parts_mut(dst.at(t * self.rows + r0), tile_rows) };
                 for (i, v) in row.iter_mut().enumerate() {
