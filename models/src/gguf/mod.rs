@@ -5,7 +5,7 @@
 //! it has experts), `olmoe`, `qwen3moe`, `qwen2moe`, the gated-DeltaNet
 //! hybrids `qwen3next` (Qwen3-Next) and `qwen35moe` (Qwen3.5 MoE), and the
 //! DeepSeek lineage `deepseek2`, `glm4moe`, `minimax-m2`, `deepseek32`,
-//! `glm-dsa`, and `gpt-oss`. Stacked
+//! `glm-dsa`, `gpt-oss` and `mimo2` (MiMo-V2-Flash). Stacked
 //! expert tensors (`blk.N.ffn_{gate,up,down}_exps`) are read one expert
 //! slice at a time, and quantized blocks are used as stored.
 //!
@@ -18,7 +18,8 @@
 //! is undone, is in [`hybrid`]; the DeepSeek lineage's layout (MLA's split
 //! `kv_b_proj`, YaRN's log multiplier, the sparse-attention indexer) in
 //! [`lineage`]; gpt-oss's split experts, sinks, biases, sliding windows and
-//! clamped GLU in [`gpt_oss`].
+//! clamped GLU in [`gpt_oss`]; MiMo-V2-Flash's per-kind KV heads and rope,
+//! value heads and sigmoid router in [`mimo`].
 
 use std::path::Path;
 
