@@ -527,6 +527,18 @@ fn meta_value_at(bytes: &[u8], key: &str) -> usize {
     at + 8 + key.len() + 4
 }
 
+/// The load error of a copy of `src` (written into `dir`) whose bytes
+/// `offset` past `key`'s value, which must read `old`, read `new`.
+fn edited_load_err(dir: &Path, src: &[u8], (key, offset): (&str, usize), old: &[u8], new: &[u8]) -> String {
+    let mut bytes = src.to_vec();
+    let at = meta_value_at(&bytes, key) + offset;
+    assert_eq!(&bytes[at..at + old.len()], old, "{key} + {offset}");
+    bytes[at..at + new.len()].copy_from_slice(new);
+    let p = dir.join(format!("{key}-{offset}.gguf"));
+    std::fs::write(&p, &bytes).unwrap();
+    load_err(&p)
+}
+
 /// DeepSeek-V2's softmax routing and an unknown rope scaling type in a
 /// `deepseek2` file are refused by name.
 #[test]
@@ -534,22 +546,18 @@ fn deepseek2_gguf_with_unsupported_routing_or_rope_is_a_clear_error() {
     let tmp = scratch();
     let src = std::fs::read(hybrid_gguf("deepseekv3-f32.gguf")).unwrap();
 
-    let mut softmax = src.clone();
-    let at = meta_value_at(&softmax, "deepseek2.expert_gating_func");
-    softmax[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
-    let p = tmp.path().join("softmax.gguf");
-    std::fs::write(&p, &softmax).unwrap();
-    let e = load_err(&p);
+    let (sigmoid, softmax) = (2u32.to_le_bytes(), 1u32.to_le_bytes());
+    let e = edited_load_err(
+        tmp.path(),
+        &src,
+        ("deepseek2.expert_gating_func", 0),
+        &sigmoid,
+        &softmax,
+    );
     assert!(e.contains("softmax") && e.contains("deepseek2"), "{e}");
 
-    let mut rope = src;
     // A string value: u64 length, then the bytes.
-    let at = meta_value_at(&rope, "deepseek2.rope.scaling.type") + 8;
-    assert_eq!(&rope[at..at + 4], b"yarn");
-    rope[at..at + 4].copy_from_slice(b"xarn");
-    let p = tmp.path().join("xarn.gguf");
-    std::fs::write(&p, &rope).unwrap();
-    let e = load_err(&p);
+    let e = edited_load_err(tmp.path(), &src, ("deepseek2.rope.scaling.type", 8), b"yarn", b"xarn");
     assert!(e.contains("rope scaling type xarn"), "{e}");
 }
 
@@ -560,22 +568,13 @@ fn mimo_gguf_with_a_softmax_router_or_mixed_kv_heads_is_a_clear_error() {
     let tmp = scratch();
     let src = std::fs::read(hybrid_gguf("mimo-f32.gguf")).unwrap();
 
-    let mut softmax = src.clone();
-    let at = meta_value_at(&softmax, "mimo2.expert_gating_func");
-    softmax[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
-    let p = tmp.path().join("softmax.gguf");
-    std::fs::write(&p, &softmax).unwrap();
-    let e = load_err(&p);
+    let (sigmoid, softmax) = (2u32.to_le_bytes(), 1u32.to_le_bytes());
+    let e = edited_load_err(tmp.path(), &src, ("mimo2.expert_gating_func", 0), &sigmoid, &softmax);
     assert!(e.contains("mimo2.expert_gating_func") && e.contains("sigmoid"), "{e}");
 
-    let mut mixed = src;
     // An array: its element type (u32), its length (u64), then [1, 2, 2, 1].
-    let at = meta_value_at(&mixed, "mimo2.attention.head_count_kv") + 12;
-    assert_eq!(&mixed[at..at + 4], &1u32.to_le_bytes());
-    mixed[at..at + 4].copy_from_slice(&3u32.to_le_bytes());
-    let p = tmp.path().join("mixed.gguf");
-    std::fs::write(&p, &mixed).unwrap();
-    let e = load_err(&p);
+    let key = ("mimo2.attention.head_count_kv", 12);
+    let e = edited_load_err(tmp.path(), &src, key, &1u32.to_le_bytes(), &3u32.to_le_bytes());
     assert!(e.contains("head_count_kv") && e.contains("full layers"), "{e}");
 }
 
@@ -596,13 +595,8 @@ fn sparse_attention_gguf_with_bad_indexer_metadata_is_a_clear_error() {
     assert!(e.contains(key), "{e}");
 
     // An array value: element type (u32), count (u64), elements; bool (7) made u8 (0), the same size.
-    let mut bytes = src;
-    let at = meta_value_at(&bytes, "glm-dsa.attention.indexer.types");
-    assert_eq!(bytes[at..at + 4], 7u32.to_le_bytes());
-    bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
-    let p = tmp.path().join("u8-types.gguf");
-    std::fs::write(&p, &bytes).unwrap();
-    let e = load_err(&p);
+    let key = ("glm-dsa.attention.indexer.types", 0);
+    let e = edited_load_err(tmp.path(), &src, key, &7u32.to_le_bytes(), &0u32.to_le_bytes());
     assert!(
         e.contains("glm-dsa.attention.indexer.types holds other values than booleans"),
         "{e}"
@@ -861,12 +855,8 @@ fn gpt_oss_gguf_with_bad_metadata_is_a_clear_error() {
             "{name}: {e}"
         );
     }
-    let mut bytes = src;
-    let at = meta_value_at(&bytes, "gpt-oss.attention.sliding_window");
-    bytes[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
-    let p = tmp.path().join("no-window.gguf");
-    std::fs::write(&p, &bytes).unwrap();
-    let e = load_err(&p);
+    let key = ("gpt-oss.attention.sliding_window", 0);
+    let e = edited_load_err(tmp.path(), &src, key, &4u32.to_le_bytes(), &0u32.to_le_bytes());
     assert!(e.contains("gpt-oss.attention.sliding_window"), "{e}");
 }
 
