@@ -49,6 +49,37 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// A converted F32 file of llama.cpp's architecture `arch` beside the
+/// Hugging Face fixture `name` it was made from: the fixture's reference,
+/// the file's engine and the directory's.
+fn converted_beside_hf(file: &str, arch: &str, name: &str) -> (Reference, Engine, Engine) {
+    let path = hybrid_gguf(file);
+    assert_eq!(
+        GgufFile::open(&path)
+            .unwrap()
+            .meta("general.architecture")
+            .and_then(|v| v.as_str()),
+        Some(arch),
+        "{file}"
+    );
+    let g = Engine::local(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let hf = Engine::local(&fixture(name)).unwrap();
+    (Reference::load(name), g, hf)
+}
+
+/// The converted file `g` gives the reference's greedy and teacher-forced
+/// ids and the Hugging Face directory's logit bits.
+fn assert_ids_and_bits_of_hf(file: &str, r: &Reference, g: &Engine, hf: &Engine) {
+    assert_eq!(greedy_ids(g, &r.prompt_ids), r.greedy_ids, "{file}: greedy ids");
+    let seq = r.full_sequence();
+    let logits = g.logits_all(&seq).unwrap();
+    assert_eq!(r.top1_agreement(&logits), 1.0, "{file}: teacher-forced argmax");
+    let want = hf.logits_all(&seq).unwrap();
+    let diff = charm_tests::max_abs_diff(&logits, &want);
+    println!("{file}: max |Δ logit| vs the HF directory {diff:e}");
+    assert_eq!(bits(&logits), bits(&want), "{file}: logits differ (max {diff:e})");
+}
+
 #[test]
 fn f32_and_bf16_gguf_match_the_hf_directory_bit_for_bit() {
     for (file, name) in [("olmoe-f32.gguf", "olmoe"), ("mixtral-bf16.gguf", "mixtral")] {
@@ -79,36 +110,14 @@ fn hybrid_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
         ("qwen3next-f32.gguf", "qwen3next", "qwen3next"),
         ("qwen35moe-f32.gguf", "qwen35moe", "qwen35moe"),
     ] {
-        let r = Reference::load(name);
-        let path = hybrid_gguf(file);
-        let g = Engine::local(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let hf = Engine::local(&fixture(name)).unwrap();
+        let (r, g, hf) = converted_beside_hf(file, arch, name);
         let (gc, hc) = (g.config(), hf.config());
         assert_eq!(gc.family, hc.family, "{file}");
         assert_eq!(gc.mixers, hc.mixers, "{file}: layer kinds");
         assert!(gc.mixers.contains(&MixerKind::GatedDeltaNet), "{file}");
         assert_eq!(gc.rotary_dim, hc.rotary_dim, "{file}");
         assert!(gc.attn_output_gate && !gc.zero_centred_norms, "{file}: +1 is folded in");
-        assert_eq!(
-            GgufFile::open(&path)
-                .unwrap()
-                .meta("general.architecture")
-                .and_then(|v| v.as_str()),
-            Some(arch)
-        );
-
-        assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "{file}: greedy ids");
-        let seq = r.full_sequence();
-        let logits = g.logits_all(&seq).unwrap();
-        assert_eq!(r.top1_agreement(&logits), 1.0, "{file}: teacher-forced argmax");
-        let want = hf.logits_all(&seq).unwrap();
-        let diff = charm_tests::max_abs_diff(&logits, &want);
-        println!("{file}: max |Δ logit| vs the HF directory {diff:e}");
-        assert_eq!(
-            bits(&logits),
-            bits(&want),
-            "{file}: logits differ from {name} (max {diff:e})"
-        );
+        assert_ids_and_bits_of_hf(file, &r, &g, &hf);
     }
 }
 
@@ -130,17 +139,7 @@ fn deepseek_lineage_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory()
         ("glmmoedsa", "glm-dsa"),
     ] {
         let file = format!("{name}-f32.gguf");
-        let r = Reference::load(name);
-        let path = hybrid_gguf(&file);
-        assert_eq!(
-            GgufFile::open(&path)
-                .unwrap()
-                .meta("general.architecture")
-                .and_then(|v| v.as_str()),
-            Some(arch)
-        );
-        let g = Engine::local(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let hf = Engine::local(&fixture(name)).unwrap();
+        let (r, g, hf) = converted_beside_hf(&file, arch, name);
         let (gc, hc) = (g.config(), hf.config());
         assert_eq!(gc.mixers, hc.mixers, "{file}: layer kinds");
         assert_eq!(gc.mla, hc.mla, "{file}: latent attention shape");
@@ -153,17 +152,7 @@ fn deepseek_lineage_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory()
             (hc.rotary_dim, hc.qk_norm, hc.norm_topk_prob),
             "{file}"
         );
-        assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "{file}: greedy ids");
-        let seq = r.full_sequence();
-        let logits = g.logits_all(&seq).unwrap();
-        assert_eq!(r.top1_agreement(&logits), 1.0, "{file}: teacher-forced argmax");
-        let want = hf.logits_all(&seq).unwrap();
-        let diff = charm_tests::max_abs_diff(&logits, &want);
-        assert_eq!(
-            bits(&logits),
-            bits(&want),
-            "{file}: logits differ from {name} (max {diff:e})"
-        );
+        assert_ids_and_bits_of_hf(&file, &r, &g, &hf);
     }
 }
 
@@ -664,17 +653,7 @@ fn gpt_oss_as_llama_cpp(path: &Path) -> Engine {
 /// ids and logit bits.
 #[test]
 fn gpt_oss_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
-    let r = Reference::load("gptoss");
-    let path = hybrid_gguf("gptoss-f32.gguf");
-    assert_eq!(
-        GgufFile::open(&path)
-            .unwrap()
-            .meta("general.architecture")
-            .and_then(|v| v.as_str()),
-        Some("gpt-oss")
-    );
-    let g = Engine::local(&path).unwrap();
-    let hf = Engine::local(&fixture("gptoss")).unwrap();
+    let (r, g, hf) = converted_beside_hf("gptoss-f32.gguf", "gpt-oss", "gptoss");
     let (gc, hc) = (g.config(), hf.config());
     assert_eq!(gc.family, hc.family);
     assert_eq!(gc.sliding_window, hc.sliding_window, "sliding layers");
@@ -703,13 +682,7 @@ fn gpt_oss_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
             hc.rope_theta
         )
     );
-    assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "greedy ids");
-    let seq = r.full_sequence();
-    let logits = g.logits_all(&seq).unwrap();
-    assert_eq!(r.top1_agreement(&logits), 1.0, "teacher-forced argmax");
-    let want = hf.logits_all(&seq).unwrap();
-    let diff = charm_tests::max_abs_diff(&logits, &want);
-    assert_eq!(bits(&logits), bits(&want), "logits differ from gptoss (max {diff:e})");
+    assert_ids_and_bits_of_hf("gptoss-f32.gguf", &r, &g, &hf);
 }
 
 /// MiMo-V2-Flash through llama.cpp's converter (`mimo2`): per-layer KV head
@@ -719,17 +692,7 @@ fn gpt_oss_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
 /// greedy and teacher-forced ids and logit bits.
 #[test]
 fn mimo_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
-    let r = Reference::load("mimo-gguf");
-    let path = hybrid_gguf("mimo-f32.gguf");
-    assert_eq!(
-        GgufFile::open(&path)
-            .unwrap()
-            .meta("general.architecture")
-            .and_then(|v| v.as_str()),
-        Some("mimo2")
-    );
-    let g = Engine::local(&path).unwrap();
-    let hf = Engine::local(&fixture("mimo-gguf")).unwrap();
+    let (r, g, hf) = converted_beside_hf("mimo-f32.gguf", "mimo2", "mimo-gguf");
     let (gc, hc) = (g.config(), hf.config());
     assert_eq!(gc.family, hc.family);
     assert_eq!(gc.sliding_window, [None, Some(4), Some(4), None]);
@@ -747,17 +710,7 @@ fn mimo_f32_gguf_from_llama_cpp_converter_matches_the_hf_directory() {
     assert_eq!(gc.group_routing, hc.group_routing, "groups, scale and selection bias");
     assert_eq!(gc.norm_topk_prob, hc.norm_topk_prob);
     assert_eq!(gc.moe_layers, hc.moe_layers, "the dense first layer");
-    assert_eq!(greedy_ids(&g, &r.prompt_ids), r.greedy_ids, "greedy ids");
-    let seq = r.full_sequence();
-    let logits = g.logits_all(&seq).unwrap();
-    assert_eq!(r.top1_agreement(&logits), 1.0, "teacher-forced argmax");
-    let want = hf.logits_all(&seq).unwrap();
-    let diff = charm_tests::max_abs_diff(&logits, &want);
-    assert_eq!(
-        bits(&logits),
-        bits(&want),
-        "logits differ from mimo-gguf (max {diff:e})"
-    );
+    assert_ids_and_bits_of_hf("mimo-f32.gguf", &r, &g, &hf);
 }
 
 /// The hub's MXFP4 experts (`*_blocks` / `*_scales`) through llama.cpp's
