@@ -528,18 +528,40 @@ pub fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]], outs:
 
 /// [`weighted_rows_many`] on a chosen instruction set.
 pub fn weighted_rows_many_on(isa: Isa, rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    many_on(isa, rows, stride, weights, outs, true)
+}
+
+/// [`weighted_rows_many`] continuing the sums already in `outs`
+/// (`outs[h][i] += Σ_j …`, in order of `j`): each output gets the bits
+/// [`add_weighted_rows`] gives it from its values, so a sum over many
+/// rows may run in blocks of rows (zeroed outputs, then each block in
+/// turn) with the bits of one pass.
+///
+/// # Panics
+/// As [`weighted_rows_many`].
+pub fn add_weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    add_weighted_rows_many_on(Isa::active(), rows, stride, weights, outs)
+}
+
+/// [`add_weighted_rows_many`] on a chosen instruction set.
+pub fn add_weighted_rows_many_on(isa: Isa, rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    many_on(isa, rows, stride, weights, outs, false)
+}
+
+/// [`weighted_rows_many_on`] (`zero`) or [`add_weighted_rows_many_on`].
+fn many_on(isa: Isa, rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]], zero: bool) {
     check_many(rows.len(), stride, weights, outs);
     #[cfg(target_arch = "x86_64")]
     if attention_x512_runs(isa) {
         for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
             // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA; the
             // shapes were checked.
-            unsafe { attention_x512::weighted_rows_many(rows, stride, w, o) };
+            unsafe { attention_x512::weighted_rows_many(rows, stride, w, o, zero) };
         }
         return;
     }
     let keys = weights.first().map_or(0, |w| w.len());
-    one_head_at_a_time(weights, outs, stride, |w, sum| {
+    one_head_at_a_time(weights, outs, stride, zero, |w, sum| {
         add_weighted_rows_on(isa, sum, w, &rows[..keys * stride])
     });
 }
@@ -551,17 +573,38 @@ pub fn weighted_rows_many_f16(rows: &[u16], stride: usize, weights: &[&[f32]], o
 
 /// [`weighted_rows_many_f16`] on a chosen instruction set.
 pub fn weighted_rows_many_f16_on(isa: Isa, rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    many_f16_on(isa, rows, stride, weights, outs, true)
+}
+
+/// [`add_weighted_rows_many`] over f16 rows (an f16 KV cache).
+pub fn add_weighted_rows_many_f16(rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+    add_weighted_rows_many_f16_on(Isa::active(), rows, stride, weights, outs)
+}
+
+/// [`add_weighted_rows_many_f16`] on a chosen instruction set.
+pub fn add_weighted_rows_many_f16_on(
+    isa: Isa,
+    rows: &[u16],
+    stride: usize,
+    weights: &[&[f32]],
+    outs: &mut [&mut [f32]],
+) {
+    many_f16_on(isa, rows, stride, weights, outs, false)
+}
+
+/// [`weighted_rows_many_f16_on`] (`zero`) or [`add_weighted_rows_many_f16_on`].
+fn many_f16_on(isa: Isa, rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]], zero: bool) {
     check_many(rows.len(), stride, weights, outs);
     #[cfg(target_arch = "x86_64")]
     if attention_x512_runs(isa) {
         for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
-            // SAFETY: as in `weighted_rows_many_on`.
-            unsafe { attention_x512::weighted_rows_many_f16(rows, stride, w, o) };
+            // SAFETY: as in `many_on`.
+            unsafe { attention_x512::weighted_rows_many_f16(rows, stride, w, o, zero) };
         }
         return;
     }
     let keys = weights.first().map_or(0, |w| w.len());
-    one_head_at_a_time(weights, outs, stride, |w, sum| {
+    one_head_at_a_time(weights, outs, stride, zero, |w, sum| {
         add_weighted_rows_f16_on(isa, sum, w, &rows[..keys * stride])
     });
 }
@@ -579,19 +622,30 @@ fn check_many(rows: usize, stride: usize, weights: &[&[f32]], outs: &[&mut [f32]
     assert!(cols <= stride && keys * stride <= rows, "rows do not match the weights");
 }
 
-/// [`weighted_rows_many`] one head at a time through the one-head sum
-/// (`sum(weights, zeroed row-wide output)`): into each output where it is
-/// as wide as the rows, else into a buffer whose first columns are kept.
-fn one_head_at_a_time(weights: &[&[f32]], outs: &mut [&mut [f32]], stride: usize, sum: impl Fn(&[f32], &mut [f32])) {
+/// [`weighted_rows_many`] (`zero`) or [`add_weighted_rows_many`] one head
+/// at a time through the one-head sum (`sum(weights, row-wide output)`,
+/// zeroed first when `zero`): into each output where it is as wide as the
+/// rows, else into a buffer that starts with the output's columns and
+/// whose first columns are kept (each column's sum is its own).
+fn one_head_at_a_time(
+    weights: &[&[f32]],
+    outs: &mut [&mut [f32]],
+    stride: usize,
+    zero: bool,
+    sum: impl Fn(&[f32], &mut [f32]),
+) {
     let mut full = Vec::new();
     for (w, o) in weights.iter().zip(outs.iter_mut()) {
-        if o.len() == stride {
+        if zero {
             o.fill(0.0);
+        }
+        if o.len() == stride {
             sum(w, o);
             continue;
         }
         full.clear();
         full.resize(stride, 0.0);
+        full[..o.len()].copy_from_slice(o);
         sum(w, &mut full);
         o.copy_from_slice(&full[..o.len()]);
     }
@@ -701,7 +755,7 @@ float_dot!(
 /// rows on; fewer rows, and AVX2 CPUs, take the three-row `$three_on` in
 /// turn; elsewhere one-row dots.
 macro_rules! float_tile {
-    ($(#[$doc:meta])* $name:ident, $name_on:ident, $three_on:ident, $one_on:ident, $t:ty) => {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $x512:ident, $ahead:expr, $three_on:ident, $one_on:ident, $t:ty) => {
         $(#[$doc])*
         #[inline]
         pub fn $name(rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
@@ -722,7 +776,7 @@ macro_rules! float_tile {
             #[cfg(target_arch = "x86_64")]
             if attention_x512_runs(isa) && n >= 4 {
                 // SAFETY: the CPU runs AVX-512 (F, BW, VL), F16C and FMA.
-                return unsafe { float_tile_x512::$name(rows, cols, xs, out) };
+                return unsafe { float_tile_x512::$x512(rows, cols, xs, out, $ahead) };
             }
             // Three activation rows (in L1) meet every row of the tile in turn.
             let nrows = out.len() / n;
@@ -746,15 +800,26 @@ macro_rules! float_tile {
 
 float_tile!(
     /// [`dot_f32`] of a tile of rows with many activation rows.
-    dots_tile_f32, dots_tile_f32_on, dot3_f32_on, dot_f32_on, f32
+    dots_tile_f32, dots_tile_f32_on, dots_tile_f32, true, dot3_f32_on, dot_f32_on, f32
 );
 float_tile!(
     /// [`dot_bf16`] of a tile of rows with many activation rows.
-    dots_tile_bf16, dots_tile_bf16_on, dot3_bf16_on, dot_bf16_on, u16
+    dots_tile_bf16, dots_tile_bf16_on, dots_tile_bf16, true, dot3_bf16_on, dot_bf16_on, u16
 );
 float_tile!(
     /// [`dot_f16`] of a tile of rows with many activation rows.
-    dots_tile_f16, dots_tile_f16_on, dot3_f16_on, dot_f16_on, u16
+    dots_tile_f16, dots_tile_f16_on, dots_tile_f16, true, dot3_f16_on, dot_f16_on, u16
+);
+float_tile!(
+    /// [`dots_tile_f32`] for attention's scores against cached keys: the
+    /// same bits, without asking for the bytes after the keys (a weight
+    /// matrix's next tile is read next; a KV cache's neighbour is not).
+    scores_tile_f32, scores_tile_f32_on, dots_tile_f32, false, dot3_f32_on, dot_f32_on, f32
+);
+float_tile!(
+    /// [`dots_tile_f16`] for attention's scores against an f16 cache's
+    /// keys, as [`scores_tile_f32`].
+    scores_tile_f16, scores_tile_f16_on, dots_tile_f16, false, dot3_f16_on, dot_f16_on, u16
 );
 
 #[inline(always)]
@@ -1357,6 +1422,11 @@ mod tests {
                     assert_eq!(bits(&o), f16_want, "f16 {isa:?} {nrows}x{n}x{cols}");
                     dots_tile_bf16_on(isa, &wb, cols, &xs, &mut o);
                     assert_eq!(bits(&o), bf16_want, "bf16 {isa:?} {nrows}x{n}x{cols}");
+                    // Attention's scores: the same tiles without the read-ahead.
+                    scores_tile_f32_on(isa, &w, cols, &xs, &mut o);
+                    assert_eq!(bits(&o), f32_want, "f32 scores {isa:?} {nrows}x{n}x{cols}");
+                    scores_tile_f16_on(isa, &w16, cols, &xs, &mut o);
+                    assert_eq!(bits(&o), f16_want, "f16 scores {isa:?} {nrows}x{n}x{cols}");
                 }
             }
         }
@@ -1489,6 +1559,65 @@ mod tests {
                     weighted_rows_many_f16_on(isa, &m16, stride, &weights, &mut outs);
                     let got: Vec<Vec<u32>> = bufs.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
                     assert_eq!(got, want16, "f16 {isa:?} {heads} heads {keys}x{stride}[..{cols}]");
+                    // In blocks of rows (the first from zero, the rest
+                    // continuing the sums): the one pass's bits.
+                    for block in [1usize, 4, 96] {
+                        let mut b32 = vec![vec![7.0f32; cols]; heads];
+                        let mut b16 = vec![vec![7.0f32; cols]; heads];
+                        for b in 0..keys.div_ceil(block).max(1) {
+                            let (x0, x1) = (b * block, ((b + 1) * block).min(keys));
+                            let w: Vec<&[f32]> = ps.iter().map(|p| &p[x0..x1]).collect();
+                            let mut o32: Vec<&mut [f32]> = b32.iter_mut().map(|b| &mut b[..]).collect();
+                            let mut o16: Vec<&mut [f32]> = b16.iter_mut().map(|b| &mut b[..]).collect();
+                            let (r32, r16) = (&m[x0 * stride..], &m16[x0 * stride..]);
+                            if b == 0 {
+                                weighted_rows_many_on(isa, r32, stride, &w, &mut o32);
+                                weighted_rows_many_f16_on(isa, r16, stride, &w, &mut o16);
+                            } else {
+                                add_weighted_rows_many_on(isa, r32, stride, &w, &mut o32);
+                                add_weighted_rows_many_f16_on(isa, r16, stride, &w, &mut o16);
+                            }
+                        }
+                        let got: Vec<Vec<u32>> = b32.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
+                        assert_eq!(
+                            got, want32,
+                            "f32 {isa:?} blocks of {block}, {heads} heads {keys}x{stride}"
+                        );
+                        let got: Vec<Vec<u32>> = b16.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
+                        assert_eq!(
+                            got, want16,
+                            "f16 {isa:?} blocks of {block}, {heads} heads {keys}x{stride}"
+                        );
+                    }
+                    // Continuing sums already there: the one-head sum from them.
+                    let start: Vec<Vec<f32>> = (0..heads)
+                        .map(|h| (0..cols).map(|i| (i as f32 - 3.0) * 0.125 + h as f32).collect())
+                        .collect();
+                    let want_on = |rows: &[f32]| -> Vec<Vec<u32>> {
+                        ps.iter()
+                            .zip(&start)
+                            .map(|(p, s)| {
+                                let mut full = vec![0.0; stride];
+                                full[..cols].copy_from_slice(s);
+                                add_weighted_rows_on(Isa::Scalar, &mut full, p, rows);
+                                full[..cols].iter().map(|v| v.to_bits()).collect()
+                            })
+                            .collect()
+                    };
+                    let mut bufs = start.clone();
+                    let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    add_weighted_rows_many_on(isa, &m, stride, &weights, &mut outs);
+                    let got: Vec<Vec<u32>> = bufs.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
+                    assert_eq!(got, want_on(&m), "f32 {isa:?} continued, {heads} heads {keys}x{stride}");
+                    let mut bufs = start.clone();
+                    let mut outs: Vec<&mut [f32]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+                    add_weighted_rows_many_f16_on(isa, &m16, stride, &weights, &mut outs);
+                    let got: Vec<Vec<u32>> = bufs.iter().map(|b| b.iter().map(|v| v.to_bits()).collect()).collect();
+                    assert_eq!(
+                        got,
+                        want_on(&widened),
+                        "f16 {isa:?} continued, {heads} heads {keys}x{stride}"
+                    );
                 }
             }
         }

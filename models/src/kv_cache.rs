@@ -9,8 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use charm_common::kernels::{
-    add_weighted_rows, add_weighted_rows_f16, dots_f16, dots_f32, dots_tile_f16, dots_tile_f32, weighted_rows_many,
-    weighted_rows_many_f16,
+    add_weighted_rows, add_weighted_rows_f16, add_weighted_rows_many, add_weighted_rows_many_f16, dots_f16, dots_f32,
+    scores_tile_f16, scores_tile_f32, weighted_rows_many, weighted_rows_many_f16,
 };
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use serde::{Deserialize, Serialize};
@@ -144,8 +144,8 @@ impl CachedRows<'_> {
     /// them, each score the bits of [`CachedRows::dots`].
     pub fn dots_many(self, width: usize, qs: &[&[f32]], out: &mut [f32]) {
         match self {
-            CachedRows::F32(r) => dots_tile_f32(r, width, qs, out),
-            CachedRows::F16(r) => dots_tile_f16(r, width, qs, out),
+            CachedRows::F32(r) => scores_tile_f32(r, width, qs, out),
+            CachedRows::F16(r) => scores_tile_f16(r, width, qs, out),
         }
     }
 
@@ -164,6 +164,17 @@ impl CachedRows<'_> {
         match self {
             CachedRows::F32(r) => weighted_rows_many(r, stride, weights, outs),
             CachedRows::F16(r) => weighted_rows_many_f16(r, stride, weights, outs),
+        }
+    }
+
+    /// [`CachedRows::weighted_many`] continuing the sums in `outs`
+    /// (`outs[h] += …`, each the bits of [`CachedRows::add_weighted`]):
+    /// a long run of rows taken in blocks, each block's rows read once
+    /// for every head.
+    pub fn add_weighted_many(self, stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+        match self {
+            CachedRows::F32(r) => add_weighted_rows_many(r, stride, weights, outs),
+            CachedRows::F16(r) => add_weighted_rows_many_f16(r, stride, weights, outs),
         }
     }
 }

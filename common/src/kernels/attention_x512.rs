@@ -105,6 +105,94 @@ pub(super) fn dots_f16(rows: &[u16], x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// One pass over columns `c..c + 16 K` of `H` outputs: `outs[h] (+)= Σ_j
+/// weights[h][j] · row_j` over `keys` rows, each element in order of `j`
+/// (one fused multiply-add a row), from zero when `zero`, else from the
+/// outputs' values. `load16(j, i)` widens row `j`'s columns `i..i + 16`;
+/// `prefetch(j)` runs before row `j` is read. `H` and `K` are constants
+/// so the `H × K` sums stay in registers (with a run-time count of
+/// vectors the loops were not unrolled and every sum went through the
+/// stack on each multiply-add).
+#[inline(always)]
+unsafe fn weighted_pass<const H: usize, const K: usize>(
+    outs: &mut [&mut [f32]],
+    weights: &[&[f32]],
+    (c, keys, zero): (usize, usize, bool),
+    prefetch: impl Fn(usize),
+    load16: impl Fn(usize, usize) -> __m512,
+) {
+    // SAFETY: the caller's closure reads columns below `c + 16 K` of rows
+    // below `keys`; every output holds `c + 16 K` columns and every weight
+    // row `keys` weights.
+    unsafe {
+        // (Loops over the constants `H` and `K` only: a loop bounded by a
+        // slice's length is not unrolled, and the sums go to the stack.)
+        debug_assert!(outs.len() == H && weights.len() == H);
+        let mut acc = [[_mm512_setzero_ps(); K]; H];
+        if !zero {
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let o = outs.get_unchecked(h).as_ptr();
+                for (b, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(o.add(c + 16 * b));
+                }
+            }
+        }
+        let w: [*const f32; H] = std::array::from_fn(|h| weights.get_unchecked(h).as_ptr());
+        for j in 0..keys {
+            prefetch(j);
+            let mut v = [_mm512_setzero_ps(); K];
+            for (b, v) in v.iter_mut().enumerate() {
+                *v = load16(j, c + 16 * b);
+            }
+            for (acc, w) in acc.iter_mut().zip(w) {
+                let p = _mm512_set1_ps(*w.add(j));
+                for (a, v) in acc.iter_mut().zip(v) {
+                    *a = _mm512_fmadd_ps(p, v, *a);
+                }
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            let o = outs.get_unchecked_mut(h).as_mut_ptr();
+            for (b, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(o.add(c + 16 * b), *a);
+            }
+        }
+    }
+}
+
+/// [`weighted_pass`] over the whole 16-column vectors of `H` outputs (`n`
+/// columns, `full` of them in whole vectors), `MAX` vectors a pass and the
+/// rest in one shorter pass.
+#[inline(always)]
+unsafe fn weighted_passes<const H: usize, const MAX: usize>(
+    outs: &mut [&mut [f32]],
+    weights: &[&[f32]],
+    (full, keys, zero): (usize, usize, bool),
+    prefetch: impl Fn(usize, usize, usize) + Copy,
+    load16: impl Fn(usize, usize) -> __m512 + Copy,
+) {
+    let mut c = 0;
+    // SAFETY: forwarded; every pass ends at or before `full`.
+    unsafe {
+        while c + 16 * MAX <= full {
+            weighted_pass::<H, MAX>(outs, weights, (c, keys, zero), |j| prefetch(j, c, MAX), load16);
+            c += 16 * MAX;
+        }
+        let shape = (c, keys, zero);
+        let pf = |k: usize| move |j| prefetch(j, c, k);
+        match (full - c) / 16 {
+            0 => {}
+            1 => weighted_pass::<H, 1>(outs, weights, shape, pf(1), load16),
+            2 => weighted_pass::<H, 2>(outs, weights, shape, pf(2), load16),
+            3 => weighted_pass::<H, 3>(outs, weights, shape, pf(3), load16),
+            4 => weighted_pass::<H, 4>(outs, weights, shape, pf(4), load16),
+            5 => weighted_pass::<H, 5>(outs, weights, shape, pf(5), load16),
+            6 => weighted_pass::<H, 6>(outs, weights, shape, pf(6), load16),
+            _ => weighted_pass::<H, 7>(outs, weights, shape, pf(7), load16),
+        }
+    }
+}
+
 /// `out += Σ_j weights[j] row_j`, up to 128 columns in registers per pass;
 /// `load16(j, i)` widens row `j`'s columns `i..i + 16`, `at(j, i)` one
 /// column past the last 16; `rows` is row 0's first element.
@@ -113,35 +201,24 @@ unsafe fn weighted<T>(
     out: &mut [f32],
     weights: &[f32],
     rows: *const T,
-    load16: impl Fn(usize, usize) -> __m512,
+    load16: impl Fn(usize, usize) -> __m512 + Copy,
     at: impl Fn(usize, usize) -> f32,
 ) {
     let n = out.len();
     let full = n / 16 * 16;
     let size = std::mem::size_of::<T>();
     let pf = prefetch::distance();
-    let mut c = 0;
+    let mut outs = [&mut *out];
     // SAFETY: every load and store covers 16 columns below `full` of `out`
     // and (through the caller's closure) of each row.
     unsafe {
-        while c < full {
-            let k = ((full - c) / 16).min(8);
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (b, a) in acc.iter_mut().enumerate().take(k) {
-                *a = _mm512_loadu_ps(out.as_ptr().add(c + 16 * b));
-            }
-            for (j, &p) in weights.iter().enumerate() {
-                prefetch::ahead_span(rows.wrapping_add(j * n + c), 16 * k * size, pf);
-                let pv = _mm512_set1_ps(p);
-                for (b, a) in acc.iter_mut().enumerate().take(k) {
-                    *a = _mm512_fmadd_ps(pv, load16(j, c + 16 * b), *a);
-                }
-            }
-            for (b, a) in acc.iter().enumerate().take(k) {
-                _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * b), *a);
-            }
-            c += 16 * k;
-        }
+        weighted_passes::<1, 8>(
+            &mut outs,
+            &[weights],
+            (full, weights.len(), false),
+            |j, c, k| prefetch::ahead_span(rows.wrapping_add(j * n + c), 16 * k * size, pf),
+            load16,
+        );
     }
     for (i, o) in out.iter_mut().enumerate().skip(full) {
         for (j, &p) in weights.iter().enumerate() {
@@ -188,53 +265,39 @@ pub(super) fn add_weighted_rows_f16(out: &mut [f32], weights: &[f32], rows: &[u1
 /// `n` long, row `j` starting at `j * stride`), 64 columns per pass: each
 /// row's columns are loaded once (`load16(j, i)` widens row `j`'s
 /// columns `i..i + 16`) for every head; each element is summed in order
-/// of `j` from zero, one fused multiply-add a row (the bits of
-/// `weighted` on a zeroed output). `at(j, i)` is one column past the last
-/// 16.
+/// of `j`, one fused multiply-add a row, from zero when `zero` (the bits
+/// of `weighted` on a zeroed output), else continuing the outputs' sums
+/// (`weighted` on them). `at(j, i)` is one column past the last 16.
 #[inline(always)]
 unsafe fn weighted_heads<const H: usize>(
     outs: &mut [&mut [f32]],
     weights: &[&[f32]],
+    zero: bool,
     base: *const u8,
     row_bytes: usize,
-    load16: impl Fn(usize, usize) -> __m512,
+    load16: impl Fn(usize, usize) -> __m512 + Copy,
     at: impl Fn(usize, usize) -> f32,
 ) {
     let n = outs[0].len();
     let keys = weights[0].len();
     let full = n / 16 * 16;
     let pf = prefetch::distance();
-    let mut c = 0;
     // SAFETY: every load covers 16 columns below `full` of a row (through
     // the caller's closure) and every store 16 of an output.
     unsafe {
-        while c < full {
-            let k = ((full - c) / 16).min(4);
-            let mut acc = [[_mm512_setzero_ps(); 4]; H];
-            for j in 0..keys {
-                prefetch::ahead_span(base.wrapping_add(j * row_bytes), row_bytes, pf);
-                let mut v = [_mm512_setzero_ps(); 4];
-                for (b, v) in v.iter_mut().enumerate().take(k) {
-                    *v = load16(j, c + 16 * b);
-                }
-                for (acc, w) in acc.iter_mut().zip(weights) {
-                    let p = _mm512_set1_ps(*w.get_unchecked(j));
-                    for (a, v) in acc.iter_mut().zip(v).take(k) {
-                        *a = _mm512_fmadd_ps(p, v, *a);
-                    }
-                }
-            }
-            for (acc, o) in acc.iter().zip(outs.iter_mut()) {
-                for (b, a) in acc.iter().enumerate().take(k) {
-                    _mm512_storeu_ps(o.as_mut_ptr().add(c + 16 * b), *a);
-                }
-            }
-            c += 16 * k;
-        }
+        weighted_passes::<H, 4>(
+            outs,
+            weights,
+            (full, keys, zero),
+            |j, _, _| prefetch::ahead_span(base.wrapping_add(j * row_bytes), row_bytes, pf),
+            load16,
+        );
     }
     for (w, o) in weights.iter().zip(outs.iter_mut()) {
         for (i, o) in o.iter_mut().enumerate().skip(full) {
-            *o = 0.0;
+            if zero {
+                *o = 0.0;
+            }
             for (j, &p) in w.iter().enumerate() {
                 *o = p.mul_add(at(j, i), *o);
             }
@@ -247,25 +310,27 @@ unsafe fn weighted_heads<const H: usize>(
 unsafe fn weighted_some(
     outs: &mut [&mut [f32]],
     weights: &[&[f32]],
+    zero: bool,
     base: *const u8,
     row_bytes: usize,
-    load16: impl Fn(usize, usize) -> __m512,
+    load16: impl Fn(usize, usize) -> __m512 + Copy,
     at: impl Fn(usize, usize) -> f32,
 ) {
     // SAFETY: forwarded.
     unsafe {
         match outs.len() {
-            1 => weighted_heads::<1>(outs, weights, base, row_bytes, load16, at),
-            2 => weighted_heads::<2>(outs, weights, base, row_bytes, load16, at),
-            3 => weighted_heads::<3>(outs, weights, base, row_bytes, load16, at),
-            _ => weighted_heads::<4>(outs, weights, base, row_bytes, load16, at),
+            1 => weighted_heads::<1>(outs, weights, zero, base, row_bytes, load16, at),
+            2 => weighted_heads::<2>(outs, weights, zero, base, row_bytes, load16, at),
+            3 => weighted_heads::<3>(outs, weights, zero, base, row_bytes, load16, at),
+            _ => weighted_heads::<4>(outs, weights, zero, base, row_bytes, load16, at),
         }
     }
 }
 
-/// [`super::weighted_rows_many`] for up to four heads.
+/// [`super::weighted_rows_many`] (`zero`) or
+/// [`super::add_weighted_rows_many`] for up to four heads.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+pub(super) fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]], zero: bool) {
     debug_assert!(outs.len() <= 4);
     // SAFETY: AVX-512F is enabled; the caller checked that every row
     // `j < weights[h].len()` lies in `rows` with `outs[h].len() <= stride`.
@@ -273,6 +338,7 @@ pub(super) fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]]
         weighted_some(
             outs,
             weights,
+            zero,
             rows.as_ptr() as *const u8,
             4 * stride,
             |j, i| _mm512_loadu_ps(rows.as_ptr().add(j * stride + i)),
@@ -281,16 +347,24 @@ pub(super) fn weighted_rows_many(rows: &[f32], stride: usize, weights: &[&[f32]]
     }
 }
 
-/// [`super::weighted_rows_many_f16`] for up to four heads: rows widened
-/// exactly.
+/// [`super::weighted_rows_many_f16`] (`zero`) or
+/// [`super::add_weighted_rows_many_f16`] for up to four heads: rows
+/// widened exactly.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) fn weighted_rows_many_f16(rows: &[u16], stride: usize, weights: &[&[f32]], outs: &mut [&mut [f32]]) {
+pub(super) fn weighted_rows_many_f16(
+    rows: &[u16],
+    stride: usize,
+    weights: &[&[f32]],
+    outs: &mut [&mut [f32]],
+    zero: bool,
+) {
     debug_assert!(outs.len() <= 4);
     // SAFETY: as `weighted_rows_many`.
     unsafe {
         weighted_some(
             outs,
             weights,
+            zero,
             rows.as_ptr() as *const u8,
             2 * stride,
             |j, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(j * stride + i) as *const __m256i)),

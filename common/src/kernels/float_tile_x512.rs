@@ -58,6 +58,13 @@ unsafe fn block<const R: usize, const T: usize>(
             i += LANES;
         }
         let mut sums = [[0.0f32; T]; R];
+        if R == ROWS && T == ACTS {
+            // SAFETY: `R` and `T` are the full block's (checked just above),
+            // so the arrays have these types.
+            let full = reduce_block(&*(acc.as_ptr() as *const [[[__m512; 2]; ACTS]; ROWS]));
+            sums.as_mut_ptr().cast::<[[f32; ACTS]; ROWS]>().write(full);
+            return sums;
+        }
         for (s, a) in sums.iter_mut().zip(&acc) {
             for (s, a) in s.iter_mut().zip(a) {
                 *s = reduce(a[0], a[1]);
@@ -65,6 +72,38 @@ unsafe fn block<const R: usize, const T: usize>(
         }
         sums
     }
+}
+
+/// `reduce` of a full block's twelve pairs of lane sums at once: the same
+/// pairs added in the same order, level by level, with the twelve sums
+/// sharing registers (two, then four, then eight sums a register), so a
+/// level costs two shuffles and an add per register instead of a chain of
+/// extracts and adds per sum. (For attention's 128-wide heads the
+/// multiply-adds of a block are only 96, and the twelve one-by-one
+/// reductions took about as long.)
+#[inline(always)]
+unsafe fn reduce_block(acc: &[[[__m512; 2]; ACTS]; ROWS]) -> [[f32; ACTS]; ROWS] {
+    // t[s][i] = acc[i] + acc[i + 16], sum s = 4 r + t.
+    let t: [__m512; 12] = std::array::from_fn(|s| _mm512_add_ps(acc[s / 4][s % 4][0], acc[s / 4][s % 4][1]));
+    // Lanes 0..8 / 8..16 of a[k]: t[i] + t[i + 8] of sums 2k / 2k + 1.
+    let a: [__m512; 6] = std::array::from_fn(|k| {
+        let (x, y) = (t[2 * k], t[2 * k + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y))
+    });
+    // 128-bit lane q of b[m]: a[i] + a[i + 4] (i < 4) of sum 4m + q.
+    let b: [__m512; 3] = std::array::from_fn(|m| {
+        let (x, y) = (a[2 * m], a[2 * m + 1]);
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
+    });
+    // Lane q of c0: [h0 + h1, h2 + h3] of sums q and 4 + q; of c1: of 8 + q (twice).
+    let pairs = |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_ps::<0x88>(x, y), _mm512_shuffle_ps::<0xDD>(x, y));
+    let c0 = pairs(b[0], b[1]);
+    let c1 = pairs(b[2], b[2]);
+    // Element e of lane q: (h0 + h1) + (h2 + h3) of sum 4e + q, e < 3.
+    let d = pairs(c0, c1);
+    let mut v = [0.0f32; 16];
+    _mm512_storeu_ps(v.as_mut_ptr(), d);
+    std::array::from_fn(|r| std::array::from_fn(|q| v[4 * q + r]))
 }
 
 /// The tile: `out[r * xs.len() + t] = rows[r] · xs[t]` for the `out.len() /
@@ -108,7 +147,9 @@ unsafe fn tile(
                     let v = unsafe { block::<$r, $t>(full, x, at) };
                     for (r, v) in v.iter().enumerate() {
                         for (t, v) in v.iter().enumerate() {
-                            out[(r0 + r) * n + t0 + t] = v + row_tail(r0 + r, x[t]);
+                            // (An empty tail is 0.0, still added.)
+                            let tail = if full == cols { 0.0 } else { row_tail(r0 + r, x[t]) };
+                            out[(r0 + r) * n + t0 + t] = v + tail;
                         }
                     }
                 }};
@@ -134,22 +175,23 @@ unsafe fn tile(
 }
 
 /// The address just past `rows` and their size in bytes, for [`tile`]'s
-/// prefetch of the rows that follow them.
-fn beyond<T>(rows: &[T]) -> (*const u8, usize) {
-    let bytes = std::mem::size_of_val(rows);
+/// prefetch of the rows that follow them; nothing to fetch unless `ahead`
+/// (a KV cache's keys: what follows them is not read next).
+fn beyond<T>(rows: &[T], ahead: bool) -> (*const u8, usize) {
+    let bytes = if ahead { std::mem::size_of_val(rows) } else { 0 };
     ((rows.as_ptr() as *const u8).wrapping_add(bytes), bytes)
 }
 
 /// [`super::dots_tile_f32`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32], ahead: bool) {
     // SAFETY: AVX-512F is enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
     unsafe {
         tile(
             cols,
             xs,
             out,
-            beyond(rows),
+            beyond(rows, ahead),
             |r, i| _mm512_loadu_ps(rows.as_ptr().add(r * cols + i)),
             |r, x| tail(&rows[r * cols..(r + 1) * cols], x, |v| v),
         )
@@ -158,14 +200,14 @@ pub(super) fn dots_tile_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut 
 
 /// [`super::dots_tile_bf16`]: a bf16 is the top half of its f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32], ahead: bool) {
     // SAFETY: AVX-512F/BW are enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
     unsafe {
         tile(
             cols,
             xs,
             out,
-            beyond(rows),
+            beyond(rows, ahead),
             |r, i| {
                 let h = _mm256_loadu_si256(rows.as_ptr().add(r * cols + i) as *const __m256i);
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
@@ -177,14 +219,14 @@ pub(super) fn dots_tile_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut
 
 /// [`super::dots_tile_f16`]: halves widened exactly (`vcvtph2ps`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,f16c,fma")]
-pub(super) fn dots_tile_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+pub(super) fn dots_tile_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32], ahead: bool) {
     // SAFETY: AVX-512F is enabled; row `r` is `rows[r * cols..(r + 1) * cols]`.
     unsafe {
         tile(
             cols,
             xs,
             out,
-            beyond(rows),
+            beyond(rows, ahead),
             |r, i| _mm512_cvtph_ps(_mm256_loadu_si256(rows.as_ptr().add(r * cols + i) as *const __m256i)),
             |r, x| tail(&rows[r * cols..(r + 1) * cols], x, crate::dtype::f16_to_f32),
         )
