@@ -35,12 +35,54 @@ pub(super) unsafe fn reduce(lo: __m512, hi: __m512) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(p, _mm_movehl_ps(p, p)))
 }
 
+/// `reduce` of `N ≤ 16` sums at once, each sum `s` given as `t[s]` =
+/// `lo + hi` (its lanes `i` and `i + 16` added, `reduce`'s first level):
+/// the same pairs added in the same order, level by level, with the sums
+/// sharing registers (two, then four sums a register, then all of them),
+/// so a level costs two shuffles and an add per register instead of a
+/// chain of extracts and adds per sum. `N` a constant: the loops unroll.
+#[inline(always)]
+pub(super) unsafe fn reduce_tree<const N: usize>(t: [__m512; N]) -> [f32; N] {
+    const { assert!(N >= 1 && N <= 16) };
+    // SAFETY: AVX-512F is enabled by every caller.
+    unsafe {
+        // Lanes 0..8 / 8..16 of a[k]: t[i] + t[i + 8] of sums 2k / 2k + 1
+        // (a sum past the last repeats it; its result is not read).
+        let na = N.div_ceil(2);
+        let mut a = [_mm512_setzero_ps(); 8];
+        for (k, a) in a.iter_mut().enumerate().take(na) {
+            let (x, y) = (t[2 * k], t[(2 * k + 1).min(N - 1)]);
+            *a = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y));
+        }
+        // 128-bit lane q of b[m]: a[i] + a[i + 4] (i < 4) of sum 4m + q.
+        let nb = na.div_ceil(2);
+        let mut b = [_mm512_setzero_ps(); 4];
+        for (m, b) in b.iter_mut().enumerate().take(nb) {
+            let (x, y) = (a[2 * m], a[(2 * m + 1).min(na - 1)]);
+            *b = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y));
+        }
+        // Within each 128-bit lane: [x0 + x1, x2 + x3, y0 + y1, y2 + y3].
+        let pairs =
+            |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_ps::<0x88>(x, y), _mm512_shuffle_ps::<0xDD>(x, y));
+        // Lane q of c0: [h0 + h1, h2 + h3] of sums q and 4 + q; of c1: of
+        // 8 + q and 12 + q.
+        let c0 = pairs(b[0], b[1.min(nb - 1)]);
+        let c1 = if nb > 2 { pairs(b[2], b[3.min(nb - 1)]) } else { c0 };
+        // Element e of lane q: (h0 + h1) + (h2 + h3) of sum 4e + q.
+        let d = pairs(c0, c1);
+        let mut v = [0.0f32; 16];
+        _mm512_storeu_ps(v.as_mut_ptr(), d);
+        std::array::from_fn(|s| v[4 * (s % 4) + s / 4])
+    }
+}
+
 /// `out[r] = row_r · x` with `load16(r, i)` widening row `r`'s elements
 /// `i..i + 16` and `row_tail(r)` its elements past the last full chunk;
 /// `base` is row 0's first element (`size` bytes each), for prefetching.
-/// One row at a time: the rows are read as one stream front to back
-/// (scoring two to eight rows together, interleaving their reads, measured
-/// slower in `bench_attention`).
+/// Rows of up to four whole chunks (attention's heads of up to 128 and
+/// more) go eight at a time ([`dots8`]); wider rows, and the last few,
+/// one at a time (scoring two to eight wide rows together,
+/// interleaving their reads, measured slower in `bench_attention`).
 #[inline(always)]
 unsafe fn dots<T>(
     out: &mut [f32],
@@ -56,7 +98,14 @@ unsafe fn dots<T>(
     // SAFETY: every load covers elements below `full` of `x` and (through
     // the caller's closure) of rows below `out.len()`.
     unsafe {
-        for (r, o) in out.iter_mut().enumerate() {
+        let done = match full / LANES {
+            1 => dots8::<1, T>(out, x, (base, n, pf), &load16, &row_tail),
+            2 => dots8::<2, T>(out, x, (base, n, pf), &load16, &row_tail),
+            3 => dots8::<3, T>(out, x, (base, n, pf), &load16, &row_tail),
+            4 => dots8::<4, T>(out, x, (base, n, pf), &load16, &row_tail),
+            _ => 0,
+        };
+        for (r, o) in out.iter_mut().enumerate().skip(done) {
             let (mut lo, mut hi) = (_mm512_setzero_ps(), _mm512_setzero_ps());
             let mut i = 0;
             while i < full {
@@ -68,6 +117,49 @@ unsafe fn dots<T>(
             *o = reduce(lo, hi) + row_tail(r);
         }
     }
+}
+
+/// [`dots`] for rows of `CH` whole chunks (and a tail), eight rows at a
+/// time: the query in registers, each row read front to back, the eight
+/// scores reduced as one tree. Returns the rows done (a multiple of 8).
+#[inline(always)]
+unsafe fn dots8<const CH: usize, T>(
+    out: &mut [f32],
+    x: &[f32],
+    (base, n, pf): (*const T, usize, usize),
+    load16: &impl Fn(usize, usize) -> __m512,
+    row_tail: &impl Fn(usize) -> f32,
+) -> usize {
+    let size = std::mem::size_of::<T>();
+    let full = CH * LANES;
+    let mut r = 0;
+    // SAFETY: as `dots`: every load covers elements below `full`.
+    unsafe {
+        let mut q = [[_mm512_setzero_ps(); 2]; CH];
+        for (c, q) in q.iter_mut().enumerate() {
+            q[0] = _mm512_loadu_ps(x.as_ptr().add(LANES * c));
+            q[1] = _mm512_loadu_ps(x.as_ptr().add(LANES * c + 16));
+        }
+        while r + 8 <= out.len() {
+            let mut lo = [_mm512_setzero_ps(); 8];
+            let mut hi = [_mm512_setzero_ps(); 8];
+            for k in 0..8 {
+                for (c, q) in q.iter().enumerate() {
+                    let i = LANES * c;
+                    prefetch::ahead_span(base.wrapping_add((r + k) * n + i), LANES * size, pf);
+                    lo[k] = _mm512_fmadd_ps(load16(r + k, i), q[0], lo[k]);
+                    hi[k] = _mm512_fmadd_ps(load16(r + k, i + 16), q[1], hi[k]);
+                }
+            }
+            let t: [__m512; 8] = std::array::from_fn(|k| _mm512_add_ps(lo[k], hi[k]));
+            for (k, v) in reduce_tree(t).into_iter().enumerate() {
+                // (An empty tail is 0.0, still added.)
+                out[r + k] = v + if full == n { 0.0 } else { row_tail(r + k) };
+            }
+            r += 8;
+        }
+    }
+    r
 }
 
 /// [`super::dots_f32`].

@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention_x512::reduce;
+use super::attention_x512::{reduce, reduce_tree};
 use super::{tail, LANES};
 use crate::prefetch;
 
@@ -74,36 +74,19 @@ unsafe fn block<const R: usize, const T: usize>(
     }
 }
 
-/// `reduce` of a full block's twelve pairs of lane sums at once: the same
-/// pairs added in the same order, level by level, with the twelve sums
-/// sharing registers (two, then four, then eight sums a register), so a
-/// level costs two shuffles and an add per register instead of a chain of
-/// extracts and adds per sum. (For attention's 128-wide heads the
-/// multiply-adds of a block are only 96, and the twelve one-by-one
-/// reductions took about as long.)
+/// `reduce` of a full block's twelve pairs of lane sums at once
+/// ([`super::attention_x512::reduce_tree`]): at 128 wide (attention's
+/// heads) a block has only 96 multiply-adds, and the twelve one-by-one
+/// reductions took about as long.
 #[inline(always)]
 unsafe fn reduce_block(acc: &[[[__m512; 2]; ACTS]; ROWS]) -> [[f32; ACTS]; ROWS] {
-    // t[s][i] = acc[i] + acc[i + 16], sum s = 4 r + t.
-    let t: [__m512; 12] = std::array::from_fn(|s| _mm512_add_ps(acc[s / 4][s % 4][0], acc[s / 4][s % 4][1]));
-    // Lanes 0..8 / 8..16 of a[k]: t[i] + t[i + 8] of sums 2k / 2k + 1.
-    let a: [__m512; 6] = std::array::from_fn(|k| {
-        let (x, y) = (t[2 * k], t[2 * k + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y))
-    });
-    // 128-bit lane q of b[m]: a[i] + a[i + 4] (i < 4) of sum 4m + q.
-    let b: [__m512; 3] = std::array::from_fn(|m| {
-        let (x, y) = (a[2 * m], a[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
-    });
-    // Lane q of c0: [h0 + h1, h2 + h3] of sums q and 4 + q; of c1: of 8 + q (twice).
-    let pairs = |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_ps::<0x88>(x, y), _mm512_shuffle_ps::<0xDD>(x, y));
-    let c0 = pairs(b[0], b[1]);
-    let c1 = pairs(b[2], b[2]);
-    // Element e of lane q: (h0 + h1) + (h2 + h3) of sum 4e + q, e < 3.
-    let d = pairs(c0, c1);
-    let mut v = [0.0f32; 16];
-    _mm512_storeu_ps(v.as_mut_ptr(), d);
-    std::array::from_fn(|r| std::array::from_fn(|q| v[4 * q + r]))
+    // SAFETY: AVX-512F is enabled by every caller.
+    unsafe {
+        // t[s] = acc[i] + acc[i + 16] of sum s = 4 r + t.
+        let t: [__m512; 12] = std::array::from_fn(|s| _mm512_add_ps(acc[s / 4][s % 4][0], acc[s / 4][s % 4][1]));
+        let v = reduce_tree(t);
+        std::array::from_fn(|r| std::array::from_fn(|t| v[4 * r + t]))
+    }
 }
 
 /// The tile: `out[r * xs.len() + t] = rows[r] · xs[t]` for the `out.len() /
