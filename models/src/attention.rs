@@ -288,16 +288,17 @@ impl Attention {
     /// `q` (rows from position `first`). One task per run of up to
     /// [`HEADS_PER_TASK`] query heads that share a KV head, and (layers
     /// without a window) per block of up to [`TOKENS_PER_TASK`] rows: the
-    /// block's queries are scored in one pass over the keys the last row
-    /// sees (`dots_many`: each score the bits of a one-query pass; an
-    /// earlier row's scores past its own position are dropped), each
-    /// query's softmax over its own keys, then the weighted values of the
-    /// keys every row sees in one more pass (`weighted_many`, from zero)
+    /// block's queries are scored against the keys the last row sees, in
+    /// runs of [`KEYS_PER_BLOCK`] keys (`dots_many`: each score the bits
+    /// of a one-query pass; an earlier row's scores past its own position
+    /// are dropped), each query's softmax over its own keys, then the
+    /// weighted values of the keys every row sees, run by run
+    /// (`weighted_many` from zero, then `add_weighted_many` continuing)
     /// and each later row's further keys added in order (`add_weighted`):
     /// every sum runs over its keys in order from zero, as one query alone
-    /// takes it, so the bits do not depend on the blocks. One pass over a
-    /// block's keys instead of one per row: in a long prefill the cache
-    /// leaves L2 and attention waited on it.
+    /// takes it, so the bits do not depend on the blocks. Each run of keys
+    /// and values comes from memory once for the whole block of rows: in
+    /// a long prefill the cache leaves L2 and attention waited on it.
     fn heads_into(&self, q: &[f32], first: usize, kv: &LayerKv, ctx: &mut [f32]) {
         let (qd, hd, vd) = (self.heads * self.head_dim, self.head_dim, self.v_head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
@@ -401,7 +402,7 @@ impl Attention {
 }
 
 /// Query heads per attention task: one register block of the score tile
-/// (`charm_common::kernels::dots_tile_*`).
+/// (`charm_common::kernels::scores_tile_*`).
 pub(crate) const HEADS_PER_TASK: usize = 4;
 
 /// Rows of a prefill per attention task (layers without a window): each
