@@ -79,9 +79,9 @@ pub(super) unsafe fn reduce_tree<const N: usize>(t: [__m512; N]) -> [f32; N] {
 /// `out[r] = row_r · x` with `load16(r, i)` widening row `r`'s elements
 /// `i..i + 16` and `row_tail(r)` its elements past the last full chunk;
 /// `base` is row 0's first element (`size` bytes each), for prefetching.
-/// Rows of up to four whole chunks (attention's heads of up to 128 and
-/// more) go eight at a time ([`dots8`]); wider rows, and the last few,
-/// one at a time (scoring two to eight wide rows together,
+/// Rows of one to four whole chunks (attention's heads of 32 to 128
+/// columns, plus any tail) go eight at a time ([`dots8`]); wider rows, and
+/// the last few, one at a time (scoring two to eight wide rows together,
 /// interleaving their reads, measured slower in `bench_attention`).
 #[inline(always)]
 unsafe fn dots<T>(
@@ -263,6 +263,8 @@ unsafe fn weighted_passes<const H: usize, const MAX: usize>(
     prefetch: impl Fn(usize, usize, usize) + Copy,
     load16: impl Fn(usize, usize) -> __m512 + Copy,
 ) {
+    // The rest after the full passes is under `MAX` vectors: at most 7 below.
+    const { assert!(MAX >= 1 && MAX <= 8) };
     let mut c = 0;
     // SAFETY: forwarded; every pass ends at or before `full`.
     unsafe {
