@@ -66,7 +66,8 @@
 # EPYC VM one thread alone reads 23-28 GB/s of the two threads' 33-51.)
 #
 # Environment (defaults): CHARM_BENCH_DIR (/work/charm-bench), FAMILY (olmoe), LAYERS (4),
-# RUNS (5), PROMPT (512), GEN (128), THREADS (2), TYPES ("q8_0 q4_0"; gptoss:
+# RUNS (5), PROMPT (512), GEN (128; PROMPT + GEN within the model's context),
+# THREADS (2), TYPES ("q8_0 q4_0"; gptoss:
 # "mxfp4"), KV (f16), MIN_RATIO (1.6),
 # LLAMA_VENV (/work/llama-venv), LLAMA_SRC (/work/llama-src), BENCH_PY
 # (/work/bench-venv/bin/python: numpy, for make_bench_model.py), CONVERT_PY
@@ -148,6 +149,13 @@ NAME="$FAMILY-w"
 MODEL="$BENCH/$NAME"
 if [ ! -f "$MODEL/config.json" ]; then
   "$BENCH_PY" "$ROOT/scripts/make_bench_model.py" "$MODEL" --family "$FAMILY" --layers "$LAYERS"
+fi
+# Both engines must be able to decode every token asked for: charm stops a
+# sequence at the model's context (its decode rate would read 0).
+CONTEXT="$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c.get("text_config", c)["max_position_embeddings"])' "$MODEL/config.json")"
+if [ $((PROMPT + GEN)) -gt "$CONTEXT" ]; then
+  echo "PROMPT ($PROMPT) + GEN ($GEN) exceeds the model's context of $CONTEXT tokens" >&2
+  exit 2
 fi
 TOKDIR="$BENCH/$NAME-tok"
 if [ ! -f "$TOKDIR/tokenizer.json" ]; then
