@@ -8,7 +8,8 @@
 //! The last two lines multiply many 2048 × 2048 Q4_0 matrices one after
 //! another (a layer's projections: what each product's start and end
 //! cost), each packed into a copy of its own as the GGUF loader makes
-//! them, then the same number as slices of one packed copy. Each line:
+//! them, then the same number as slices of one packed copy, on a thread of
+//! the pool kept warm as the engine calls them (`warm::run_warm`). Each line:
 //! format, median of 7 passes (min, max). Compare software prefetch
 //! settings with `CHARM_PREFETCH=0` (off) against the default in
 //! alternating runs; docs/kernels.md quotes the results.
@@ -81,11 +82,16 @@ fn main() {
     let gb = whole.len() as f64 / 1e9;
     let mut out = vec![0.0f32; rows];
     for (what, set) in [("own copies", &own), ("slices of one", &shared)] {
+        // On a thread of the pool with the others kept awake, as the engine
+        // runs a step's layers (called from outside the pool, every product
+        // is handed to it and waited for).
         let rate = gbs(gb, || {
-            for w in set {
-                w.matvec(&x, &mut out);
-                std::hint::black_box(&out);
-            }
+            charm_common::warm::run_warm(|| {
+                for w in set {
+                    w.matvec(&x, &mut out);
+                    std::hint::black_box(&out);
+                }
+            })
         });
         println!("Q4_0 {count} x {rows} x {COLS}, {what} {rate}");
     }
