@@ -970,6 +970,10 @@ mod tests {
             (GgmlType::MXFP4, 2880),
             (GgmlType::Q8_0, 2880),
             (GgmlType::Q4_0, 2880),
+            // Q5_0 (arranged as Q8_0 in prefill, never packed) at GLM-4.5-Air's
+            // expert width, 5 chunks and 4 blocks.
+            (GgmlType::Q5_0, 512),
+            (GgmlType::Q5_0, 1408),
         ];
         for (ty, cols) in shapes {
             let rows = 40;

@@ -1,6 +1,7 @@
-//! Matrix-matrix products (prefill) of Q8_0, Q4_0, MXFP4, Q4_K and Q6_K rows on x86: the same
-//! definition and bits as [`super::dot`], with the data laid out so that
-//! no block needs a horizontal fold.
+//! Matrix-matrix products (prefill) of Q8_0, Q4_0, Q5_0, MXFP4, IQ4 and
+//! the K-quant rows on x86: the same definition and bits as
+//! [`super::dot`], with the data laid out so that no block needs a
+//! horizontal fold.
 //!
 //! [`super::dot`] multiplies each block's 32 codes in one register and
 //! then folds the eight i32 lanes of each block into one sum (`vphaddd`),
@@ -45,6 +46,10 @@
 //!   - Q5_K ([`q5k`]): Q4_K's packing with the fifth bits in one more
 //!     register.
 //!
+//! Q5_0 rows are not packed: [`arrange_row`] lays each out as the Q8_0 row
+//! it equals ([`q5_0`]: the same scale, codes `q − 16`, the same integer
+//! sums and bits), for prefill; decode folds them as stored.
+//!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4, IQ4_NL) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks, MLA's
 //! per-head `attn_k_b` rows 192 columns, no whole chunk at all. The `k`
@@ -70,6 +75,7 @@ pub const CHUNK: usize = 8 * QK;
 pub mod iq4xs;
 pub mod q23k;
 pub mod q4k;
+mod q5_0;
 pub mod q5k;
 pub mod q6k;
 
@@ -81,14 +87,17 @@ pub fn packable(ty: GgmlType, cols: usize) -> bool {
 
 /// [`packable`] for a chosen instruction set (which this CPU must run).
 pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    usable_on(isa, ty, cols)
+    // Q5_0 is arranged as Q8_0 ([`q5_0`]), which a packed copy would take
+    // the size of.
+    ty != GgmlType::Q5_0 && usable_on(isa, ty, cols)
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0, Q4_0, MXFP4 or IQ4_NL rows of whole blocks (whole chunks and up
-/// to seven blocks past them, or fewer blocks than a chunk), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
-/// super-blocks, so whole chunks), on an
-/// AVX2 or AVX-512 VNNI CPU (the active instruction set, [`Isa::active`]).
+/// Q8_0, Q4_0, Q5_0 (arranged as Q8_0, [`q5_0`]), MXFP4 or IQ4_NL rows of
+/// whole blocks (whole chunks and up to seven blocks past them, or fewer
+/// blocks than a chunk), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
+/// super-blocks, so whole chunks), on an AVX2 or AVX-512 VNNI CPU (the
+/// active instruction set, [`Isa::active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
     usable_on(Isa::active(), ty, cols)
 }
@@ -96,7 +105,9 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => cols > 0 && cols.is_multiple_of(QK),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => {
+            cols > 0 && cols.is_multiple_of(QK)
+        }
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
             cols > 0 && cols.is_multiple_of(CHUNK)
         }
@@ -254,6 +265,11 @@ pub(crate) fn pack_tail(ty: GgmlType, src: &[u8], dst: &mut [u8], flip: bool) {
     }
 }
 
+thread_local! {
+    /// A Q5_0 row converted for [`arrange_row_on`] (reused between rows).
+    static Q5_0_AS_Q8_0: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Lays out `row` (`cols` elements of `ty`) for [`dot_many_arranged`] on the
 /// active instruction set.
 ///
@@ -276,6 +292,13 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
         "{ty} rows of {cols} have no arranged product on {isa:?}"
     );
     assert_eq!(row.len() % bs, 0, "{ty} row of {} bytes is not whole blocks", row.len());
+    if ty == GgmlType::Q5_0 {
+        // The Q8_0 row it equals, bit for bit in every product.
+        return Q5_0_AS_Q8_0.with_borrow_mut(|q8| {
+            q5_0::as_q8_0(isa, row, q8);
+            arrange_row_on(isa, GgmlType::Q8_0, q8, out)
+        });
+    }
     out.ty = Some(ty);
     out.isa = Some(isa);
     out.cols = cols;

@@ -16,6 +16,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
         for ty in [
             GgmlType::Q8_0,
             GgmlType::Q4_0,
+            GgmlType::Q5_0,
             GgmlType::MXFP4,
             GgmlType::IQ4_NL,
             GgmlType::Q4_K,
@@ -370,6 +371,9 @@ fn usable_rows_are_whole_blocks_or_super_blocks() {
     assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
     assert_eq!(usable(GgmlType::IQ4_XS, 4096), x86);
     assert_eq!(packable(GgmlType::IQ4_XS, 4096), x86);
+    // Q5_0: arranged as Q8_0 for prefill, folded as stored in decode.
+    assert_eq!(usable(GgmlType::Q5_0, 1408), x86);
+    assert!(!packable(GgmlType::Q5_0, 1408));
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
         // Blocks past the last whole chunk (gpt-oss's 2880 = 11 chunks
         // and two blocks), or fewer blocks than a chunk (MLA's per-head
@@ -401,6 +405,8 @@ fn rows_with_extremes(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usi
             GgmlType::Q4_0 => blk[2..].fill(if b % 2 == 0 { 0xff } else { 0xf0 }),
             // Levels -127 (nibble 0) and 113 (nibble 15).
             GgmlType::IQ4_NL => blk[2..].fill(if b % 2 == 0 { 0x00 } else { 0xf0 }),
+            // Codes 31 and 0 (every fifth bit and nibble set, or none).
+            GgmlType::Q5_0 => blk[2..].fill(if b % 2 == 0 { 0xff } else { 0x00 }),
             _ => {
                 blk[0] = [0, 1, 2, 127, 128, 254, 255][b % 7];
                 blk[1..].fill(if b % 3 == 0 { 0xff } else { 0x77 });
@@ -424,7 +430,13 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
             continue;
         }
         ran = true;
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4, GgmlType::IQ4_NL] {
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::MXFP4,
+            GgmlType::IQ4_NL,
+        ] {
             // gpt-oss's width, 32 k for k not a multiple of 8, whole chunks.
             for cols in [
                 2880,
@@ -474,9 +486,15 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
                 for a in &mut acts {
                     a.arrange();
                 }
-                let packed = pack_rows_on(isa, ty, &data, rows, cols);
+                // Q5_0 is arranged (as Q8_0), never packed.
+                let packs = packable_on(isa, ty, cols);
+                let packed = if packs {
+                    pack_rows_on(isa, ty, &data, rows, cols)
+                } else {
+                    data.clone()
+                };
                 assert_eq!(packed.len(), data.len());
-                for (t, a) in acts.iter().enumerate() {
+                for (t, a) in acts.iter().enumerate().filter(|_| packs) {
                     let mut got = vec![0.0f32; rows];
                     dot_rows_packed_on(isa, ty, &packed, a, &mut got);
                     for r in 0..rows {
@@ -493,9 +511,11 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
                     let batch = ArrangedActs::new(&many);
                     for r in 0..rows {
                         let mut got = vec![0.0f32; n];
-                        dot_many_packed_on(isa, ty, &packed[r * rb..(r + 1) * rb], &batch, &mut got);
-                        let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
-                        assert_eq!(bits, want[r][..n], "{isa:?} {ty} {cols} many packed row {r}, {n} acts");
+                        if packs {
+                            dot_many_packed_on(isa, ty, &packed[r * rb..(r + 1) * rb], &batch, &mut got);
+                            let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                            assert_eq!(bits, want[r][..n], "{isa:?} {ty} {cols} many packed row {r}, {n} acts");
+                        }
                         arrange_row_on(isa, ty, &data[r * rb..(r + 1) * rb], &mut arranged);
                         dot_many_arranged(&arranged, &batch, &mut got);
                         let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
