@@ -970,10 +970,13 @@ mod tests {
             (GgmlType::MXFP4, 2880),
             (GgmlType::Q8_0, 2880),
             (GgmlType::Q4_0, 2880),
-            // Q5_0 (arranged as Q8_0 in prefill, never packed) at GLM-4.5-Air's
-            // expert width, 5 chunks and 4 blocks.
+            // Q5_0 (arranged as Q8_0 in prefill, never packed), Q4_1 and
+            // Q5_1 (arranged per product) at GLM-4.5-Air's expert width, 5
+            // chunks and 4 blocks.
             (GgmlType::Q5_0, 512),
             (GgmlType::Q5_0, 1408),
+            (GgmlType::Q4_1, 512),
+            (GgmlType::Q5_1, 1408),
         ];
         for (ty, cols) in shapes {
             let rows = 40;

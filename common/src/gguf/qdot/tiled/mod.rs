@@ -48,7 +48,8 @@
 //!
 //! Q5_0 rows are not packed: [`arrange_row`] lays each out as the Q8_0 row
 //! it equals ([`q5_0`]: the same scale, codes `q − 16`, the same integer
-//! sums and bits), for prefill; decode folds them as stored.
+//! sums and bits), for prefill; decode folds them as stored. Q4_1 and Q5_1
+//! rows likewise, with their own term (a min per block, [`q4_1`]).
 //!
 //! Rows of the 32-element types (Q8_0, Q4_0, MXFP4, IQ4_NL) need not be whole
 //! chunks: gpt-oss's 2880 columns are 11 chunks and two blocks, MLA's
@@ -74,6 +75,7 @@ pub const CHUNK: usize = 8 * QK;
 
 pub mod iq4xs;
 pub mod q23k;
+mod q4_1;
 pub mod q4k;
 mod q5_0;
 pub mod q5k;
@@ -88,13 +90,13 @@ pub fn packable(ty: GgmlType, cols: usize) -> bool {
 /// [`packable`] for a chosen instruction set (which this CPU must run).
 pub fn packable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     // Q5_0 is arranged as Q8_0 ([`q5_0`]), which a packed copy would take
-    // the size of.
-    ty != GgmlType::Q5_0 && usable_on(isa, ty, cols)
+    // the size of; Q4_1 and Q5_1 are arranged per product only ([`q4_1`]).
+    !matches!(ty, GgmlType::Q5_0 | GgmlType::Q4_1 | GgmlType::Q5_1) && usable_on(isa, ty, cols)
 }
 
 /// Whether [`dot_many_arranged`] runs rows of `ty` with `cols` elements here:
-/// Q8_0, Q4_0, Q5_0 (arranged as Q8_0, [`q5_0`]), MXFP4 or IQ4_NL rows of
-/// whole blocks (whole chunks and up to seven blocks past them, or fewer
+/// Q8_0, Q4_0, Q5_0 (arranged as Q8_0, [`q5_0`]), Q4_1, Q5_1 ([`q4_1`]),
+/// MXFP4 or IQ4_NL rows of whole blocks (whole chunks and up to seven blocks past them, or fewer
 /// blocks than a chunk), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS rows (whole
 /// super-blocks, so whole chunks), on an AVX2 or AVX-512 VNNI CPU (the
 /// active instruction set, [`Isa::active`]).
@@ -105,9 +107,13 @@ pub fn usable(ty: GgmlType, cols: usize) -> bool {
 /// [`usable`] for a chosen instruction set (which this CPU must run).
 pub fn usable_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     let width = match ty {
-        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::MXFP4 | GgmlType::IQ4_NL => {
-            cols > 0 && cols.is_multiple_of(QK)
-        }
+        GgmlType::Q8_0
+        | GgmlType::Q4_0
+        | GgmlType::Q4_1
+        | GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::MXFP4
+        | GgmlType::IQ4_NL => cols > 0 && cols.is_multiple_of(QK),
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS => {
             cols > 0 && cols.is_multiple_of(CHUNK)
         }
@@ -298,6 +304,9 @@ pub fn arrange_row_on(isa: Isa, ty: GgmlType, row: &[u8], out: &mut ArrangedRow)
             q5_0::as_q8_0(isa, row, q8);
             arrange_row_on(isa, GgmlType::Q8_0, q8, out)
         });
+    }
+    if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        return q4_1::arrange(isa, ty, row, out);
     }
     out.ty = Some(ty);
     out.isa = Some(isa);

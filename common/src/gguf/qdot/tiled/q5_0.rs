@@ -24,7 +24,8 @@ const Q8_BLOCK: usize = 34;
 /// codes `q − 16`. Element `i < 16` of a block is the low nibble of byte
 /// `i` of its nibble pairs, `16 + i` the high one, each with bit `i` (or
 /// `16 + i`) of its fifth bits, as `reference::codes` reads them. AVX2
-/// CPUs convert a block in registers ([`x86::block`]), the same bytes.
+/// CPUs convert a block in registers (`x86::five_bit_codes`), the same
+/// bytes.
 pub(crate) fn as_q8_0(isa: Isa, row: &[u8], out: &mut Vec<u8>) {
     debug_assert_eq!(GgmlType::Q5_0.block_bytes(), BLOCK);
     debug_assert_eq!(GgmlType::Q8_0.block_bytes(), Q8_BLOCK);
@@ -37,7 +38,7 @@ pub(crate) fn as_q8_0(isa: Isa, row: &[u8], out: &mut Vec<u8>) {
             o[..2].copy_from_slice(&b[..2]);
             // SAFETY: the CPU runs AVX2; `b` holds a block (22 bytes) and
             // `o` 32 code bytes after the scale.
-            unsafe { x86::block(b.as_ptr(), o[2..].as_mut_ptr()) };
+            unsafe { super::x86::five_bit_codes(b.as_ptr().add(6), Some(b.as_ptr().add(2)), 16, o[2..].as_mut_ptr()) };
         }
         return;
     }
@@ -50,39 +51,6 @@ pub(crate) fn as_q8_0(isa: Isa, row: &[u8], out: &mut Vec<u8>) {
         for i in 0..16 {
             o[2 + i] = code(i, b[6 + i] & 0x0f);
             o[18 + i] = code(16 + i, b[6 + i] >> 4);
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    /// One block's 32 codes `q − 16` at `out`: the nibbles split (low
-    /// nibbles the first 16 bytes, high the last 16), each byte's fifth
-    /// bit found by replicating qh byte `i / 8` into byte `i` and testing
-    /// bit `i mod 8`.
-    ///
-    /// # Safety
-    /// AVX2; `block` readable for 22 bytes, `out` writable for 32.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn block(block: *const u8, out: *mut u8) {
-        // SAFETY: the caller's promise.
-        unsafe {
-            let qs = _mm_loadu_si128(block.add(6) as *const __m128i);
-            let low4 = _mm_set1_epi8(0x0f);
-            let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low4), _mm_and_si128(qs, low4));
-            let qh = _mm256_set1_epi32((block.add(2) as *const i32).read_unaligned());
-            let spread = _mm256_shuffle_epi8(
-                qh,
-                _mm256_setr_epi8(
-                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-                ),
-            );
-            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
-            let codes = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-            _mm256_storeu_si256(out as *mut __m256i, _mm256_sub_epi8(codes, _mm256_set1_epi8(16)));
         }
     }
 }

@@ -17,6 +17,8 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
             GgmlType::MXFP4,
             GgmlType::IQ4_NL,
             GgmlType::Q4_K,
@@ -367,7 +369,12 @@ fn requantizing_drops_the_arrangement() {
 fn usable_rows_are_whole_blocks_or_super_blocks() {
     let x86 = matches!(Isa::active(), Isa::Avx2 | Isa::Avx512Vnni);
     assert_eq!(usable(GgmlType::Q5_K, 4096), x86);
-    assert!(!usable(GgmlType::Q4_1, 4096));
+    // Q4_1 and Q5_1: arranged for prefill, folded as stored in decode.
+    for ty in [GgmlType::Q4_1, GgmlType::Q5_1] {
+        assert_eq!(usable(ty, 1408), x86, "{ty}");
+        assert!(!packable(ty, 1408), "{ty}");
+    }
+    assert!(!usable(GgmlType::F16, 4096));
     assert_eq!(usable(GgmlType::Q4_K, 4096), usable(GgmlType::Q8_0, 4096));
     assert_eq!(usable(GgmlType::IQ4_XS, 4096), x86);
     assert_eq!(packable(GgmlType::IQ4_XS, 4096), x86);
@@ -407,6 +414,8 @@ fn rows_with_extremes(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usi
             GgmlType::IQ4_NL => blk[2..].fill(if b % 2 == 0 { 0x00 } else { 0xf0 }),
             // Codes 31 and 0 (every fifth bit and nibble set, or none).
             GgmlType::Q5_0 => blk[2..].fill(if b % 2 == 0 { 0xff } else { 0x00 }),
+            // Codes 15 / 31 and 0, the scale and min kept.
+            GgmlType::Q4_1 | GgmlType::Q5_1 => blk[4..].fill(if b % 2 == 0 { 0xff } else { 0x00 }),
             _ => {
                 blk[0] = [0, 1, 2, 127, 128, 254, 255][b % 7];
                 blk[1..].fill(if b % 3 == 0 { 0xff } else { 0x77 });
@@ -434,6 +443,8 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
             GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q5_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_1,
             GgmlType::MXFP4,
             GgmlType::IQ4_NL,
         ] {

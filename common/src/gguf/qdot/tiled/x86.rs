@@ -104,6 +104,39 @@ pub(super) unsafe fn transpose32(src: *const u8, stride: usize, dst: *mut u8, fl
     }
 }
 
+/// One block's 32 codes in element order at `out` (element `i < 16` the
+/// low nibble of byte `i` of `qs`, `16 + i` its high nibble), each with
+/// its fifth bit from the 32 bits at `qh` when there are some (bit `e` of
+/// their little-endian word at bit 4 of code `e`), less `minus`: the
+/// nibbles split into two halves, and the fifth bits found by replicating
+/// byte `i / 8` of `qh` into code `i` and testing bit `i mod 8`.
+///
+/// # Safety
+/// AVX2; `qs` readable for 16 bytes, `qh` (if any) for 4, `out` writable
+/// for 32.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn five_bit_codes(qs: *const u8, qh: Option<*const u8>, minus: i8, out: *mut u8) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let v = _mm_loadu_si128(qs as *const __m128i);
+        let low4 = _mm_set1_epi8(0x0f);
+        let mut codes = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
+        if let Some(qh) = qh {
+            let bytes = _mm256_set1_epi32((qh as *const i32).read_unaligned());
+            let spread = _mm256_shuffle_epi8(
+                bytes,
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                ),
+            );
+            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+            codes = _mm256_or_si256(codes, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        }
+        _mm256_storeu_si256(out as *mut __m256i, _mm256_sub_epi8(codes, _mm256_set1_epi8(minus)));
+    }
+}
+
 /// [`super::arrange_row_on`]'s layout of whole chunks: codes (Q4_0
 /// unpacked, MXFP4's and IQ4_NL's looked up, Q8_0's, MXFP4's and IQ4_NL's
 /// flipped by 128 when `offset`) and widened scales.
@@ -660,6 +693,20 @@ unsafe fn k_term(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256, dx: __m256,
     }
 }
 
+/// [`super::super::combine`]'s Q4_1 / Q5_1 term on eight blocks' lanes:
+/// `(d * dx) * f32(i) + (m * dx) * f32(S)`, `S` the activation blocks'
+/// code totals.
+#[inline(always)]
+unsafe fn min_term(d: __m256, m: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
+    // SAFETY: register arithmetic only (the caller's target runs AVX2).
+    unsafe {
+        _mm256_add_ps(
+            _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i)),
+            _mm256_mul_ps(_mm256_mul_ps(m, dx), _mm256_cvtepi32_ps(tot)),
+        )
+    }
+}
+
 /// [`super::super::combine`]'s Q6_K term on eight sub-blocks' lanes, from
 /// the half sums `lo`, `hi`, the activations' `off6` (`32 s` per half) and
 /// the chunk's `d` and half scales (read once per chunk):
@@ -896,13 +943,21 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
     acts: [&Q8Acts; N],
     mut acc: [__m256; N],
 ) -> [__m256; N] {
-    let (h, k) = (head(ty), tail.len() / ty.block_bytes());
+    // Q4_1 / Q5_1: their arranged tail ([`super::q4_1`]): the `k` scales,
+    // the `k` mins, then eight steps of unsigned code bytes.
+    let min_type = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+    let (h, k) = if min_type {
+        (4, tail.len() / super::q4_1::TAIL_BLOCK)
+    } else {
+        (head(ty), tail.len() / ty.block_bytes())
+    };
     let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     let low4 = _mm256_set1_epi8(0x0f);
     let mx = ty == GgmlType::MXFP4;
     // Q8_0, MXFP4 and IQ4_NL on VNNI carry +128 (packed / looked up), Q4_0 its 8.
     let shift = match ty {
         GgmlType::Q4_0 => Some(3),
+        GgmlType::Q4_1 | GgmlType::Q5_1 => None,
         _ if VNNI => Some(7),
         _ => None,
     };
@@ -916,7 +971,7 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
         let p = tail.as_ptr();
         let step = |base: *const u8, j: usize| _mm256_maskload_epi32(base.add(4 * k * j) as *const i32, mask);
         let mut w = [_mm256_setzero_si256(); 8];
-        if ty == GgmlType::Q8_0 {
+        if ty == GgmlType::Q8_0 || min_type {
             for (j, w) in w.iter_mut().enumerate() {
                 *w = step(p.add(h * k), j);
             }
@@ -948,7 +1003,7 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
             let q0 = a.qt.as_ptr().add(QK * b0) as *const u8;
             let mut s = _mm256_setzero_si256();
             for (j, &w) in w.iter().enumerate() {
-                s = if ty == GgmlType::Q4_0 || VNNI {
+                s = if ty == GgmlType::Q4_0 || min_type || VNNI {
                     madd::<VNNI, false>(s, w, step(q0, j))
                 } else {
                     madd::<VNNI, true>(s, w, step(q0, j))
@@ -959,7 +1014,14 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
                 s = _mm256_sub_epi32(s, _mm256_sll_epi32(tot, _mm_cvtsi32_si128(shift)));
             }
             let dx = _mm256_maskload_ps(a.d.as_ptr().add(b0), mask);
-            let sum = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s)));
+            let term = if min_type {
+                let m = _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * k) as *const __m128i));
+                let tot = _mm256_maskload_epi32(a.tot.as_ptr().add(b0), mask);
+                min_term(dw, m, dx, s, tot)
+            } else {
+                _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s))
+            };
+            let sum = _mm256_add_ps(*acc, term);
             *acc = _mm256_blendv_ps(*acc, sum, _mm256_castsi256_ps(mask));
         }
         acc
@@ -981,8 +1043,10 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     acts: [&Q8Acts; N],
 ) -> [__m256; N] {
     let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
-    // Q5_K's 5-bit pairs (up to 2 · 31 · 127) are widened every step.
-    let wide = SIGNED || ty == GgmlType::Q5_K;
+    let min_type = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+    // Q5_K's and Q5_1's 5-bit pairs (up to 2 · 31 · 127) are widened every
+    // step.
+    let wide = SIGNED || matches!(ty, GgmlType::Q5_K | GgmlType::Q5_1);
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -1020,13 +1084,19 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 }
             }
             let dw = row.scales(c);
-            let (sc, mn, dmin) = if k_quant {
+            let (sc, mn, dmin) = if k_quant || min_type {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
             };
             for ((a, acc), s) in acts.iter().zip(acc.iter_mut()).zip(s) {
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+                if min_type {
+                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
+                    let i = if wide { s } else { _mm256_madd_epi16(s, ones) };
+                    *acc = _mm256_add_ps(*acc, min_term(dw, dmin, dx, i, tot));
+                    continue;
+                }
                 if k_quant {
                     let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
                     let i = if wide { s } else { _mm256_madd_epi16(s, ones) };
@@ -1110,7 +1180,10 @@ unsafe fn body<const N: usize>(ty: GgmlType, chunks: usize, row: impl Row, acts:
     unsafe {
         for c in 0..chunks {
             let (w, dw) = row.chunk(c);
-            let (sc, mn, dmin) = if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) {
+            let (sc, mn, dmin) = if matches!(
+                ty,
+                GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_1 | GgmlType::Q5_1
+            ) {
                 row.k_scales(c)
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
@@ -1174,6 +1247,10 @@ unsafe fn whole_term(
         let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
         if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
             return k_term(sc, mn, dw, dmin, dx, i, tot());
+        }
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            // Unsigned codes, no offset; `dmin` holds the blocks' mins.
+            return min_term(dw, dmin, dx, i, tot());
         }
         let i = match count {
             Some(count) => _mm256_sub_epi32(i, _mm256_sll_epi32(tot(), count)),
