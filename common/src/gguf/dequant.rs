@@ -167,7 +167,7 @@ fn q4_1(b: &BlockQ4_1, out: &mut [f32; QK]) {
 /// The 5-bit codes of elements `j` and `j + 16` of a Q5_0 / Q5_1 block:
 /// the nibbles, with bit 4 from bit `j` / `j + 16` of `qh`.
 #[inline(always)]
-fn codes5(qs: &[u8; 16], qh: u32, j: usize) -> (i32, i32) {
+pub(crate) fn codes5(qs: &[u8; 16], qh: u32, j: usize) -> (i32, i32) {
     let v = qs[j] as u32;
     let lo = (v & 0x0f) | (((qh >> j) & 1) << 4);
     let hi = (v >> 4) | (((qh >> (j + 16)) & 1) << 4);

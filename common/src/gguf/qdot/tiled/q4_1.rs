@@ -52,10 +52,10 @@ fn block_codes(isa: Isa, ty: GgmlType, block: &[u8], out: &mut [u8]) {
     let bits = qh.map_or(0, |h| {
         u32::from_le_bytes([block[h], block[h + 1], block[h + 2], block[h + 3]])
     });
+    let nibbles: &[u8; 16] = block[qs..qs + 16].try_into().expect("16 bytes of nibble pairs");
     for i in 0..16 {
-        let fifth = |e: usize| (((bits >> e) & 1) as u8) << 4;
-        out[i] = (block[qs + i] & 0x0f) | fifth(i);
-        out[16 + i] = (block[qs + i] >> 4) | fifth(16 + i);
+        let (lo, hi) = crate::gguf::dequant::codes5(nibbles, bits, i);
+        (out[i], out[16 + i]) = (lo as u8, hi as u8);
     }
 }
 

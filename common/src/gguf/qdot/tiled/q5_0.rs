@@ -23,9 +23,9 @@ const Q8_BLOCK: usize = 34;
 /// `row`'s blocks as Q8_0 blocks (`out` cleared first): the same `d`, the
 /// codes `q − 16`. Element `i < 16` of a block is the low nibble of byte
 /// `i` of its nibble pairs, `16 + i` the high one, each with bit `i` (or
-/// `16 + i`) of its fifth bits, as `reference::codes` reads them. AVX2
-/// CPUs convert a block in registers (`x86::five_bit_codes`), the same
-/// bytes.
+/// `16 + i`) of its fifth bits, as `reference::codes` reads them: AVX2
+/// CPUs convert a block in registers (`x86::five_bit_codes`), others take
+/// [`crate::gguf::dequant::q5_0_as_q8_0`] (the same bytes).
 pub(crate) fn as_q8_0(isa: Isa, row: &[u8], out: &mut Vec<u8>) {
     debug_assert_eq!(GgmlType::Q5_0.block_bytes(), BLOCK);
     debug_assert_eq!(GgmlType::Q8_0.block_bytes(), Q8_BLOCK);
@@ -44,15 +44,7 @@ pub(crate) fn as_q8_0(isa: Isa, row: &[u8], out: &mut Vec<u8>) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
-    for (b, o) in row.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q8_BLOCK)) {
-        o[..2].copy_from_slice(&b[..2]);
-        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        let code = |i: usize, nibble: u8| ((nibble | ((((qh >> i) & 1) as u8) << 4)) as i8 - 16) as u8;
-        for i in 0..16 {
-            o[2 + i] = code(i, b[6 + i] & 0x0f);
-            o[18 + i] = code(16 + i, b[6 + i] >> 4);
-        }
-    }
+    *out = crate::gguf::dequant::q5_0_as_q8_0(row);
 }
 
 #[cfg(test)]
