@@ -2,6 +2,7 @@
 """Write a random-weight, real-width MoE checkpoint for benchmarks.
 
     python3 scripts/make_bench_model.py OUT_DIR [--family olmoe|qwen3next|glm4moelite|gptoss] [--layers 4] [--seed 0]
+                                        [--expert-width N]
 
 OUT_DIR becomes a Hugging Face directory with real widths but only
 `--layers` decoder layers, weights in bfloat16 (gpt-oss's experts in
@@ -12,6 +13,10 @@ no tokenizer: drive it with `generate --prompt-ids`, or copy one in.
 - `olmoe` (default): `OlmoeForCausalLM` with OLMoE-1B-7B's widths (hidden
   2048, 16 heads of 128, 64 experts of intermediate 1024, top-8, vocabulary
   50304). At 4 layers about 3.0 GiB of experts and 0.4 GiB dense.
+  `--expert-width` sets another expert intermediate size (1408, as
+  GLM-4.5-Air's and DeepSeek-V2-Lite's experts: rows llama.cpp's
+  quantizer cannot give a K-quant, so its Q4_K_M holds their down
+  projections as Q5_0).
 - `qwen3next`: `Qwen3NextForCausalLM` with Qwen3-Next-80B-A3B's widths
   (hidden 2048; gated DeltaNet layers with 16 key / 32 value heads of 128
   and a width-4 conv; every fourth layer gated full attention, 16 heads of
@@ -594,9 +599,15 @@ def main():
     ap.add_argument("--family", choices=sorted(FAMILIES), default="olmoe", help="shape (default olmoe)")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
     ap.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    ap.add_argument("--expert-width", type=int, help="olmoe only: the experts' intermediate size (default 1024)")
     args = ap.parse_args()
     if args.layers < 1:
         sys.exit("--layers must be at least 1")
+    if args.expert_width is not None:
+        if args.family != "olmoe" or args.expert_width < 32 or args.expert_width % 32:
+            sys.exit("--expert-width takes an olmoe model and a positive multiple of 32")
+        global INTERMEDIATE
+        INTERMEDIATE = args.expert_width
     out = os.path.abspath(args.out)
     if os.path.exists(out):
         sys.exit(f"{out}: already exists; remove it or choose another OUT_DIR")
