@@ -575,8 +575,9 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
 }
 
 /// Whether [`dot_pair_packed`] multiplies two packed rows of `ty` × `cols`
-/// in one pass here: on AVX-512 VNNI, rows of whole chunks of Q8_0, Q4_0,
-/// MXFP4, IQ4_NL, IQ4_XS, Q4_K, Q5_K or Q6_K (Q2_K's and Q3_K's half
+/// in one pass here: on AVX-512 VNNI, packed rows of Q8_0, Q4_0, MXFP4 or
+/// IQ4_NL (a tail past the whole chunks added per row after them, as the
+/// one-row loop does), IQ4_XS, Q4_K, Q5_K or Q6_K (Q2_K's and Q3_K's half
 /// scales and sums take the registers a second row would need; AVX2's
 /// sixteen registers hold no second row).
 pub fn pairs_pay(ty: GgmlType, cols: usize) -> bool {
@@ -586,8 +587,7 @@ pub fn pairs_pay(ty: GgmlType, cols: usize) -> bool {
 /// [`pairs_pay`] for a chosen instruction set.
 pub fn pairs_pay_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
     isa == Isa::Avx512Vnni
-        && usable_on(isa, ty, cols)
-        && cols.is_multiple_of(CHUNK)
+        && packable_on(isa, ty, cols)
         && matches!(
             ty,
             GgmlType::Q8_0

@@ -527,6 +527,24 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
                             let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
                             assert_eq!(bits, want[r][..n], "{isa:?} {ty} {cols} many packed row {r}, {n} acts");
                         }
+                        if packs && isa == Isa::active() && r + 1 < rows {
+                            // Rows `r` and `r + 1` in one pass (their tails
+                            // after the chunks).
+                            let row = |r: usize| &packed[r * rb..(r + 1) * rb];
+                            let (mut oa, mut ob) = (vec![0.0f32; n], vec![0.0f32; n]);
+                            dot_pair_packed(ty, (row(r), row(r + 1)), &batch, &mut oa, &mut ob);
+                            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                            assert_eq!(
+                                bits(&oa),
+                                want[r][..n],
+                                "{isa:?} {ty} {cols} pair, first row {r}, {n} acts"
+                            );
+                            assert_eq!(
+                                bits(&ob),
+                                want[r + 1][..n],
+                                "{isa:?} {ty} {cols} pair, second row, {n} acts"
+                            );
+                        }
                         arrange_row_on(isa, ty, &data[r * rb..(r + 1) * rb], &mut arranged);
                         dot_many_arranged(&arranged, &batch, &mut got);
                         let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();

@@ -1316,15 +1316,36 @@ pub(super) unsafe fn pair_packed_vnni(
     let cb = chunk_bytes(ty);
     let chunks = a.len() / cb;
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    // SAFETY (all): forwarded; both rows hold `chunks` whole chunks.
+    // The blocks past the whole chunks, if any ([`super::pack_tail`]).
+    let tails = (&a[chunks * cb..], &b[chunks * cb..]);
+    // SAFETY (all): forwarded; both rows hold `chunks` whole chunks, then
+    // their tails.
     unsafe {
         match ty {
-            GgmlType::MXFP4 => pair_rows(GgmlType::MXFP4, chunks, lut_pair::<LUT_MXFP4>(pa, pb), acts, (oa, ob)),
-            GgmlType::IQ4_XS => pair_rows(GgmlType::IQ4_XS, chunks, lut_pair::<LUT_IQ4_XS>(pa, pb), acts, (oa, ob)),
-            GgmlType::IQ4_NL => pair_rows(GgmlType::IQ4_NL, chunks, lut_pair::<LUT_IQ4_NL>(pa, pb), acts, (oa, ob)),
+            GgmlType::MXFP4 => pair_rows(
+                GgmlType::MXFP4,
+                (chunks, tails),
+                lut_pair::<LUT_MXFP4>(pa, pb),
+                acts,
+                (oa, ob),
+            ),
+            GgmlType::IQ4_XS => pair_rows(
+                GgmlType::IQ4_XS,
+                (chunks, tails),
+                lut_pair::<LUT_IQ4_XS>(pa, pb),
+                acts,
+                (oa, ob),
+            ),
+            GgmlType::IQ4_NL => pair_rows(
+                GgmlType::IQ4_NL,
+                (chunks, tails),
+                lut_pair::<LUT_IQ4_NL>(pa, pb),
+                acts,
+                (oa, ob),
+            ),
             _ => each_type!(ty, t => pair_rows(
                 t,
-                chunks,
+                (chunks, tails),
                 (Packed { ty: t, p: pa, cb }, Packed { ty: t, p: pb, cb }),
                 acts,
                 (oa, ob),
@@ -1344,11 +1365,13 @@ fn lut_pair<const KIND: u8>(pa: *const u8, pb: *const u8) -> (PackedLut<KIND>, P
 }
 
 /// Octets of activation rows, then a quad, then the one to three left, for
-/// a pair of rows (eight rows share each decoded weight step).
+/// a pair of rows (eight rows share each decoded weight step); each row's
+/// tail, if any, into its lanes after the chunks ([`tail_vnni`]), as the
+/// one-row loop adds it.
 #[inline(always)]
 unsafe fn pair_rows<R: Row>(
     ty: GgmlType,
-    chunks: usize,
+    (chunks, (tail_a, tail_b)): (usize, (&[u8], &[u8])),
     rows: (R, R),
     acts: &[&Q8Acts],
     out: (&mut [f32], &mut [f32]),
@@ -1359,7 +1382,15 @@ unsafe fn pair_rows<R: Row>(
         ($n:literal) => {{
             let a: [&Q8Acts; $n] = std::array::from_fn(|k| acts[t + k]);
             // SAFETY: forwarded; `t + $n` rows are left.
-            let (x, y) = unsafe { body_pair::<$n>(ty, chunks, rows, a) };
+            let (mut x, mut y) = unsafe { body_pair::<$n>(ty, chunks, rows, a) };
+            if !tail_a.is_empty() {
+                // SAFETY: forwarded; each tail holds the row's blocks from
+                // `8 * chunks` on.
+                unsafe {
+                    x = tail_vnni::<$n>(ty, tail_a, 8 * chunks, a, x);
+                    y = tail_vnni::<$n>(ty, tail_b, 8 * chunks, a, y);
+                }
+            }
             // SAFETY: register arithmetic on this target.
             let (x, y) = unsafe {
                 (
