@@ -1316,36 +1316,19 @@ pub(super) unsafe fn pair_packed_vnni(
     let cb = chunk_bytes(ty);
     let chunks = a.len() / cb;
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    // The blocks past the whole chunks, if any ([`super::pack_tail`]).
-    let tails = (&a[chunks * cb..], &b[chunks * cb..]);
+    // The whole chunks, and each row's blocks past them if any
+    // ([`super::pack_tail`]).
+    let span = (chunks, (&a[chunks * cb..], &b[chunks * cb..]));
     // SAFETY (all): forwarded; both rows hold `chunks` whole chunks, then
     // their tails.
     unsafe {
         match ty {
-            GgmlType::MXFP4 => pair_rows(
-                GgmlType::MXFP4,
-                (chunks, tails),
-                lut_pair::<LUT_MXFP4>(pa, pb),
-                acts,
-                (oa, ob),
-            ),
-            GgmlType::IQ4_XS => pair_rows(
-                GgmlType::IQ4_XS,
-                (chunks, tails),
-                lut_pair::<LUT_IQ4_XS>(pa, pb),
-                acts,
-                (oa, ob),
-            ),
-            GgmlType::IQ4_NL => pair_rows(
-                GgmlType::IQ4_NL,
-                (chunks, tails),
-                lut_pair::<LUT_IQ4_NL>(pa, pb),
-                acts,
-                (oa, ob),
-            ),
+            GgmlType::MXFP4 => pair_rows(GgmlType::MXFP4, span, lut_pair::<LUT_MXFP4>(pa, pb), acts, (oa, ob)),
+            GgmlType::IQ4_XS => pair_rows(GgmlType::IQ4_XS, span, lut_pair::<LUT_IQ4_XS>(pa, pb), acts, (oa, ob)),
+            GgmlType::IQ4_NL => pair_rows(GgmlType::IQ4_NL, span, lut_pair::<LUT_IQ4_NL>(pa, pb), acts, (oa, ob)),
             _ => each_type!(ty, t => pair_rows(
                 t,
-                (chunks, tails),
+                span,
                 (Packed { ty: t, p: pa, cb }, Packed { ty: t, p: pb, cb }),
                 acts,
                 (oa, ob),
