@@ -5,6 +5,17 @@ use super::*;
 use crate::gguf::dot::tests::random_row;
 use crate::gguf::qdot::dot_on;
 
+/// The 32-element types the transposed products take, whole chunks or not.
+const BLOCK_TYPES: [GgmlType; 7] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::MXFP4,
+    GgmlType::IQ4_NL,
+];
+
 #[test]
 fn arranged_products_equal_the_row_dot_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
@@ -13,21 +24,15 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
         if !isa.runs() {
             continue;
         }
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_1,
-            GgmlType::MXFP4,
-            GgmlType::IQ4_NL,
+        let super_block_types = [
             GgmlType::Q4_K,
             GgmlType::Q6_K,
             GgmlType::IQ4_XS,
             GgmlType::Q2_K,
             GgmlType::Q3_K,
             GgmlType::Q5_K,
-        ] {
+        ];
+        for ty in BLOCK_TYPES.into_iter().chain(super_block_types) {
             for case in 0..12 {
                 // Whole chunks, and for the 32-element types as many as
                 // seven blocks past them.
@@ -439,15 +444,7 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
             continue;
         }
         ran = true;
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q5_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_1,
-            GgmlType::MXFP4,
-            GgmlType::IQ4_NL,
-        ] {
+        for ty in BLOCK_TYPES {
             // gpt-oss's width, 32 k for k not a multiple of 8, whole chunks.
             for cols in [
                 2880,
