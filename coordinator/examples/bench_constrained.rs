@@ -35,7 +35,7 @@ fn decode(
     let eos = engine.config().eos_token_ids.clone();
     let mut cache = engine.model.new_cache();
     let mut logits = engine.forward(prompt, &mut cache, false).unwrap();
-    let mut sampler = Sampler::new(SamplingParams::default());
+    let mut sampler = Sampler::new(SamplingParams::default(), &[]);
     let (mut masked_s, mut count) = (0.0, 0);
     let mut allowed: Vec<f32> = Vec::new();
     let t = Instant::now();

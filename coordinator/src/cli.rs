@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! coordinator --local --model DIR generate (--prompt TEXT | --prompt-ids 1,2,3) [--chat]
-//!             [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S]
+//!             [--max-tokens N] [--temperature T] [--top-p P] [--top-k K] [--min-p P]
+//!             [--repetition-penalty R] [--presence-penalty P] [--frequency-penalty F] [--seed S]
 //!             [--ignore-eos] [--json]
 //! coordinator --local --model DIR chat
 //! coordinator --local --model DIR (serve | web) [--host 127.0.0.1] [--port 8000] [--api-key-file F]
@@ -186,6 +187,18 @@ pub struct SamplingArgs {
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
+    /// Keep only tokens at least this fraction as likely as the most likely (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// transformers' repetition penalty over the prompt and the output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtracted from the logit of every token already generated (-2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit per time it was generated (-2 to 2).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
     /// Seed of the sampler (default: random, printed with --json).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -493,6 +506,11 @@ fn params(s: &SamplingArgs) -> Result<GenerateParams> {
         temperature: s.temperature,
         top_p: s.top_p,
         top_k: s.top_k,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        logit_bias: Vec::new(),
         seed,
     };
     sampling.validate().map_err(anyhow::Error::msg)?;

@@ -522,7 +522,7 @@ impl Engine {
         let prefill_s = t0.elapsed().as_secs_f64();
         let prefill_bytes = self.experts.stats().since(&before).expert_bytes_read;
 
-        let mut sampler = Sampler::new(params.sampling.clone());
+        let mut sampler = Sampler::new(params.sampling.clone(), prompt);
         let mut ids = Vec::new();
         let mut finish = FinishReason::Length;
         let mut ttft_ms = 0.0;
@@ -618,9 +618,9 @@ impl Engine {
         }
         let mut seqs: Vec<Seq> = prompts
             .iter()
-            .map(|_| Seq {
+            .map(|prompt| Seq {
                 cache: self.model.new_cache(),
-                sampler: Sampler::new(params.sampling.clone()),
+                sampler: Sampler::new(params.sampling.clone(), prompt),
                 fed: 0,
                 ids: Vec::new(),
                 done: (params.max_tokens == 0).then_some(FinishReason::Length),

@@ -230,6 +230,38 @@ fn sampling_is_reproducible_with_a_seed() {
 }
 
 #[test]
+fn penalties_steer_a_greedy_run() {
+    let r = reference("mixtral");
+    let p = csv(&ids(&r["prompt_ids"]));
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt-ids",
+            &p,
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        ids(&json_run(&fixture("mixtral"), &args)["ids"])
+    };
+    let greedy = run(&[]);
+    assert_eq!(greedy, ids(&r["greedy_ids"])[..16]);
+    // A frequency penalty of 2 outweighs a repeat the plain run makes;
+    // a negative presence penalty (parsed as a number) favours repeats.
+    assert!(
+        greedy.iter().enumerate().any(|(i, t)| greedy[..i].contains(t)),
+        "the fixture's greedy run repeats a token: {greedy:?}"
+    );
+    let fresh = run(&["--frequency-penalty", "2", "--repetition-penalty", "1.3"]);
+    assert_ne!(fresh, greedy);
+    let again = run(&["--presence-penalty", "-1.5"]);
+    assert_ne!(again, fresh);
+    assert_eq!(again, run(&["--presence-penalty", "-1.5"]));
+}
+
+#[test]
 fn stops_at_eos_unless_told_to_ignore_it() {
     let r = reference("qwen2moe");
     let greedy = ids(&r["greedy_ids"]);
@@ -457,6 +489,10 @@ fn bad_requests_are_clear_errors() {
     assert_clean_failure(&out, &["top-p"]);
     let out = coordinator(&dir, &["generate", "--prompt-ids", "1", "--temperature=-1"]);
     assert_clean_failure(&out, &["temperature"]);
+    let out = coordinator(&dir, &["generate", "--prompt-ids", "1", "--min-p", "2"]);
+    assert_clean_failure(&out, &["min-p"]);
+    let out = coordinator(&dir, &["generate", "--prompt-ids", "1", "--frequency-penalty", "-3"]);
+    assert_clean_failure(&out, &["frequency-penalty", "[-2, 2]"]);
     let out = Command::new(env!("CARGO_BIN_EXE_coordinator"))
         .args(["--model"])
         .arg(&dir)

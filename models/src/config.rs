@@ -222,6 +222,9 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// `bos_token_id`, when the config names one.
     pub bos_token_id: Option<u32>,
+    /// The sampling settings the model's authors recommend
+    /// (`generation_config.json`); the API's defaults for omitted fields.
+    pub sampling: crate::SamplingDefaults,
     /// q/k projection rows are stored with each head's rotary pairs
     /// interleaved (llama.cpp's `llama` GGUF layout) rather than as halves;
     /// attention reorders the projected q and k before RoPE.
@@ -293,6 +296,7 @@ impl ModelConfig {
             if cfg.bos_token_id.is_none() {
                 cfg.bos_token_id = gen.id_list("bos_token_id")?.first().copied();
             }
+            cfg.sampling = crate::SamplingDefaults::from_generation_config(&gen)?;
         }
         let set: BTreeSet<u32> = cfg.eos_token_ids.iter().copied().collect();
         cfg.eos_token_ids = set.into_iter().collect();
@@ -618,6 +622,7 @@ impl RawConfig {
             moe_layers: vec![true; num_layers],
             eos_token_ids: eos,
             bos_token_id: self.id_list("bos_token_id")?.first().copied(),
+            sampling: crate::SamplingDefaults::default(),
             qk_rows_interleaved: false,
             mixers: vec![MixerKind::Attention; num_layers],
             delta_net: None,

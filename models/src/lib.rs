@@ -26,6 +26,8 @@
 //!   (SwiGLU, or gpt-oss's [`clamped_swiglu`] with biases).
 //! - [`gguf`]: GGUF files as models: config from metadata, tensors by
 //!   Hugging Face name mapped onto llama.cpp's names.
+//! - [`sampling_defaults`]: the sampling settings a model file recommends
+//!   (`generation_config.json`, GGUF `general.sampling.*`).
 //! - [`expert`]: the [`ExpertService`] seam and [`expert::run_group`], the
 //!   function every worker calls to compute an expert's outputs.
 
@@ -60,6 +62,7 @@ pub mod qwen3_next;
 pub mod recurrent_state;
 pub mod rope;
 pub mod router;
+pub mod sampling_defaults;
 
 pub use config::{MixerKind, ModelConfig, QkNorm};
 pub use decoder::{Model, StepState};
@@ -68,3 +71,4 @@ pub use expert::{ExpertService, ExpertStats, WorkerReport};
 pub use family::Family;
 pub use ffn::{FfnBias, GluAct, SwiGlu};
 pub use kv_cache::{KvCache, KvDtype, LayerCache};
+pub use sampling_defaults::SamplingDefaults;

@@ -202,9 +202,7 @@ fn with_no_holder_left_the_error_names_the_experts() {
                 max_tokens: 4,
                 sampling: charm_coordinator::SamplingParams {
                     temperature: 0.0,
-                    top_p: 1.0,
-                    top_k: 0,
-                    seed: 0,
+                    ..Default::default()
                 },
                 ignore_eos: true,
             },

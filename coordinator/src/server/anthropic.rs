@@ -38,6 +38,7 @@ use super::answer::{self, AnswerStream, Out, Shape};
 use super::error::{ApiError, ErrorKind, Flavor};
 use super::queue::{Event, Summary};
 use super::reasoning;
+use super::sampling::SamplingFields;
 use super::sse::SseWriter;
 use super::structured;
 use super::tools::{self, CallIds, Choice, ToolDef};
@@ -378,9 +379,12 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
             model: req.model,
             prompt: PromptInput::Chat(prompt_messages),
             max_tokens: Some(req.max_tokens),
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
+            sampling: SamplingFields {
+                temperature: req.temperature,
+                top_p: req.top_p,
+                top_k: req.top_k,
+                ..SamplingFields::default()
+            },
             ignore_eos: false,
             seed: None,
             stop: req.stop_sequences.unwrap_or_default(),

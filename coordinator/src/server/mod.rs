@@ -42,6 +42,7 @@ pub mod openai;
 pub mod queue;
 pub mod reasoning;
 pub mod responses;
+pub mod sampling;
 pub mod scheduler;
 pub mod sse;
 pub mod stop;
@@ -78,7 +79,6 @@ use crate::chat_template::Message;
 use crate::engine::{Engine, GenerateParams, LoadInfo};
 use crate::grammar::{Constraint, GrammarSpec, Grammars};
 use crate::prefix_cache::{model_fingerprint, PrefixCache, PrefixError, PrefixOptions, PrefixStats};
-use crate::sampler::SamplingParams;
 use crate::text::{TextCodec, TextError};
 use charm_models::KvCache;
 
@@ -201,6 +201,9 @@ pub enum ServeError {
     /// `--max-batch` is 0.
     #[error("--max-batch must be at least 1")]
     MaxBatch,
+    /// The model file recommends sampling settings out of range.
+    #[error("the model's recommended sampling settings ({settings}): {reason}")]
+    SamplingDefaults { settings: String, reason: String },
     /// The prefix cache's directory cannot be used.
     #[error(transparent)]
     Prefix(#[from] PrefixError),
@@ -385,6 +388,9 @@ pub struct ModelInfo {
     /// The ids that end an answer.
     #[serde(skip)]
     pub eos_token_ids: Vec<u32>,
+    /// The model's recommended sampling settings (for omitted fields).
+    #[serde(skip)]
+    pub sampling: charm_models::SamplingDefaults,
 }
 
 impl ModelInfo {
@@ -417,6 +423,7 @@ impl ModelInfo {
             cache_budget_bytes: info.container.then_some(info.cache_bytes),
             created: unix_now(),
             eos_token_ids: cfg.eos_token_ids.clone(),
+            sampling: cfg.sampling.clone(),
         }
     }
 
@@ -517,6 +524,12 @@ impl Server {
             .map_err(|e| io("configuring the socket", e))?;
 
         let model = ModelInfo::new(&engine, info, &config.model_dir, &config.worker);
+        if let Err(e) = sampling::SamplingFields::default().resolve(&model.sampling, model.vocab, 0) {
+            return Err(ServeError::SamplingDefaults {
+                settings: model.sampling.describe(),
+                reason: e.message,
+            });
+        }
         let board = Arc::new(Board::new(model.layers, model.experts));
         engine.set_observer(board.clone());
         let experts = engine.expert_service().clone();
@@ -671,9 +684,16 @@ pub fn run_cli(
     open: bool,
 ) -> Result<(), ServeError> {
     let config = ServerConfig::from_args(dir, args, local)?;
+    let defaults = engine.config().sampling.clone();
     let server = Server::start(engine, info, config)?;
     let url = server.url();
     eprintln!("listening on {url} (dashboard {url}/, OpenAI and Anthropic APIs under {url}/v1)");
+    if !defaults.is_empty() {
+        eprintln!(
+            "sampling defaults from the model, for requests that leave them out: {}",
+            defaults.describe()
+        );
+    }
     if open {
         open_browser(&url);
     }
@@ -923,7 +943,15 @@ fn parse_body<T: serde::de::DeserializeOwned>(
             ApiError::invalid(format!("reading the request body: {e}"))
         }
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+    // The error names the field at fault (`messages[0].content`) where the
+    // JSON is well-formed but a value has the wrong shape.
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes)).map_err(|e| {
+        let path = e.path().to_string();
+        match path.as_str() {
+            "." | "" => ApiError::invalid(format!("invalid JSON body: {}", e.inner())),
+            _ => ApiError::invalid(format!("invalid JSON body: {path}: {}", e.inner())),
+        }
+    })
 }
 
 /// What both APIs ask of the engine, before tokenization.
@@ -933,9 +961,7 @@ pub(crate) struct Ask {
     pub model: Option<String>,
     pub prompt: PromptInput,
     pub max_tokens: Option<u64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
+    pub sampling: sampling::SamplingFields,
     /// Generate `max_tokens` whatever end-of-sequence tokens come (an
     /// extension of the OpenAI routes, for benchmarks).
     pub ignore_eos: bool,
@@ -1007,13 +1033,11 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     if ask.max_tokens == Some(0) {
         return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
     }
-    let sampling = SamplingParams {
-        temperature: ask.temperature.unwrap_or(1.0),
-        top_p: ask.top_p.unwrap_or(1.0),
-        top_k: ask.top_k.unwrap_or(0),
-        seed: ask.seed.unwrap_or_else(rand::random),
-    };
-    sampling.validate().map_err(ApiError::invalid)?;
+    let sampling = ask.sampling.resolve(
+        &st.model.sampling,
+        st.model.vocab,
+        ask.seed.unwrap_or_else(rand::random),
+    )?;
     if matches!(ask.prompt, PromptInput::Chat(_)) && !st.codec.has_template() {
         return Err(ApiError::invalid(
             "this model has no chat template; use /v1/completions with a prompt",

@@ -2,12 +2,15 @@
 //! streaming (SSE chunks, then `data: [DONE]`) and not.
 //!
 //! Fields: `model`, `messages` / `prompt`, `max_tokens` /
-//! `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stop` (a string
-//! or a list), `stream`, `stream_options.include_usage`, `logprobs` /
+//! `max_completion_tokens`, the sampling fields of [`super::sampling`]
+//! (`temperature`, `top_p`, `presence_penalty`, `frequency_penalty`,
+//! `logit_bias`; the extensions `top_k`, `min_p`, `repetition_penalty`;
+//! omitted ones take the model's recommended settings), `seed`, `stop` (a
+//! string or a list), `stream`, `stream_options.include_usage`, `logprobs` /
 //! `top_logprobs` (chat) or `logprobs: N` (completions), `n` (1 only).
-//! `top_k` and `ignore_eos` (generate `max_tokens` whatever the model's
+//! `ignore_eos` (generate `max_tokens` whatever the model's
 //! end-of-sequence tokens, for benchmarks; as llama.cpp and vLLM accept
-//! it) are accepted as extensions. Log-probabilities are those of the
+//! it) is accepted as an extension. Log-probabilities are those of the
 //! model's distribution (`log_softmax(logits)`, before temperature).
 //!
 //! Structured output: `response_format` (`json_object`, `json_schema`) and
@@ -34,6 +37,7 @@ use super::answer::{self, AnswerStream, Out, Shape};
 use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary, Token};
 use super::reasoning;
+use super::sampling::SamplingFields;
 use super::sse::SseWriter;
 use super::structured;
 use super::tools::{self, CallIds, Choice, ToolDef};
@@ -67,12 +71,8 @@ struct ChatRequest {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
-    #[serde(default)]
-    temperature: Option<f32>,
-    #[serde(default)]
-    top_p: Option<f32>,
-    #[serde(default)]
-    top_k: Option<usize>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
     #[serde(default)]
     ignore_eos: bool,
     #[serde(default)]
@@ -152,12 +152,8 @@ struct CompletionRequest {
     prompt: PromptField,
     #[serde(default)]
     max_tokens: Option<u64>,
-    #[serde(default)]
-    temperature: Option<f32>,
-    #[serde(default)]
-    top_p: Option<f32>,
-    #[serde(default)]
-    top_k: Option<usize>,
+    #[serde(flatten)]
+    sampling: SamplingFields,
     #[serde(default)]
     ignore_eos: bool,
     #[serde(default)]
@@ -422,9 +418,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             model: req.model,
             prompt: PromptInput::Chat(prompt_messages),
             max_tokens: req.max_completion_tokens.or(req.max_tokens),
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
+            sampling: req.sampling,
             ignore_eos: req.ignore_eos,
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
@@ -517,9 +511,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             model: req.model,
             prompt,
             max_tokens: Some(req.max_tokens.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS)),
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
+            sampling: req.sampling,
             ignore_eos: req.ignore_eos,
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),

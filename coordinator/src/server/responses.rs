@@ -42,6 +42,7 @@ use serde_json::{json, Map, Value};
 use super::answer::{self, AnswerStream, Out, Shape};
 use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary};
+use super::sampling::SamplingFields;
 use super::sse::SseWriter;
 use super::tools::{self, CallIds, Choice, ToolCall, ToolDef};
 use super::{answer_shape, json_response, new_id, parse_body, reasoning, speaks_harmony, structured, submit};
@@ -423,9 +424,11 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
             model: req.model,
             prompt: PromptInput::Chat(prompt_messages),
             max_tokens: req.max_output_tokens,
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: None,
+            sampling: SamplingFields {
+                temperature: req.temperature,
+                top_p: req.top_p,
+                ..SamplingFields::default()
+            },
             ignore_eos: false,
             seed: None,
             stop: Vec::new(),
@@ -446,11 +449,11 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
         "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": effort, "summary": null},
         "store": req.store.unwrap_or(true),
-        "temperature": req.temperature.unwrap_or(1.0),
+        "temperature": req.temperature.or(st.model.sampling.temperature).unwrap_or(1.0),
         "text": {"format": text_field.get("format").cloned().unwrap_or_else(|| json!({"type": "text"}))},
         "tool_choice": req.tool_choice.unwrap_or_else(|| json!("auto")),
         "tools": req.tools.unwrap_or_else(|| json!([])),
-        "top_p": req.top_p.unwrap_or(1.0),
+        "top_p": req.top_p.or(st.model.sampling.top_p).unwrap_or(1.0),
         "truncation": "disabled",
     });
     let reply = Reply {

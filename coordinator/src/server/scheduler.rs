@@ -152,7 +152,7 @@ impl<'c> Scheduler<'c> {
         self.shared.board.begin(&job.id, job.api, job.prompt.len(), cached);
         let full = pending.is_some();
         let mut seq = Seq {
-            sampler: Sampler::new(job.params.sampling.clone()),
+            sampler: Sampler::new(job.params.sampling.clone(), &job.prompt),
             stop: StopMatcher::new(&job.stop),
             decoder: if job.keep_special {
                 self.codec.stream_keeping_special()

@@ -439,7 +439,7 @@ pub fn constrained_greedy(
     let cfg = engine.config().clone();
     let grammars = charm_coordinator::grammar::Grammars::new(&codec, cfg.vocab_size, &cfg.eos_token_ids).unwrap();
     let mut constraint = grammars.compile(spec).unwrap();
-    let mut sampler = charm_coordinator::Sampler::new(SamplingParams::default());
+    let mut sampler = charm_coordinator::Sampler::new(SamplingParams::default(), &[]);
     let mut cache = engine.model.new_cache();
     let mut logits = engine.forward(prompt, &mut cache, false).unwrap();
     let mut ids = Vec::new();

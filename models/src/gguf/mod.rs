@@ -233,6 +233,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         moe_layers,
         eos_token_ids: eos,
         bos_token_id: id("tokenizer.ggml.bos_token_id"),
+        sampling: crate::SamplingDefaults::from_gguf(f),
         qk_rows_interleaved: arch == "llama",
         mixers,
         delta_net,

@@ -263,9 +263,7 @@ pub fn greedy(engine: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
         max_tokens: n,
         sampling: SamplingParams {
             temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
+            ..Default::default()
         },
         ignore_eos: true,
     };
