@@ -261,6 +261,52 @@ fn anthropic_messages_whole_and_streamed() {
 }
 
 #[test]
+fn anthropic_count_tokens_counts_the_prompt_messages_would_run() {
+    let srv = server(|_| {});
+    let tool = json!({"name": "get_weather", "description": "Weather of a city",
+                      "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}});
+    let body = json!({"model": "qwen3moe-chat", "system": "Be brief.", "tools": [tool],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]});
+    let counted = post(srv.addr(), "/v1/messages/count_tokens", &body);
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    assert_eq!(counted.header("content-type"), Some("application/json"));
+    let n = counted.json()["input_tokens"].as_u64().unwrap();
+    let mut run = body.clone();
+    run["max_tokens"] = json!(1);
+    let v = post(srv.addr(), "/v1/messages", &run).json();
+    assert_eq!(v["usage"]["input_tokens"], n, "{v}");
+    // Without the tool and its turns the prompt is shorter.
+    let plain = json!({"system": "Be brief.", "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let fewer = post(srv.addr(), "/v1/messages/count_tokens", &plain).json()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(fewer < n, "{fewer} vs {n}");
+    // Errors in the Messages API's shape; /v1/messages still needs max_tokens.
+    for (path, body, status) in [
+        (
+            "/v1/messages/count_tokens",
+            json!({"model": "other", "messages": plain["messages"]}),
+            404,
+        ),
+        ("/v1/messages/count_tokens", json!({"messages": []}), 400),
+        ("/v1/messages", plain.clone(), 400),
+    ] {
+        let r = post(srv.addr(), path, &body);
+        assert_eq!(r.status, status, "{path} {body}: {}", r.text());
+        assert_eq!(r.json()["type"], "error");
+    }
+    let missing = post(srv.addr(), "/v1/messages", &plain).json();
+    assert!(missing["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_tokens is required"));
+}
+
+#[test]
 fn logprobs_leave_the_text_unchanged_and_are_well_formed() {
     let srv = server(|_| {});
     let mut body = chat_body("Numbers please", 12);
@@ -374,6 +420,10 @@ fn errors_come_in_each_apis_shape() {
     // Malformed JSON, wrong types, missing fields: 400.
     openai_err(&raw(CHAT, b"{not json"), 400, "invalid_request_error");
     openai_err(&raw(CHAT, br#"{"messages": "hi"}"#), 400, "invalid_request_error");
+    let wizard = raw(CHAT, br#"{"messages": [{"role": "wizard", "content": "hi"}]}"#);
+    openai_err(&wizard, 400, "invalid_request_error");
+    let said = wizard.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(said.contains("role \"wizard\" is not one of"), "{said}");
     openai_err(
         &raw("/v1/completions", br#"{"prompt": [99999999]}"#),
         400,
@@ -459,6 +509,8 @@ fn an_api_key_guards_every_data_route() {
         a.as_bytes(),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    let r = request(addr, "POST", "/v1/messages/count_tokens", &[], a.as_bytes());
+    assert_eq!(r.status, 401);
 
     for path in ["/v1/models", "/metrics", "/api/state", "/api/events"] {
         assert_eq!(get(addr, path).status, 401, "{path}");

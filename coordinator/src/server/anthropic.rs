@@ -1,4 +1,6 @@
-//! The Anthropic Messages API: `POST /v1/messages`, streaming and not.
+//! The Anthropic Messages API: `POST /v1/messages`, streaming and not, and
+//! `POST /v1/messages/count_tokens` (the same request's prompt tokens, as
+//! Claude Code asks before long turns).
 //!
 //! Fields: `model`, `system` (a string or text blocks), `messages` (string
 //! or text-block content), `max_tokens` (required), `stop_sequences`,
@@ -42,7 +44,9 @@ use super::sampling::SamplingFields;
 use super::sse::SseWriter;
 use super::structured;
 use super::tools::{self, CallIds, Choice, ToolDef};
-use super::{answer_shape, json_response, new_id, parse_body, speaks_harmony, submit, tool_syntax};
+use super::{
+    answer_shape, check_target, json_response, new_id, parse_body, prompt_ids, speaks_harmony, submit, tool_syntax,
+};
 use super::{AppState, Ask, PromptInput, Ticket};
 use crate::chat_template::Message;
 use crate::engine::FinishReason;
@@ -55,7 +59,9 @@ struct MessagesRequest {
     messages: Vec<InMessage>,
     #[serde(default)]
     system: Option<Content>,
-    max_tokens: u64,
+    /// Required by `/v1/messages`; `count_tokens` takes none.
+    #[serde(default)]
+    max_tokens: Option<u64>,
     #[serde(default)]
     stop_sequences: Option<Vec<String>>,
     #[serde(default)]
@@ -329,6 +335,47 @@ pub async fn messages(State(st): State<Arc<AppState>>, body: Result<Bytes, Bytes
 
 async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: MessagesRequest = parse_body(body, st.config.max_body_bytes)?;
+    let Some(max_tokens) = req.max_tokens else {
+        return Err(ApiError::invalid_param("max_tokens", "max_tokens is required"));
+    };
+    let stream = req.stream.unwrap_or(false);
+    let (mut ask, plan) = ask(&st, req)?;
+    ask.max_tokens = Some(max_tokens);
+    let id = ask.id.clone();
+    let ticket = submit(&st, ask).await?;
+    let reply = Reply {
+        id,
+        model: st.model.id.clone(),
+        shape: answer_shape(&st, &ticket, plan),
+    };
+    if stream {
+        Ok(reply.stream(ticket))
+    } else {
+        reply.whole(ticket).await
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: how many tokens the prompt of the same
+/// request to `/v1/messages` takes (system, messages, tools, thinking, all
+/// through the chat template), as `{"input_tokens": N}`; nothing runs.
+pub async fn count_tokens(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match count_tokens_inner(st, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(Flavor::Anthropic).into_response(),
+    }
+}
+
+async fn count_tokens_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let req: MessagesRequest = parse_body(body, st.config.max_body_bytes)?;
+    let (ask, _) = ask(&st, req)?;
+    check_target(&st, ask.model.as_deref(), &ask.prompt)?;
+    let ids = prompt_ids(&st, ask.prompt, ask.tools, ask.prefill, ask.template_kwargs).await?;
+    Ok(json_response(StatusCode::OK, &json!({"input_tokens": ids.len()})))
+}
+
+/// What a Messages request asks of the engine (its `max_tokens` left to
+/// the caller), and its tool plan.
+fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPlan>), ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages must not be empty"));
     }
@@ -350,7 +397,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let mut template_kwargs = reasoning::template_kwargs(None, thinking_on, "thinking")?;
     // Harmony cannot turn reasoning off: `disabled` asks for the least.
     let effort = (thinking_on == Some(false)).then_some("low");
-    reasoning::harmony_effort(&mut template_kwargs, speaks_harmony(&st), effort);
+    reasoning::harmony_effort(&mut template_kwargs, speaks_harmony(st), effort);
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = req.system {
         messages.push(Message::new("system", &system.text("system")?));
@@ -365,48 +412,34 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
         }
         convert(m, i, &mut ids, &mut messages)?;
     }
-    let syntax = tool_syntax(&st);
+    let syntax = tool_syntax(st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "messages")?;
     let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
-    let id = new_id("msg_");
-    let ticket = submit(
-        &st,
-        Ask {
-            api: "messages",
-            id: id.clone(),
-            model: req.model,
-            prompt: PromptInput::Chat(prompt_messages),
-            max_tokens: Some(req.max_tokens),
-            sampling: SamplingFields {
-                temperature: req.temperature,
-                top_p: req.top_p,
-                top_k: req.top_k,
-                ..SamplingFields::default()
-            },
-            ignore_eos: false,
-            seed: None,
-            stop: req.stop_sequences.unwrap_or_default(),
-            stop_param: "stop_sequences",
-            logprobs: None,
-            tools: template_tools,
-            template_kwargs,
-            prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
-            grammar,
+    let ask = Ask {
+        api: "messages",
+        id: new_id("msg_"),
+        model: req.model,
+        prompt: PromptInput::Chat(prompt_messages),
+        max_tokens: None,
+        sampling: SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            ..SamplingFields::default()
         },
-    )
-    .await?;
-    let reply = Reply {
-        id,
-        model: st.model.id.clone(),
-        shape: answer_shape(&st, &ticket, plan),
+        ignore_eos: false,
+        seed: None,
+        stop: req.stop_sequences.unwrap_or_default(),
+        stop_param: "stop_sequences",
+        logprobs: None,
+        tools: template_tools,
+        template_kwargs,
+        prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
+        grammar,
     };
-    if req.stream.unwrap_or(false) {
-        Ok(reply.stream(ticket))
-    } else {
-        reply.whole(ticket).await
-    }
+    Ok((ask, plan))
 }
 
 struct Reply {

@@ -738,6 +738,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/systemone", post(systemone::decide))
@@ -1024,11 +1025,7 @@ pub(crate) fn thinking(st: &AppState, ticket: &Ticket) -> Option<bool> {
 /// full, before any tokenizing), tokenizes (off the async threads) and
 /// queues. 400/404/429 come back as errors.
 pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiError> {
-    if let Some(name) = ask.model.as_deref() {
-        if !st.model.matches(name) {
-            return Err(unknown_model(&st.model, name));
-        }
-    }
+    check_target(st, ask.model.as_deref(), &ask.prompt)?;
     check_stops(&ask.stop, ask.stop_param)?;
     if ask.max_tokens == Some(0) {
         return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
@@ -1038,34 +1035,11 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         st.model.vocab,
         ask.seed.unwrap_or_else(rand::random),
     )?;
-    if matches!(ask.prompt, PromptInput::Chat(_)) && !st.codec.has_template() {
-        return Err(ApiError::invalid(
-            "this model has no chat template; use /v1/completions with a prompt",
-        ));
-    }
     // The place is held while the prompt is tokenized: a full queue costs
     // no tokenizing, and a request that got this far is never refused after.
     let slot = reserve(st)?;
-    let codec = st.codec.clone();
     let chat = matches!(ask.prompt, PromptInput::Chat(_));
-    let prompt = match ask.prompt {
-        PromptInput::Ids(ids) => ids,
-        PromptInput::Text(text) => tokenize(codec, move |c| c.encode(&text)).await?,
-        PromptInput::Chat(messages) => {
-            let (tools, prefill, kwargs) = (ask.tools, ask.prefill, ask.template_kwargs);
-            tokenize(codec, move |c| {
-                let mut extra: Vec<(&str, minijinja::Value)> = kwargs
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), minijinja::Value::from_serialize(v)))
-                    .collect();
-                if !tools.is_empty() {
-                    extra.push(("tools", minijinja::Value::from_serialize(&tools)));
-                }
-                c.encode_chat_prefilled(&messages, true, &extra, &prefill)
-            })
-            .await?
-        }
-    };
+    let prompt = prompt_ids(st, ask.prompt, ask.tools, ask.prefill, ask.template_kwargs).await?;
     let keep_special = chat && speaks_harmony(st);
     let opens_reasoning = chat && {
         let tail = &prompt[prompt.len().saturating_sub(16)..];
@@ -1114,6 +1088,52 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         created: unix_now(),
         opens_reasoning,
     })
+}
+
+/// The request names this server's model (or none), and chat messages
+/// have a chat template to go through.
+pub(crate) fn check_target(st: &AppState, model: Option<&str>, prompt: &PromptInput) -> Result<(), ApiError> {
+    if let Some(name) = model {
+        if !st.model.matches(name) {
+            return Err(unknown_model(&st.model, name));
+        }
+    }
+    if matches!(prompt, PromptInput::Chat(_)) && !st.codec.has_template() {
+        return Err(ApiError::invalid(
+            "this model has no chat template; use /v1/completions with a prompt",
+        ));
+    }
+    Ok(())
+}
+
+/// A prompt's token ids: chat messages through the chat template (with
+/// `tools`, the template variables and the assistant-side `prefill`), text
+/// through the tokenizer (off the async threads).
+pub(crate) async fn prompt_ids(
+    st: &Arc<AppState>,
+    prompt: PromptInput,
+    tools: Vec<serde_json::Value>,
+    prefill: String,
+    kwargs: Vec<(String, serde_json::Value)>,
+) -> Result<Vec<u32>, ApiError> {
+    let codec = st.codec.clone();
+    match prompt {
+        PromptInput::Ids(ids) => Ok(ids),
+        PromptInput::Text(text) => tokenize(codec, move |c| c.encode(&text)).await,
+        PromptInput::Chat(messages) => {
+            tokenize(codec, move |c| {
+                let mut extra: Vec<(&str, minijinja::Value)> = kwargs
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), minijinja::Value::from_serialize(v)))
+                    .collect();
+                if !tools.is_empty() {
+                    extra.push(("tools", minijinja::Value::from_serialize(&tools)));
+                }
+                c.encode_chat_prefilled(&messages, true, &extra, &prefill)
+            })
+            .await
+        }
+    }
 }
 
 /// The model's grammar compiler, built once (off the async threads).

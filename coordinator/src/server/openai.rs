@@ -364,10 +364,22 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
                 text
             }
         };
-        let role = if m.role == "developer" {
-            "system"
-        } else {
-            m.role.as_str()
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant" | "tool") => r,
+            other => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!(
+                        "messages[{i}]: role {other:?} is not one of system, developer, user, assistant, tool{}",
+                        if other == "function" {
+                            " (function messages are deprecated by OpenAI; send tool messages)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ))
+            }
         };
         let calls = match m.tool_calls {
             None | Some(Value::Null) => None,
