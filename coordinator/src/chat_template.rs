@@ -321,35 +321,74 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False,
-/// indent=indent, sort_keys=sort_keys)`, i.e. `", "` and `": "` separators.
+/// `tojson` as transformers defines it: `json.dumps(x,
+/// ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+/// sort_keys=sort_keys)`, `ensure_ascii` false unless asked (MiniMax-M2's
+/// template asks `tojson(ensure_ascii=False)`).
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let bad = |m: String| Error::new(ErrorKind::InvalidOperation, m);
     let indent: Option<usize> = kwargs.get("indent")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let separators: Option<Value> = kwargs.get("separators")?;
+    let style = JsonStyle {
+        indent,
+        sort: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        separators: match separators {
+            None => None,
+            Some(v) if v.is_none() => None,
+            Some(v) => {
+                let parts: Vec<String> = v
+                    .try_iter()
+                    .map_err(|_| bad("tojson: separators must be a pair of strings".into()))?
+                    .map(|p| p.as_str().map(str::to_string))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| bad("tojson: separators must be a pair of strings".into()))?;
+                match <[String; 2]>::try_from(parts) {
+                    Ok([item, key]) => Some((item, key)),
+                    Err(_) => return Err(bad("tojson: separators must be a pair of strings".into())),
+                }
+            }
+        },
+    };
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json = serde_json::to_value(&value).map_err(|e| bad(e.to_string()))?;
     let mut out = String::new();
-    write_py_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    write_py_json(&json, &style, 0, &mut out);
     Ok(Value::from_safe_string(out))
+}
+
+/// The `json.dumps` options chat templates use.
+#[derive(Default)]
+struct JsonStyle {
+    indent: Option<usize>,
+    sort: bool,
+    /// `ensure_ascii`: non-ASCII characters as `\uXXXX`.
+    ascii: bool,
+    /// (item, key) separators; `None`: Python's defaults.
+    separators: Option<(String, String)>,
 }
 
 /// `json.dumps(v, ensure_ascii=False)`: `", "` and `": "` separators, the
 /// layout chat templates write JSON in.
 pub fn py_json(v: &serde_json::Value) -> String {
     let mut out = String::new();
-    write_py_json(v, None, false, 0, &mut out);
+    write_py_json(v, &JsonStyle::default(), 0, &mut out);
     out
 }
 
-fn write_py_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
+fn write_py_json(v: &serde_json::Value, style: &JsonStyle, depth: usize, out: &mut String) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
+        if let Some(n) = style.indent {
             out.push('\n');
             out.push_str(&" ".repeat(n * depth));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
+    let (item_sep, key_sep) = match &style.separators {
+        Some((i, k)) => (i.as_str(), k.as_str()),
+        None if style.indent.is_some() => (",", ": "),
+        None => (", ", ": "),
+    };
     match v {
         J::Array(a) if !a.is_empty() => {
             out.push('[');
@@ -358,7 +397,7 @@ fn write_py_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                write_py_json(x, indent, sort, depth + 1, out);
+                write_py_json(x, style, depth + 1, out);
             }
             newline(out, depth);
             out.push(']');
@@ -366,7 +405,7 @@ fn write_py_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth
         J::Object(m) if !m.is_empty() => {
             out.push('{');
             let mut keys: Vec<&String> = m.keys().collect();
-            if sort {
+            if style.sort {
                 keys.sort();
             }
             for (i, k) in keys.into_iter().enumerate() {
@@ -374,14 +413,35 @@ fn write_py_json(v: &serde_json::Value, indent: Option<usize>, sort: bool, depth
                     out.push_str(item_sep);
                 }
                 newline(out, depth + 1);
-                out.push_str(&serde_json::to_string(k).unwrap_or_default());
-                out.push_str(": ");
-                write_py_json(&m[k], indent, sort, depth + 1, out);
+                push_json_string(k, style.ascii, out);
+                out.push_str(key_sep);
+                write_py_json(&m[k], style, depth + 1, out);
             }
             newline(out, depth);
             out.push('}');
         }
+        J::String(s) => push_json_string(s, style.ascii, out),
         other => out.push_str(&serde_json::to_string(other).unwrap_or_default()),
+    }
+}
+
+/// A JSON string as `json.dumps` writes it; with `ascii`, every non-ASCII
+/// character as `\uXXXX` (UTF-16 units, lowercase hex).
+fn push_json_string(s: &str, ascii: bool, out: &mut String) {
+    let quoted = serde_json::to_string(s).unwrap_or_default();
+    if !ascii || quoted.is_ascii() {
+        out.push_str(&quoted);
+        return;
+    }
+    for c in quoted.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{u:04x}"));
+            }
+        }
     }
 }
 
@@ -471,6 +531,26 @@ mod tests {
         a.reasoning_content = Some("hmm".into());
         let out = t.render(&[Message::new("user", "q"), a], false, &[]).unwrap();
         assert_eq!(out, "||False;hmm|hmm|True;");
+    }
+
+    #[test]
+    fn tojson_takes_pythons_ensure_ascii_and_separators() {
+        // json.dumps({"city": "Zürich", "e": "😀"}, ensure_ascii=True) and
+        // json.dumps(..., separators=(",", ":")).
+        let t = ChatTemplate::new(
+            "{{ x | tojson(ensure_ascii=True) }}|{{ x | tojson(ensure_ascii=False) }}|{{ x | tojson(separators=(',', ':')) }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let x = Value::from_serialize(serde_json::json!({"city": "Zürich", "e": "😀"}));
+        let out = t.render(&[], false, &[("x", x)]).unwrap();
+        assert_eq!(
+            out,
+            "{\"city\": \"Z\\u00fcrich\", \"e\": \"\\ud83d\\ude00\"}|{\"city\": \"Zürich\", \"e\": \"😀\"}|{\"city\":\"Zürich\",\"e\":\"😀\"}"
+        );
+        let bad = ChatTemplate::new("{{ 1 | tojson(separators=3) }}", "", "").unwrap();
+        assert!(bad.render(&[], false, &[]).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The HTTP server against hostile or broken clients, on 127.0.0.1: slow
 //! heads and bodies, idle keep-alive connections, more connections than the
 //! cap, work refused before it is done when the queue is full, oversized
-//! stop lists, and API keys that differ only in length. The timeouts are
+//! stop lists, API keys that differ only in length, and web pages of
+//! origins the server does not trust. The timeouts are
 //! set short here; nothing asserts how fast anything runs.
 
 mod api_support;
@@ -322,4 +323,124 @@ fn api_key_compare_rejects_prefixes_and_extensions() {
     }
     assert_eq!(status(&[("x-api-key", "sekrit-key")]), 200);
     assert_eq!(status(&[("Authorization", "Bearer sekrit-key")]), 200);
+}
+
+/// A request sent as `host` (the `Host` header) from a page at `origin`.
+fn from_page(addr: SocketAddr, method: &str, path: &str, host: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    let mut s = connect(addr);
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    read_response(s)
+}
+
+#[test]
+fn web_pages_of_untrusted_origins_cannot_drive_the_server() {
+    let srv = server(|c| {
+        c.origins = charm_coordinator::server::origin::Origins::parse(&["https://chat.example.com".into()]).unwrap();
+        c.api_key = None;
+    });
+    let addr = srv.addr();
+    let host = addr.to_string();
+    let body = chat_body("Hi", 2).to_string();
+    // A page elsewhere: 403 before anything runs, even as a `text/plain`
+    // POST (which a browser sends without a preflight), in the API's shape.
+    for (path, ty, flavor) in [
+        (CHAT, "text/plain", "openai"),
+        ("/v1/messages", "application/json", "anthropic"),
+    ] {
+        let r = from_page(
+            addr,
+            "POST",
+            path,
+            &host,
+            &[("Origin", "https://evil.example"), ("Content-Type", ty)],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+        assert!(r.header("access-control-allow-origin").is_none());
+        let v = r.json();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("--cors-origin https://evil.example"), "{v}");
+        assert_eq!(v["error"]["type"], "permission_error");
+        assert_eq!(v["type"] == "error", flavor == "anthropic", "{v}");
+    }
+    let pre = from_page(
+        addr,
+        "OPTIONS",
+        CHAT,
+        &host,
+        &[
+            ("Origin", "https://evil.example"),
+            ("Access-Control-Request-Method", "POST"),
+        ],
+        b"",
+    );
+    assert_eq!(pre.status, 403);
+    let served = get(addr, "/metrics").text();
+    assert!(
+        served.contains("charm_prompt_tokens_total 0\n"),
+        "a refused page ran nothing: {served}"
+    );
+
+    // Loopback pages, the listed origin and the server's own pages: the
+    // preflight is answered and the answer is readable.
+    for (origin, as_host) in [
+        ("http://localhost:3000", host.as_str()),
+        ("http://[::1]:5173", host.as_str()),
+        ("https://chat.example.com", host.as_str()),
+        ("http://mybox.lan:8000", "mybox.lan:8000"),
+    ] {
+        let pre = from_page(
+            addr,
+            "OPTIONS",
+            CHAT,
+            as_host,
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                ("Access-Control-Request-Headers", "content-type, authorization"),
+            ],
+            b"",
+        );
+        assert_eq!(pre.status, 204, "{origin}: {}", pre.text());
+        assert_eq!(pre.header("access-control-allow-origin"), Some(origin));
+        assert_eq!(
+            pre.header("access-control-allow-headers"),
+            Some("content-type, authorization")
+        );
+        assert!(pre.header("access-control-allow-methods").unwrap().contains("POST"));
+        let r = from_page(
+            addr,
+            "POST",
+            CHAT,
+            as_host,
+            &[("Origin", origin), ("Content-Type", "application/json")],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{origin}: {}", r.text());
+        assert_eq!(r.header("access-control-allow-origin"), Some(origin));
+    }
+    // The same name on another port is another origin.
+    let r = from_page(
+        addr,
+        "POST",
+        CHAT,
+        "mybox.lan:8000",
+        &[("Origin", "http://mybox.lan:9000")],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 403);
+    // No Origin (curl, SDKs): unchanged.
+    assert_eq!(post(addr, CHAT, &chat_body("Hi", 2)).status, 200);
+}
+
+#[test]
+fn a_malformed_cors_origin_stops_the_server_from_starting() {
+    let e = charm_coordinator::server::origin::Origins::parse(&["chat.example.com".into()]).unwrap_err();
+    assert!(e.contains("scheme://host[:port]"), "{e}");
 }

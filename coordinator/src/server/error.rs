@@ -38,6 +38,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// Missing or wrong API key (401).
     Authentication,
+    /// A web page from an origin the server does not trust (403).
+    Forbidden,
     /// Unknown model or route (404).
     NotFound,
     /// The route exists, but not for this method (405).
@@ -57,6 +59,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -71,6 +74,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => ("invalid_request_error", "invalid_request"),
             ErrorKind::Authentication => ("authentication_error", "invalid_api_key"),
+            ErrorKind::Forbidden => ("permission_error", "forbidden_origin"),
             ErrorKind::NotFound => ("invalid_request_error", "not_found"),
             ErrorKind::MethodNotAllowed => ("invalid_request_error", "method_not_allowed"),
             ErrorKind::TooLarge => ("invalid_request_error", "request_too_large"),
@@ -85,6 +89,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => "invalid_request_error",
             ErrorKind::Authentication => "authentication_error",
+            ErrorKind::Forbidden => "permission_error",
             ErrorKind::NotFound => "not_found_error",
             ErrorKind::MethodNotAllowed => "invalid_request_error",
             ErrorKind::TooLarge => "request_too_large",

@@ -39,6 +39,7 @@ pub mod harmony;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
+pub mod origin;
 pub mod queue;
 pub mod reasoning;
 pub mod responses;
@@ -165,6 +166,11 @@ pub struct ServeArgs {
     /// Disk budget of --prefix-cache-dir in MiB.
     #[arg(long, default_value_t = DEFAULT_PREFIX_DISK_MB)]
     pub prefix_cache_disk_mb: u64,
+    /// Also answer web pages from this origin (`https://chat.example.com`;
+    /// `*`: any; repeatable). The server's own pages and pages served from
+    /// localhost are always answered; other origins get 403.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    pub cors_origins: Vec<String>,
 }
 
 /// Why the server cannot start.
@@ -201,6 +207,9 @@ pub enum ServeError {
     /// `--max-batch` is 0.
     #[error("--max-batch must be at least 1")]
     MaxBatch,
+    /// A `--cors-origin` is not an origin.
+    #[error("{0}")]
+    CorsOrigin(String),
     /// The model file recommends sampling settings out of range.
     #[error("the model's recommended sampling settings ({settings}): {reason}")]
     SamplingDefaults { settings: String, reason: String },
@@ -247,6 +256,8 @@ pub struct ServerConfig {
     pub prefix_cache_dir: Option<PathBuf>,
     /// Byte budget of `prefix_cache_dir`.
     pub prefix_cache_disk_bytes: u64,
+    /// Origins trusted besides the server's own and loopback's.
+    pub origins: origin::Origins,
 }
 
 impl ServerConfig {
@@ -268,6 +279,7 @@ impl ServerConfig {
             prefix_cache_bytes: None,
             prefix_cache_dir: None,
             prefix_cache_disk_bytes: DEFAULT_PREFIX_DISK_MB << 20,
+            origins: origin::Origins::default(),
         }
     }
 
@@ -301,6 +313,7 @@ impl ServerConfig {
             prefix_cache_bytes: args.prefix_cache_mb.map(|mb| mb.saturating_mul(1 << 20)),
             prefix_cache_dir: args.prefix_cache_dir.clone(),
             prefix_cache_disk_bytes: args.prefix_cache_disk_mb.saturating_mul(1 << 20),
+            origins: origin::Origins::parse(&args.cors_origins).map_err(ServeError::CorsOrigin)?,
         })
     }
 
@@ -767,6 +780,7 @@ fn route_label(path: &str) -> &'static str {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
         "/v1/messages" => "/v1/messages",
+        "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
         "/v1/responses" => "/v1/responses",
         "/v1/systemone" => "/v1/systemone",
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
@@ -776,10 +790,35 @@ fn route_label(path: &str) -> &'static str {
     }
 }
 
-/// Authentication and request counting, around every route.
+/// Web pages' origins ([`origin`]), authentication and request counting,
+/// around every route.
 async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let path = req.uri().path().to_string();
-    let resp = match &st.config.api_key {
+    let origin = origin::origin_of(req.headers());
+    let host = req.headers().get(header::HOST).and_then(|v| v.to_str().ok());
+    if let Some(o) = &origin {
+        let resp = if !st.config.origins.allows(o, host) {
+            Some(
+                ApiError::new(
+                    ErrorKind::Forbidden,
+                    format!(
+                        "requests from web pages at {o} are not accepted; start the server with --cors-origin {o} to allow them"
+                    ),
+                )
+                .flavor(Flavor::for_path(&path))
+                .into_response(),
+            )
+        } else if origin::is_preflight(req.method(), req.headers()) {
+            Some(origin::preflight(o, req.headers()))
+        } else {
+            None
+        };
+        if let Some(resp) = resp {
+            st.metrics.http(route_label(&path), resp.status().as_u16());
+            return resp;
+        }
+    }
+    let mut resp = match &st.config.api_key {
         Some(key) if !is_public(&path) && !authorized(req.headers(), key) => {
             let (kind, msg) = (
                 ErrorKind::Authentication,
@@ -789,6 +828,9 @@ async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Res
         }
         _ => next.run(req).await,
     };
+    if let Some(o) = &origin {
+        origin::allow(resp.headers_mut(), o);
+    }
     st.metrics.http(route_label(&path), resp.status().as_u16());
     resp
 }

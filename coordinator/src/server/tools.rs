@@ -21,10 +21,16 @@
 
 use serde_json::{json, Map, Value};
 
+mod tagged;
+
 use super::error::ApiError;
 use super::harmony;
 use crate::chat_template::Message;
 use crate::grammar::{json_layout, GrammarSpec};
+pub use tagged::{glm, minimax, qwen_xml};
+use tagged::{
+    glm_grammar, minimax_grammar, parse_glm_block, parse_minimax_block, parse_qwen_xml_block, qwen_xml_grammar,
+};
 
 /// Longest tool name accepted (OpenAI's and Anthropic's limit).
 pub const MAX_TOOL_NAME: usize = 64;
@@ -55,6 +61,17 @@ pub enum ToolSyntax {
     /// stands where it is no JSON or the tool's schema makes it a string.
     /// The template renders the tools, earlier calls and results itself.
     Glm,
+    /// Qwen3.5 / Qwen3.6's and Qwen3-Coder's `<tool_call>\n<function=NAME>\n`,
+    /// then one `<parameter=K>\nV\n</parameter>\n` per argument, then
+    /// `</function>\n</tool_call>` (values bare, as GLM's; see [`tagged`]).
+    /// The template renders the tools, earlier calls and results itself.
+    QwenXml,
+    /// MiniMax-M2's `<minimax:tool_call>`, then per call `<invoke
+    /// name="NAME">`, one `<parameter name="K">V</parameter>` per argument
+    /// and `</invoke>`, then `</minimax:tool_call>` (values bare; see
+    /// [`tagged`]). The template renders the tools, earlier calls and
+    /// results itself.
+    MiniMax,
     /// gpt-oss's harmony: a `commentary` message to `functions.NAME`, its
     /// header `<|channel|>commentary to=functions.NAME <|constrain|>json`,
     /// then `<|message|>`, the JSON arguments and `<|call|>`. Answers are
@@ -62,14 +79,6 @@ pub enum ToolSyntax {
     /// calls; the template renders the tools, one call per assistant
     /// message and the results itself ([`super::harmony::conversation`]).
     Harmony,
-}
-
-/// GLM's argument tags.
-pub mod glm {
-    pub const KEY: &str = "<arg_key>";
-    pub const KEY_END: &str = "</arg_key>";
-    pub const VALUE: &str = "<arg_value>";
-    pub const VALUE_END: &str = "</arg_value>";
 }
 
 /// DeepSeek's tool-call tokens (added tokens, not special: they decode as
@@ -92,6 +101,10 @@ impl ToolSyntax {
             Some(ToolSyntax::DeepSeek)
         } else if template.contains(glm::KEY) && template.contains("<tool_call>") {
             Some(ToolSyntax::Glm)
+        } else if template.contains(minimax::CALLS) {
+            Some(ToolSyntax::MiniMax)
+        } else if qwen_xml::is_qwen_xml(template) {
+            Some(ToolSyntax::QwenXml)
         } else {
             (template.contains("<tool_call>") && template.contains("tools")).then_some(ToolSyntax::Hermes)
         }
@@ -104,16 +117,18 @@ impl ToolSyntax {
 
     fn open(self) -> &'static str {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => "<tool_call>",
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "<tool_call>",
             ToolSyntax::DeepSeek => deepseek::CALL_BEGIN,
+            ToolSyntax::MiniMax => minimax::INVOKE,
             ToolSyntax::Harmony => "to=functions.",
         }
     }
 
     fn close(self) -> &'static str {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm => "</tool_call>",
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "</tool_call>",
             ToolSyntax::DeepSeek => deepseek::CALL_END,
+            ToolSyntax::MiniMax => minimax::INVOKE_END,
             ToolSyntax::Harmony => harmony::CALL,
         }
     }
@@ -121,8 +136,11 @@ impl ToolSyntax {
     /// Markers around a run of calls, dropped from the text.
     fn frame(self) -> &'static [&'static str] {
         match self {
-            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::Harmony => &[],
+            ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml | ToolSyntax::Harmony => {
+                &[]
+            }
             ToolSyntax::DeepSeek => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
+            ToolSyntax::MiniMax => &[minimax::CALLS, minimax::CALLS_END],
         }
     }
 
@@ -136,6 +154,10 @@ impl ToolSyntax {
             (ToolSyntax::DeepSeek, None) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"),
             (ToolSyntax::Glm, Some(n)) => format!("<tool_call>{n}\n"),
             (ToolSyntax::Glm, None) => "<tool_call>".to_string(),
+            (ToolSyntax::QwenXml, Some(n)) => format!("<tool_call>\n{}{n}>\n", qwen_xml::FUNCTION),
+            (ToolSyntax::QwenXml, None) => format!("<tool_call>\n{}", qwen_xml::FUNCTION),
+            (ToolSyntax::MiniMax, Some(n)) => format!("{}\n{}\"{n}\">\n", minimax::CALLS, minimax::INVOKE),
+            (ToolSyntax::MiniMax, None) => format!("{}\n{}\"", minimax::CALLS, minimax::INVOKE),
             (ToolSyntax::Harmony, Some(n)) => format!(
                 "{}commentary to={}{n} {}json{}",
                 harmony::CHANNEL,
@@ -155,6 +177,8 @@ impl ToolSyntax {
     pub fn forced_grammar(self, tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
         match self {
             ToolSyntax::Glm => return glm_grammar(tools, name),
+            ToolSyntax::QwenXml => return qwen_xml_grammar(tools, name),
+            ToolSyntax::MiniMax => return minimax_grammar(tools, name),
             ToolSyntax::Harmony => return harmony_grammar(tools, name),
             _ => {}
         }
@@ -196,6 +220,8 @@ impl ToolSyntax {
         match self {
             ToolSyntax::DeepSeek => return parse_deepseek_block(inner),
             ToolSyntax::Glm => return parse_glm_block(inner, strings),
+            ToolSyntax::QwenXml => return parse_qwen_xml_block(inner, strings),
+            ToolSyntax::MiniMax => return parse_minimax_block(inner, strings),
             ToolSyntax::Harmony => return parse_harmony_block(inner),
             _ => {}
         }
@@ -220,142 +246,6 @@ impl ToolSyntax {
         };
         Ok(ToolCall { name, arguments })
     }
-}
-
-/// `NAME` + `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs, blank
-/// space between the parts allowed (GLM-4.5 writes newlines, 4.7 none).
-fn parse_glm_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
-    use glm::{KEY, KEY_END, VALUE, VALUE_END};
-    let (name, mut rest) = match inner.find(KEY) {
-        Some(i) => (inner[..i].trim(), &inner[i..]),
-        None => (inner.trim(), ""),
-    };
-    if name.is_empty() || name.contains(char::is_whitespace) {
-        return Err(format!("no single function name before the arguments ({name:?})"));
-    }
-    let mut arguments = Map::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
-        }
-        let after_key = rest
-            .strip_prefix(KEY)
-            .ok_or_else(|| format!("text where {KEY} should be: {rest:?}"))?;
-        let (key, after) = after_key
-            .split_once(KEY_END)
-            .ok_or_else(|| format!("an unclosed {KEY}"))?;
-        let after = after.trim_start();
-        let after_value = after
-            .strip_prefix(VALUE)
-            .ok_or_else(|| format!("{key:?} has no {VALUE}"))?;
-        let (value, after) = after_value
-            .split_once(VALUE_END)
-            .ok_or_else(|| format!("an unclosed {VALUE}"))?;
-        let key = key.trim().to_string();
-        let is_string = strings.iter().any(|(t, k)| t == name && *k == key);
-        let v = match serde_json::from_str::<Value>(value) {
-            Ok(v) if !is_string => v,
-            _ => Value::String(value.to_string()),
-        };
-        if arguments.insert(key.clone(), v).is_some() {
-            return Err(format!("the argument {key:?} is given twice"));
-        }
-        rest = after;
-    }
-    Ok(ToolCall {
-        name: name.to_string(),
-        arguments,
-    })
-}
-
-/// GLM's forced call after its prefill: the name (when any tool may be
-/// called), then the schema's properties as key / value pairs in their
-/// order (required ones always, the others optionally): string values
-/// bare (an enum's values, or text without `<`, up to `maxLength`), others
-/// as JSON for their schema; then `</tool_call>`. A tool without declared
-/// properties takes any keys with bare values.
-fn glm_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
-    use glm::{KEY, KEY_END, VALUE, VALUE_END};
-    let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
-    let mut rules = Vec::new();
-    let body = |i: usize, t: &ToolDef, rules: &mut Vec<String>| -> String {
-        let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
-        let props = schema.get("properties").and_then(Value::as_object);
-        let required: Vec<&str> = schema
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let Some(props) = props.filter(|p| !p.is_empty()) else {
-            return format!(
-                "({} /[^<]+/ {} {} /[^<]*/ {})*",
-                lit(KEY),
-                lit(&format!("{KEY_END}\n")),
-                lit(VALUE),
-                lit(&format!("{VALUE_END}\n"))
-            );
-        };
-        let mut parts = Vec::new();
-        for (j, (key, ps)) in props.iter().enumerate() {
-            let value = match (
-                ps.get("enum").and_then(Value::as_array),
-                ps.get("type").and_then(Value::as_str),
-            ) {
-                (Some(e), _) if e.iter().all(Value::is_string) => e
-                    .iter()
-                    .map(|v| lit(v.as_str().unwrap_or_default()))
-                    .collect::<Vec<_>>()
-                    .join(" | "),
-                (_, Some("string")) => match ps.get("maxLength").and_then(Value::as_u64) {
-                    Some(n) => format!("/[^<]{{0,{n}}}/"),
-                    None => "/[^<]*/".to_string(),
-                },
-                _ => format!("%json {}", json_layout(ps.clone())),
-            };
-            let rule = format!("t{i}p{j}");
-            rules.push(format!(
-                "{rule}: {} ({value}) {}",
-                lit(&format!("{KEY}{key}{KEY_END}\n{VALUE}")),
-                lit(&format!("{VALUE_END}\n"))
-            ));
-            parts.push(if required.contains(&key.as_str()) {
-                rule
-            } else {
-                format!("{rule}?")
-            });
-        }
-        parts.join(" ")
-    };
-    let start = match name {
-        Some(n) => {
-            let i = tools.iter().position(|t| t.name == n);
-            let b = i.map_or_else(String::new, |i| body(i, &tools[i], &mut rules));
-            format!("start: {b} {}", lit("</tool_call>"))
-        }
-        None => {
-            let alts: Vec<String> = tools
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    format!(
-                        "({} {} {})",
-                        lit(&format!("{}\n", t.name)),
-                        body(i, t, &mut rules),
-                        lit("</tool_call>")
-                    )
-                })
-                .collect();
-            format!("start: {}", alts.join(" | "))
-        }
-    };
-    let mut g = start;
-    for r in rules {
-        g.push('\n');
-        g.push_str(&r);
-    }
-    g.push('\n');
-    GrammarSpec::Lark(g)
 }
 
 /// A harmony call's text after `to=functions.` up to `<|call|>`:
@@ -552,7 +442,13 @@ impl ToolStream {
                 self.in_block = true;
                 self.text(&before, &mut out);
             } else {
-                let hold = held_prefix(&self.buf, open);
+                // Held: what may be the start of a call or of a frame marker
+                // (dropped only when whole).
+                let hold = std::iter::once(open)
+                    .chain(self.syntax.frame().iter().copied())
+                    .map(|tag| held_prefix(&self.buf, tag))
+                    .max()
+                    .unwrap_or(0);
                 let cut = self.buf.len() - hold;
                 let before: String = self.buf.drain(..cut).collect();
                 self.text(&before, &mut out);
@@ -1476,6 +1372,116 @@ mod tests {
             assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
         }
         assert_eq!(ToolSyntax::Glm.prefill(Some("f")), "<tool_call>f\n");
+    }
+
+    #[test]
+    fn qwen_xml_calls_parse_whole_and_streamed_with_values_typed_by_schema() {
+        let names = vec!["get_weather".to_string(), "run".to_string()];
+        let template = "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}{{- '<parameter=' + k + '>\\n' }}";
+        assert_eq!(ToolSyntax::detect(template), Some(ToolSyntax::QwenXml));
+        let text = "Let me look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n\
+                    <parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n</function>\n</tool_call>";
+        let p = parse(ToolSyntax::QwenXml, &names, text);
+        assert_eq!(p.content, "Let me look.");
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(
+            p.calls,
+            vec![call("get_weather", json!({"city": "Paris", "days": 3, "metric": true}))]
+        );
+        // A multi-line value with '<' keeps its inner newlines; a string
+        // argument that looks like JSON stays a string when its schema says so.
+        let code = "<tool_call>\n<function=run>\n<parameter=code>\nif a < b:\n    print(1)\n</parameter>\n\
+                    <parameter=zip>\n75001\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n</function>\n</tool_call>";
+        let rendered = vec![json!({"type": "function", "function": {"name": "run",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}, "zip": {"type": "string"}}}}})];
+        let mut st = ToolStream::new(ToolSyntax::QwenXml, &names).with_schemas(&rendered);
+        let mut pieces = Vec::new();
+        for chunk in code.as_bytes().chunks(7) {
+            pieces.extend(st.push(std::str::from_utf8(chunk).unwrap()));
+        }
+        pieces.extend(st.finish());
+        assert_eq!(
+            pieces,
+            vec![
+                Piece::Call(call("run", json!({"code": "if a < b:\n    print(1)", "zip": "75001"}))),
+                Piece::Call(call("get_weather", json!({}))),
+            ]
+        );
+        // Malformed: no function tag, text where a parameter should be, a
+        // parameter twice, an unclosed parameter.
+        for bad in [
+            "<tool_call>\n{\"name\": \"run\"}\n</tool_call>",
+            "<tool_call>\n<function=run>\njunk\n</function>\n</tool_call>",
+            "<tool_call>\n<function=run>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=run>\n<parameter=a>\n1\n</function>\n</tool_call>",
+        ] {
+            let p = parse(ToolSyntax::QwenXml, &names, bad);
+            assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
+        }
+        let q = ToolSyntax::QwenXml;
+        assert_eq!(q.prefill(Some("run")), "<tool_call>\n<function=run>\n");
+        assert_eq!(q.prefill(None), "<tool_call>\n<function=");
+        let tool = ToolDef {
+            name: "get_weather".into(),
+            description: None,
+            parameters: Some(json!({"type": "object", "required": ["city"],
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})),
+        };
+        let GrammarSpec::Lark(g) = q.forced_grammar(std::slice::from_ref(&tool), Some("get_weather")) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            g.starts_with("start: t0p0 t0p1? \"</function>\\n</tool_call>\"\nt0p0: \"<parameter=city>\\n\" (/[^<]*/) \"\\n</parameter>\\n\""),
+            "{g}"
+        );
+        let GrammarSpec::Lark(any) = q.forced_grammar(&[tool, def("run")], None) else {
+            panic!("a Lark grammar")
+        };
+        assert!(any.starts_with("start: (\"get_weather>\\n\" t0p0 t0p1? \"</function>\\n</tool_call>\") | (\"run>\\n\" (\"<parameter=\" /[^>\\n]+/"), "{any}");
+    }
+
+    #[test]
+    fn minimax_calls_parse_several_to_a_block_and_force_through_invoke() {
+        let names = vec!["get_weather".to_string(), "run".to_string()];
+        let m = ToolSyntax::MiniMax;
+        let text = "Checking.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n\
+                    <parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">3</parameter>\n</invoke>\n\
+                    <invoke name=\"run\"><parameter name=\"code\">a < b</parameter></invoke>\n</minimax:tool_call>";
+        let p = parse(m, &names, text);
+        assert_eq!(p.content, "Checking.");
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(
+            p.calls,
+            vec![
+                call("get_weather", json!({"city": "Paris", "days": 3})),
+                call("run", json!({"code": "a < b"})),
+            ]
+        );
+        let mut st = ToolStream::new(m, &names);
+        let mut pieces = Vec::new();
+        for chunk in text.as_bytes().chunks(5) {
+            pieces.extend(st.push(std::str::from_utf8(chunk).unwrap()));
+        }
+        pieces.extend(st.finish());
+        let streamed = collect(st.warnings().to_vec(), pieces);
+        assert_eq!(streamed, p, "streamed in pieces: the frame markers never leak");
+        for bad in [
+            "<minimax:tool_call>\n<invoke name=get_weather></invoke>\n</minimax:tool_call>",
+            "<minimax:tool_call>\n<invoke name=\"run\">junk</invoke>\n</minimax:tool_call>",
+            "<minimax:tool_call>\n<invoke name=\"run\"><parameter name=\"a\">1</invoke>\n</minimax:tool_call>",
+        ] {
+            let p = parse(m, &names, bad);
+            assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
+        }
+        assert_eq!(m.prefill(Some("run")), "<minimax:tool_call>\n<invoke name=\"run\">\n");
+        let GrammarSpec::Lark(g) = m.forced_grammar(&[def("run")], None) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            g.starts_with("start: (\"run\\\">\\n\" (\"<parameter name=\\\"\""),
+            "{g}"
+        );
+        assert!(g.contains("\"</invoke>\\n</minimax:tool_call>\")"), "{g}");
     }
 
     #[test]

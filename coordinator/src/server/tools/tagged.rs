@@ -1,0 +1,350 @@
+//! Tool-call syntaxes that write each argument between tags, its value bare
+//! (a string as it stands, anything else as JSON):
+//!
+//! - GLM-4.5 / 4.6 / 4.7: `<tool_call>NAME` + per argument
+//!   `<arg_key>K</arg_key><arg_value>V</arg_value>` + `</tool_call>`, with
+//!   or without newlines between the parts.
+//! - Qwen3.5 / Qwen3.6 and Qwen3-Coder (their templates:
+//!   `'<tool_call>\n<function=' + tool_call.name + '>\n'`, per argument
+//!   `'<parameter=' + args_name + '>\n'` + the value + `'\n</parameter>\n'`,
+//!   then `'</function>\n</tool_call>'`).
+//!
+//! - MiniMax-M2: `<minimax:tool_call>` + per call `<invoke name="NAME">` +
+//!   per argument `<parameter name="K">V</parameter>` + `</invoke>`, then
+//!   `</minimax:tool_call>` (its template: `v | tojson if v is not string
+//!   else v`).
+//!
+//! A value is the tool schema's string when the schema says string, else
+//! JSON when it parses, else `True` / `False` as booleans (how a Python
+//! template writes them), else the text.
+
+use serde_json::{json, Map, Value};
+
+use super::{ToolCall, ToolDef};
+use crate::grammar::{json_layout, GrammarSpec};
+
+/// GLM's argument tags.
+pub mod glm {
+    pub const KEY: &str = "<arg_key>";
+    pub const KEY_END: &str = "</arg_key>";
+    pub const VALUE: &str = "<arg_value>";
+    pub const VALUE_END: &str = "</arg_value>";
+}
+
+/// Qwen3.5's and Qwen3-Coder's tags.
+pub mod qwen_xml {
+    pub const FUNCTION: &str = "<function=";
+    pub const FUNCTION_END: &str = "</function>";
+    pub const PARAMETER: &str = "<parameter=";
+    pub const PARAMETER_END: &str = "</parameter>";
+
+    /// Whether a chat template writes calls this way.
+    pub fn is_qwen_xml(template: &str) -> bool {
+        template.contains("<tool_call>") && template.contains(FUNCTION) && template.contains(PARAMETER)
+    }
+}
+
+/// MiniMax-M2's tags.
+pub mod minimax {
+    pub const CALLS: &str = "<minimax:tool_call>";
+    pub const CALLS_END: &str = "</minimax:tool_call>";
+    pub const INVOKE: &str = "<invoke name=";
+    pub const INVOKE_END: &str = "</invoke>";
+    pub const PARAMETER: &str = "<parameter name=";
+    pub const PARAMETER_END: &str = "</parameter>";
+}
+
+/// How one tagged syntax spells a call, as the grammar writes it.
+struct Tags {
+    /// After the function's name.
+    after_name: &'static str,
+    /// Before an argument's name.
+    key_open: &'static str,
+    /// Between an argument's name and its value.
+    key_close: &'static str,
+    /// After a value.
+    value_close: &'static str,
+    /// An argument name where the schema names none (Lark regex).
+    key_pattern: &'static str,
+    /// After the last argument.
+    call_end: &'static str,
+}
+
+const GLM_TAGS: Tags = Tags {
+    after_name: "\n",
+    key_open: glm::KEY,
+    key_close: "</arg_key>\n<arg_value>",
+    value_close: "</arg_value>\n",
+    key_pattern: "/[^<]+/",
+    call_end: "</tool_call>",
+};
+
+const QWEN_XML_TAGS: Tags = Tags {
+    after_name: ">\n",
+    key_open: qwen_xml::PARAMETER,
+    key_close: ">\n",
+    value_close: "\n</parameter>\n",
+    key_pattern: "/[^>\\n]+/",
+    call_end: "</function>\n</tool_call>",
+};
+
+const MINIMAX_TAGS: Tags = Tags {
+    after_name: "\">\n",
+    key_open: "<parameter name=\"",
+    key_close: "\">",
+    value_close: "</parameter>\n",
+    key_pattern: "/[^\"\\n]+/",
+    call_end: "</invoke>\n</minimax:tool_call>",
+};
+
+/// An argument's value as written bare (see the module's rule).
+fn bare_value(tool: &str, key: &str, text: &str, strings: &[(String, String)]) -> Value {
+    if strings.iter().any(|(t, k)| t == tool && k == key) {
+        return Value::String(text.to_string());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => v,
+        Err(_) => match text.trim() {
+            "True" => Value::Bool(true),
+            "False" => Value::Bool(false),
+            _ => Value::String(text.to_string()),
+        },
+    }
+}
+
+/// A function name: non-empty, no blanks.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("no single function name before the arguments ({name:?})"));
+    }
+    Ok(())
+}
+
+/// Adds one argument; a name given twice is an error.
+fn put(arguments: &mut Map<String, Value>, key: &str, v: Value) -> Result<(), String> {
+    if arguments.insert(key.to_string(), v).is_some() {
+        return Err(format!("the argument {key:?} is given twice"));
+    }
+    Ok(())
+}
+
+/// GLM: `NAME` + `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs,
+/// blank space between the parts allowed (GLM-4.5 writes newlines, 4.7
+/// none).
+pub fn parse_glm_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
+    use glm::{KEY, KEY_END, VALUE, VALUE_END};
+    let (name, mut rest) = match inner.find(KEY) {
+        Some(i) => (inner[..i].trim(), &inner[i..]),
+        None => (inner.trim(), ""),
+    };
+    check_name(name)?;
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after_key = rest
+            .strip_prefix(KEY)
+            .ok_or_else(|| format!("text where {KEY} should be: {rest:?}"))?;
+        let (key, after) = after_key
+            .split_once(KEY_END)
+            .ok_or_else(|| format!("an unclosed {KEY}"))?;
+        let after_value = after
+            .trim_start()
+            .strip_prefix(VALUE)
+            .ok_or_else(|| format!("{key:?} has no {VALUE}"))?;
+        let (value, after) = after_value
+            .split_once(VALUE_END)
+            .ok_or_else(|| format!("an unclosed {VALUE}"))?;
+        let key = key.trim();
+        put(&mut arguments, key, bare_value(name, key, value, strings))?;
+        rest = after;
+    }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// Qwen3.5 / Qwen3-Coder: `<function=NAME>` + `<parameter=K>\nV\n</parameter>`
+/// per argument + `</function>` (one newline each side of a value belongs
+/// to the tags; a `</function>` cut off at the end of an answer is allowed).
+pub fn parse_qwen_xml_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
+    use qwen_xml::{FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END};
+    let rest = inner
+        .trim()
+        .strip_prefix(FUNCTION)
+        .ok_or_else(|| format!("no {FUNCTION}NAME> opening the call"))?;
+    let (name, rest) = rest.split_once('>').ok_or_else(|| format!("an unclosed {FUNCTION}"))?;
+    let name = name.trim();
+    check_name(name)?;
+    let rest = rest.trim_end();
+    let mut rest = rest.strip_suffix(FUNCTION_END).unwrap_or(rest);
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after = rest
+            .strip_prefix(PARAMETER)
+            .ok_or_else(|| format!("text where {PARAMETER} should be: {rest:?}"))?;
+        let (key, after) = after
+            .split_once('>')
+            .ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let (value, after) = after
+            .split_once(PARAMETER_END)
+            .ok_or_else(|| format!("{key:?} has no {PARAMETER_END}"))?;
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        let key = key.trim();
+        put(&mut arguments, key, bare_value(name, key, value, strings))?;
+        rest = after;
+    }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// MiniMax-M2, the text after `<invoke name=`: `"NAME">` + per argument
+/// `<parameter name="K">V</parameter>`, blank space between the parts
+/// allowed.
+pub fn parse_minimax_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
+    use minimax::{PARAMETER, PARAMETER_END};
+    let (name, mut rest) = quoted_head(inner).ok_or_else(|| "no \"NAME\"> after <invoke name=".to_string())?;
+    check_name(name)?;
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after = rest
+            .strip_prefix(PARAMETER)
+            .ok_or_else(|| format!("text where {PARAMETER} should be: {rest:?}"))?;
+        let (key, after) = quoted_head(after).ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let (value, after) = after
+            .split_once(PARAMETER_END)
+            .ok_or_else(|| format!("{key:?} has no {PARAMETER_END}"))?;
+        let key = key.trim();
+        put(&mut arguments, key, bare_value(name, key, value, strings))?;
+        rest = after;
+    }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// `"NAME">REST` (blank space around allowed) → (`NAME`, `REST`).
+fn quoted_head(s: &str) -> Option<(&str, &str)> {
+    let s = s.trim_start().strip_prefix('"')?;
+    let (name, rest) = s.split_once('"')?;
+    let rest = rest.trim_start().strip_prefix('>')?;
+    Some((name, rest))
+}
+
+/// MiniMax-M2's forced call after its prefill ([`tagged_grammar`]).
+pub fn minimax_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    tagged_grammar(&MINIMAX_TAGS, tools, name)
+}
+
+/// GLM's forced call after its prefill ([`tagged_grammar`]).
+pub fn glm_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    tagged_grammar(&GLM_TAGS, tools, name)
+}
+
+/// Qwen3.5's forced call after its prefill ([`tagged_grammar`]).
+pub fn qwen_xml_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    tagged_grammar(&QWEN_XML_TAGS, tools, name)
+}
+
+/// A forced call after its prefill: the name (when any tool may be
+/// called), then the schema's properties as tagged key / value pairs in
+/// their order (required ones always, the others optionally): string
+/// values bare (an enum's values, or text without `<`, up to `maxLength`),
+/// others as JSON for their schema; then the call's end. A tool without
+/// declared properties takes any keys with bare values.
+fn tagged_grammar(tags: &Tags, tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    let lit = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut rules = Vec::new();
+    let body = |i: usize, t: &ToolDef, rules: &mut Vec<String>| -> String {
+        let schema = t.parameters.clone().unwrap_or_else(|| json!({"type": "object"}));
+        let props = schema.get("properties").and_then(Value::as_object);
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let Some(props) = props.filter(|p| !p.is_empty()) else {
+            return format!(
+                "({} {} {} /[^<]*/ {})*",
+                lit(tags.key_open),
+                tags.key_pattern,
+                lit(tags.key_close),
+                lit(tags.value_close)
+            );
+        };
+        let mut parts = Vec::new();
+        for (j, (key, ps)) in props.iter().enumerate() {
+            let value = match (
+                ps.get("enum").and_then(Value::as_array),
+                ps.get("type").and_then(Value::as_str),
+            ) {
+                (Some(e), _) if e.iter().all(Value::is_string) => e
+                    .iter()
+                    .map(|v| lit(v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(" | "),
+                (_, Some("string")) => match ps.get("maxLength").and_then(Value::as_u64) {
+                    Some(n) => format!("/[^<]{{0,{n}}}/"),
+                    None => "/[^<]*/".to_string(),
+                },
+                _ => format!("%json {}", json_layout(ps.clone())),
+            };
+            let rule = format!("t{i}p{j}");
+            rules.push(format!(
+                "{rule}: {} ({value}) {}",
+                lit(&format!("{}{key}{}", tags.key_open, tags.key_close)),
+                lit(tags.value_close)
+            ));
+            parts.push(if required.contains(&key.as_str()) {
+                rule
+            } else {
+                format!("{rule}?")
+            });
+        }
+        parts.join(" ")
+    };
+    let start = match name {
+        Some(n) => {
+            let i = tools.iter().position(|t| t.name == n);
+            let b = i.map_or_else(String::new, |i| body(i, &tools[i], &mut rules));
+            format!("start: {b} {}", lit(tags.call_end))
+        }
+        None => {
+            let alts: Vec<String> = tools
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    format!(
+                        "({} {} {})",
+                        lit(&format!("{}{}", t.name, tags.after_name)),
+                        body(i, t, &mut rules),
+                        lit(tags.call_end)
+                    )
+                })
+                .collect();
+            format!("start: {}", alts.join(" | "))
+        }
+    };
+    let mut g = start;
+    for r in rules {
+        g.push('\n');
+        g.push_str(&r);
+    }
+    g.push('\n');
+    GrammarSpec::Lark(g)
+}

@@ -1,0 +1,170 @@
+//! Real chat templates (as released, from llama-cpp-python's sdist via
+//! `scripts/fetch_test_material.sh`) are read in their own tool-call
+//! syntax; Qwen3.5's and MiniMax-M2's render earlier calls in theirs, and
+//! Qwen3.5's XML calls work end to end (a forced call comes back parsed).
+
+mod api_support;
+
+use api_support::*;
+use charm_coordinator::chat_template::Message;
+use charm_coordinator::server::tools::ToolSyntax;
+use charm_coordinator::server::{Server, ServerConfig};
+use charm_coordinator::TextCodec;
+use serde_json::{json, Value};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn template(name: &str) -> String {
+    let path = repo().join("tests/material/templates").join(name);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/fetch_test_material.sh", path.display()))
+}
+
+#[test]
+fn real_templates_are_read_in_their_own_tool_syntax() {
+    for (name, syntax) in [
+        ("Qwen3.5-4B.jinja", ToolSyntax::QwenXml),
+        ("Qwen3-Coder.jinja", ToolSyntax::QwenXml),
+        ("Qwen-Qwen3-0.6B.jinja", ToolSyntax::Hermes),
+        ("GLM-4.6.jinja", ToolSyntax::Glm),
+        ("GLM-4.7-Flash.jinja", ToolSyntax::Glm),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", ToolSyntax::DeepSeek),
+        ("openai-gpt-oss-120b.jinja", ToolSyntax::Harmony),
+        ("MiniMax-M2.jinja", ToolSyntax::MiniMax),
+    ] {
+        assert_eq!(ToolSyntax::detect(&template(name)), Some(syntax), "{name}");
+    }
+}
+
+const TEMPLATES: [&str; 8] = [
+    "Qwen3.5-4B.jinja",
+    "Qwen3-Coder.jinja",
+    "Qwen-Qwen3-0.6B.jinja",
+    "GLM-4.6.jinja",
+    "GLM-4.7-Flash.jinja",
+    "deepseek-ai-DeepSeek-V3.1.jinja",
+    "openai-gpt-oss-120b.jinja",
+    "MiniMax-M2.jinja",
+];
+
+/// Every released template takes a tool conversation through the API: the
+/// tools, an earlier call with non-ASCII and non-string arguments, its
+/// result and a system message render (the answer itself is the random
+/// fixture's).
+#[test]
+fn every_real_template_renders_a_tool_conversation() {
+    for name in TEMPLATES {
+        let dir = fixture_with_template(&template(name));
+        let (engine, info) = charm_coordinator::engine::Engine::load(dir.path(), &Default::default()).unwrap();
+        let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
+        let body = json!({"max_tokens": 2, "temperature": 0, "tools": [weather_tool()], "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Zürich?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\", \"metric\": true}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "user", "content": "And tomorrow?"}]});
+        let r = post(srv.addr(), CHAT, &body);
+        assert_eq!(r.status, 200, "{name}: {}", r.text());
+    }
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "required": ["city"],
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Lima"]}, "metric": {"type": "boolean"}}}}})
+}
+
+#[test]
+fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
+    let dir = fixture_with_template(&template("Qwen3.5-4B.jinja"));
+    // The template writes an earlier call's arguments as XML parameters.
+    let codec = TextCodec::load(dir.path()).unwrap();
+    let history = vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![json!({"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}})],
+        ),
+        Message::tool_result("c1", "sunny"),
+    ];
+    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
+    let ids = codec.encode_chat(&history, true, &tools).unwrap();
+    let text = codec.decode(&ids, false).unwrap();
+    assert!(
+        text.contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"),
+        "{text}"
+    );
+    assert!(text.contains("<tools>\n{\"type\": \"function\""), "{text}");
+
+    let (engine, info) = charm_coordinator::engine::Engine::load(dir.path(), &Default::default()).unwrap();
+    let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
+    let ask = |choice: Value, messages: Value| {
+        let body = json!({"messages": messages, "tools": [weather_tool()], "tool_choice": choice,
+                          "max_tokens": 200, "temperature": 0});
+        let r = post(srv.addr(), CHAT, &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let user = json!([{"role": "user", "content": "Weather in Lima?"}]);
+    for choice in [
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+        json!("required"),
+    ] {
+        let v = ask(choice.clone(), user.clone());
+        let choice0 = &v["choices"][0];
+        assert_eq!(choice0["finish_reason"], "tool_calls", "{choice}: {v}");
+        let calls = choice0["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(["Paris", "Lima"].contains(&args["city"].as_str().unwrap()), "{args}");
+        assert!(args.get("metric").is_none_or(Value::is_boolean), "{args}");
+    }
+    // The round trip: the earlier call and its result go back in.
+    let round = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    ]);
+    let v = ask(json!("auto"), round);
+    assert!(v["choices"][0]["message"].is_object(), "{v}");
+}
+
+#[test]
+fn minimax_renders_earlier_calls_as_invokes() {
+    let dir = fixture_with_template(&template("MiniMax-M2.jinja"));
+    let codec = TextCodec::load(dir.path()).unwrap();
+    let history = vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![json!({"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}})],
+        ),
+        Message::tool_result("c1", "sunny"),
+    ];
+    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
+    let text = codec
+        .decode(&codec.encode_chat(&history, true, &tools).unwrap(), false)
+        .unwrap();
+    assert!(
+        text.contains(
+            "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("<parameter name=\"metric\">true</parameter>"), "{text}");
+    assert!(text.contains("<response>sunny</response>"), "{text}");
+    // What the model would write back parses as the call.
+    let calls = charm_coordinator::server::tools::parse(
+        ToolSyntax::MiniMax,
+        &["get_weather".to_string()],
+        "<minimax:tool_call>\n<invoke name=\"get_weather\"><parameter name=\"city\">Lima</parameter>\n</invoke>\n</minimax:tool_call>",
+    )
+    .calls;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].arguments["city"], "Lima");
+}
