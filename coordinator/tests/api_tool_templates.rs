@@ -97,6 +97,8 @@ fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
         "{text}"
     );
     assert!(text.contains("<tools>\n{\"type\": \"function\""), "{text}");
+    // As Python renders `args_value | string` of a boolean.
+    assert!(text.contains("<parameter=metric>\nTrue\n</parameter>"), "{text}");
 
     let (engine, info) = charm_coordinator::engine::Engine::load(dir.path(), &Default::default()).unwrap();
     let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
