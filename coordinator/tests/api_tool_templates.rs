@@ -1,7 +1,8 @@
 //! Real chat templates (as released, from llama-cpp-python's sdist via
 //! `scripts/fetch_test_material.sh`) are read in their own tool-call
-//! syntax; Qwen3.5's and MiniMax-M2's render earlier calls in theirs, and
-//! Qwen3.5's XML calls work end to end (a forced call comes back parsed).
+//! syntax; Qwen3.5's, DeepSeek-V3.1's and MiniMax-M2's render earlier
+//! calls in theirs, and forced calls through Qwen3.5's and DeepSeek-V3.1's
+//! come back parsed.
 
 mod api_support;
 
@@ -28,7 +29,7 @@ fn real_templates_are_read_in_their_own_tool_syntax() {
         ("Qwen-Qwen3-0.6B.jinja", ToolSyntax::Hermes),
         ("GLM-4.6.jinja", ToolSyntax::Glm),
         ("GLM-4.7-Flash.jinja", ToolSyntax::Glm),
-        ("deepseek-ai-DeepSeek-V3.1.jinja", ToolSyntax::DeepSeek),
+        ("deepseek-ai-DeepSeek-V3.1.jinja", ToolSyntax::DeepSeekV31),
         ("openai-gpt-oss-120b.jinja", ToolSyntax::Harmony),
         ("MiniMax-M2.jinja", ToolSyntax::MiniMax),
     ] {
@@ -71,7 +72,7 @@ fn every_real_template_renders_a_tool_conversation() {
 
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-        "parameters": {"type": "object", "required": ["city"],
+        "parameters": {"type": "object", "required": ["city"], "additionalProperties": false,
             "properties": {"city": {"type": "string", "enum": ["Paris", "Lima"]}, "metric": {"type": "boolean"}}}}})
 }
 
@@ -169,4 +170,37 @@ fn minimax_renders_earlier_calls_as_invokes() {
     .calls;
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].arguments["city"], "Lima");
+}
+
+#[test]
+fn deepseek_v31_renders_calls_with_json_arguments_and_forced_calls_parse() {
+    let dir = fixture_with_template(&template("deepseek-ai-DeepSeek-V3.1.jinja"));
+    let codec = TextCodec::load(dir.path()).unwrap();
+    let history = vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![json!({"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}})],
+        ),
+        Message::tool_result("c1", "sunny"),
+    ];
+    let conv = charm_coordinator::server::tools::deepseek_v31_conversation(history, &[weather_tool()]);
+    let text = codec.render_chat(&conv, true, &[]).unwrap();
+    assert!(
+        text.contains("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>"),
+        "{text}"
+    );
+    assert!(text.contains("## Tools"), "{text}");
+
+    let (engine, info) = charm_coordinator::engine::Engine::load(dir.path(), &Default::default()).unwrap();
+    let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Lima?"}], "tools": [weather_tool()],
+                      "tool_choice": "required", "max_tokens": 200, "temperature": 0});
+    let v = post(srv.addr(), CHAT, &body).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(["Paris", "Lima"].contains(&args["city"].as_str().unwrap()), "{args}");
 }

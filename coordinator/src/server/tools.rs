@@ -55,6 +55,11 @@ pub enum ToolSyntax {
     /// arguments as JSON text) and results itself but not the tools, so
     /// charm writes them into the system message ([`deepseek_conversation`]).
     DeepSeek,
+    /// DeepSeek-V3.1's: the same tokens without the type and the fence,
+    /// `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`; its
+    /// template renders earlier calls (arguments through `tojson`, so as
+    /// objects) and results but not the tools.
+    DeepSeekV31,
     /// GLM-4.5 / 4.6 / 4.7's `<tool_call>NAME` + one `<arg_key>K</arg_key>`
     /// `<arg_value>V</arg_value>` pair per argument + `</tool_call>` (blank
     /// lines between the parts or not): a value is JSON, or the text as it
@@ -98,7 +103,12 @@ impl ToolSyntax {
         if harmony::is_harmony(template) {
             Some(ToolSyntax::Harmony)
         } else if template.contains(deepseek::CALL_BEGIN) {
-            Some(ToolSyntax::DeepSeek)
+            // V3 / R1 fence their arguments; V3.1 writes them bare.
+            Some(if template.contains("```json") {
+                ToolSyntax::DeepSeek
+            } else {
+                ToolSyntax::DeepSeekV31
+            })
         } else if template.contains(glm::KEY) && template.contains("<tool_call>") {
             Some(ToolSyntax::Glm)
         } else if template.contains(minimax::CALLS) {
@@ -118,7 +128,7 @@ impl ToolSyntax {
     fn open(self) -> &'static str {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "<tool_call>",
-            ToolSyntax::DeepSeek => deepseek::CALL_BEGIN,
+            ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => deepseek::CALL_BEGIN,
             ToolSyntax::MiniMax => minimax::INVOKE,
             ToolSyntax::Harmony => "to=functions.",
         }
@@ -127,7 +137,7 @@ impl ToolSyntax {
     fn close(self) -> &'static str {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "</tool_call>",
-            ToolSyntax::DeepSeek => deepseek::CALL_END,
+            ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => deepseek::CALL_END,
             ToolSyntax::MiniMax => minimax::INVOKE_END,
             ToolSyntax::Harmony => harmony::CALL,
         }
@@ -139,7 +149,7 @@ impl ToolSyntax {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml | ToolSyntax::Harmony => {
                 &[]
             }
-            ToolSyntax::DeepSeek => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
+            ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
             ToolSyntax::MiniMax => &[minimax::CALLS, minimax::CALLS_END],
         }
     }
@@ -152,6 +162,8 @@ impl ToolSyntax {
         match (self, name) {
             (ToolSyntax::DeepSeek, Some(n)) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}{n}\n```json\n"),
             (ToolSyntax::DeepSeek, None) => format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"),
+            (ToolSyntax::DeepSeekV31, Some(n)) => format!("{CALLS_BEGIN}{CALL_BEGIN}{n}{SEP}"),
+            (ToolSyntax::DeepSeekV31, None) => format!("{CALLS_BEGIN}{CALL_BEGIN}"),
             (ToolSyntax::Glm, Some(n)) => format!("<tool_call>{n}\n"),
             (ToolSyntax::Glm, None) => "<tool_call>".to_string(),
             (ToolSyntax::QwenXml, Some(n)) => format!("<tool_call>\n{}{n}>\n", qwen_xml::FUNCTION),
@@ -193,6 +205,7 @@ impl ToolSyntax {
                 // What closes the call after its arguments.
                 let end = match self {
                     ToolSyntax::DeepSeek => "\"\\n```\"",
+                    ToolSyntax::DeepSeekV31 => "",
                     _ => "\"}\"",
                 };
                 GrammarSpec::Lark(format!("start: {body} {end}\n"))
@@ -205,6 +218,9 @@ impl ToolSyntax {
                     g.push_str(&match self {
                         ToolSyntax::DeepSeek => {
                             format!("call{i}: \"{}\\n```json\\n\" {} \"\\n```\"\n", t.name, args(t))
+                        }
+                        ToolSyntax::DeepSeekV31 => {
+                            format!("call{i}: \"{}{}\" {}\n", t.name, deepseek::SEP, args(t))
                         }
                         _ => format!("call{i}: \"{}\\\", \\\"arguments\\\": \" {} \"}}\"\n", t.name, args(t)),
                     });
@@ -219,6 +235,7 @@ impl ToolSyntax {
     fn parse_block(self, inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
         match self {
             ToolSyntax::DeepSeek => return parse_deepseek_block(inner),
+            ToolSyntax::DeepSeekV31 => return parse_deepseek_v31_block(inner),
             ToolSyntax::Glm => return parse_glm_block(inner, strings),
             ToolSyntax::QwenXml => return parse_qwen_xml_block(inner, strings),
             ToolSyntax::MiniMax => return parse_minimax_block(inner, strings),
@@ -323,6 +340,30 @@ fn parse_deepseek_block(inner: &str) -> Result<ToolCall, String> {
         .strip_prefix("```json")
         .or_else(|| body.strip_prefix("```"))
         .unwrap_or(body);
+    let body = body.trim_end().strip_suffix("```").unwrap_or(body);
+    let arguments = match serde_json::from_str::<Value>(body.trim()) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err("the arguments are not a JSON object".into()),
+        Err(e) => return Err(format!("the arguments are not valid JSON ({e})")),
+    };
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// DeepSeek-V3.1's `NAME<｜tool▁sep｜>ARGS` (a json fence around the
+/// arguments tolerated).
+fn parse_deepseek_v31_block(inner: &str) -> Result<ToolCall, String> {
+    let (name, body) = inner
+        .split_once(deepseek::SEP)
+        .ok_or_else(|| format!("no {}", deepseek::SEP))?;
+    let name = name.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("no single function name before {} ({name:?})", deepseek::SEP));
+    }
+    let body = body.trim();
+    let body = body.strip_prefix("```json").unwrap_or(body);
     let body = body.trim_end().strip_suffix("```").unwrap_or(body);
     let arguments = match serde_json::from_str::<Value>(body.trim()) {
         Ok(Value::Object(m)) => m,
@@ -805,6 +846,7 @@ pub fn prepare(
     match syntax {
         Some(ToolSyntax::Generic) => (generic_conversation(messages, &rendered), Vec::new()),
         Some(ToolSyntax::DeepSeek) => (deepseek_conversation(messages, &rendered), Vec::new()),
+        Some(ToolSyntax::DeepSeekV31) => (deepseek_v31_conversation(messages, &rendered), Vec::new()),
         Some(ToolSyntax::Harmony) => (harmony::conversation(messages), rendered),
         _ => (messages, rendered),
     }
@@ -841,17 +883,42 @@ pub fn deepseek_conversation(messages: Vec<Message>, rendered: &[Value]) -> Vec<
         })
         .collect();
     if !rendered.is_empty() {
-        let mut section =
-            String::from("## Tools\n\nYou can call these functions; their arguments follow the JSON schemas given:");
-        for t in rendered {
-            section.push('\n');
-            section.push_str(&crate::chat_template::py_json(t));
-        }
-        section.push_str(&format!(
-            "\n\nTo call functions, answer with {CALLS_BEGIN}, then for each call \
+        let how = format!(
+            "To call functions, answer with {CALLS_BEGIN}, then for each call \
              {CALL_BEGIN}function{SEP}<function name>\n```json\n{{<arguments>}}\n```{CALL_END}, then {CALLS_END}."
-        ));
-        add_system_section(&mut out, &section);
+        );
+        add_system_section(&mut out, &deepseek_tools_section(rendered, &how));
+    }
+    out
+}
+
+/// The tools section DeepSeek's templates do not write: each tool's JSON,
+/// then `how` to call them.
+fn deepseek_tools_section(rendered: &[Value], how: &str) -> String {
+    let mut section =
+        String::from("## Tools\n\nYou can call these functions; their arguments follow the JSON schemas given:");
+    for t in rendered {
+        section.push('\n');
+        section.push_str(&crate::chat_template::py_json(t));
+    }
+    section.push_str("\n\n");
+    section.push_str(how);
+    section
+}
+
+/// A conversation for DeepSeek-V3.1's template: calls as they are (it
+/// writes their arguments through `tojson`), and the tools in a section of
+/// the system message that shows V3.1's call syntax.
+pub fn deepseek_v31_conversation(messages: Vec<Message>, rendered: &[Value]) -> Vec<Message> {
+    use deepseek::{CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP};
+    let mut out = messages;
+    if !rendered.is_empty() {
+        let how = format!(
+            "To call functions, answer with {CALLS_BEGIN}, then for each call \
+             {CALL_BEGIN}<function name>{SEP}{{<arguments as JSON>}}{CALL_END} (calls one after \
+             another, nothing between them), then {CALLS_END}."
+        );
+        add_system_section(&mut out, &deepseek_tools_section(rendered, &how));
     }
     out
 }
@@ -1438,6 +1505,54 @@ mod tests {
             panic!("a Lark grammar")
         };
         assert!(any.starts_with("start: (\"get_weather>\\n\" t0p0 t0p1? \"</function>\\n</tool_call>\") | (\"run>\\n\" (\"<parameter=\" /[^>\\n]+/"), "{any}");
+    }
+
+    #[test]
+    fn deepseek_v31_calls_have_no_type_and_no_fence() {
+        use deepseek::{CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP};
+        let v3 = format!("{{{{'{CALL_BEGIN}' + tool['type'] + '{SEP}' + name + '\\n```json\\n'}}}}");
+        let v31 = format!("{{{{'{CALL_BEGIN}' + tool['function']['name'] + '{SEP}' + args | tojson}}}}");
+        assert_eq!(ToolSyntax::detect(&v3), Some(ToolSyntax::DeepSeek));
+        assert_eq!(ToolSyntax::detect(&v31), Some(ToolSyntax::DeepSeekV31));
+        let d = ToolSyntax::DeepSeekV31;
+        let names = vec!["get_weather".to_string(), "run".to_string()];
+        let text = format!(
+            "Checking.{CALLS_BEGIN}{CALL_BEGIN}get_weather{SEP}{{\"city\": \"Paris\"}}{CALL_END}\
+             {CALL_BEGIN}run{SEP}{{}}{CALL_END}{CALLS_END}"
+        );
+        let p = parse(d, &names, &text);
+        assert_eq!(p.content, "Checking.");
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(
+            p.calls,
+            vec![call("get_weather", json!({"city": "Paris"})), call("run", json!({}))]
+        );
+        // The prefill of a forced call, and an answer cut after its JSON.
+        assert_eq!(d.prefill(Some("run")), format!("{CALLS_BEGIN}{CALL_BEGIN}run{SEP}"));
+        let forced = format!("{}{{\"x\": 1}}", d.prefill(Some("run")));
+        assert_eq!(parse(d, &names, &forced).calls, vec![call("run", json!({"x": 1}))]);
+        for bad in [
+            format!("{CALL_BEGIN}get_weather{{}}{CALL_END}"),
+            format!("{CALL_BEGIN}get_weather{SEP}[1]{CALL_END}"),
+            format!("{CALL_BEGIN}{SEP}{{}}{CALL_END}"),
+        ] {
+            let p = parse(d, &names, &bad);
+            assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
+        }
+        let GrammarSpec::Lark(g) = d.forced_grammar(&[def("run")], None) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            g.starts_with(&format!("start: call0\ncall0: \"run{SEP}\" %json")),
+            "{g}"
+        );
+        let conv = deepseek_v31_conversation(vec![Message::new("user", "hi")], &[def("run").rendered()]);
+        assert_eq!(conv[0].role, "system");
+        assert!(
+            conv[0].content.contains(&format!("{CALL_BEGIN}<function name>{SEP}")),
+            "{}",
+            conv[0].content
+        );
     }
 
     #[test]
