@@ -72,6 +72,10 @@ pub struct Cli {
     /// Where learned routing history is kept (default: <model>/state).
     #[arg(long, global = true)]
     pub state_dir: Option<PathBuf>,
+    /// A chat template (Jinja text, as `chat_template.jinja` holds it) used
+    /// instead of the model's own, for `--chat`, `chat` and `serve`.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
     /// Cluster mode (without --local): workers, key, discovery, timeouts.
     #[command(flatten)]
     pub cluster: crate::cluster::cli::ClusterArgs,
@@ -329,14 +333,19 @@ pub fn run(cli: Cli) -> Result<()> {
         (engine, LoadInfo::default())
     };
     engine.prefill_chunk = cli.prefill_chunk as usize;
+    let template = cli.chat_template.as_deref();
     if info.container {
         eprintln!("{}", start_line(&info));
     }
     match cli.command {
-        Command::Generate(args) => generate(&engine, &dir, args, load_start.elapsed().as_secs_f64()),
-        Command::Chat(args) => chat(&engine, &dir, args),
-        Command::Serve(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, false)?),
-        Command::Web(args) => Ok(crate::server::run_cli(engine, &info, &dir, &args, cli.local, true)?),
+        Command::Generate(args) => generate(&engine, &dir, template, args, load_start.elapsed().as_secs_f64()),
+        Command::Chat(args) => chat(&engine, &dir, template, args),
+        Command::Serve(args) => Ok(crate::server::run_cli(
+            engine, &info, &dir, template, &args, cli.local, false,
+        )?),
+        Command::Web(args) => Ok(crate::server::run_cli(
+            engine, &info, &dir, template, &args, cli.local, true,
+        )?),
         Command::Convert(_) | Command::Upcycle(_) | Command::Keygen(_) | Command::Plan(_) | Command::Split(_) => {
             unreachable!("handled above")
         }
@@ -535,14 +544,20 @@ fn encode_prompt(codec: &TextCodec, text: &str, chat: bool, system: Option<&str>
     Ok(codec.encode_chat(&msgs, true, &[])?)
 }
 
-fn generate(engine: &Engine, dir: &std::path::Path, args: GenerateArgs, load_s: f64) -> Result<()> {
+fn generate(
+    engine: &Engine,
+    dir: &std::path::Path,
+    template: Option<&std::path::Path>,
+    args: GenerateArgs,
+    load_s: f64,
+) -> Result<()> {
     let params = params(&args.sampling)?;
     let needs_text = args.prompt.is_some() || (args.batch_file.is_some() && !args.batch_ids);
     if args.chat && !needs_text {
         bail!("--chat needs text prompts (--prompt, or --batch-file without --batch-ids)");
     }
     // The tokenizer is optional when ids go in: a model without one prints ids.
-    let codec = match (needs_text, TextCodec::for_model(dir)) {
+    let codec = match (needs_text, TextCodec::for_model_with(dir, template)) {
         (true, Err(crate::text::TextError::NoTokenizer { .. })) if args.batch_file.is_some() => {
             bail!(
                 "{} has no tokenizer: give the prompts as token ids (--batch-ids)",
@@ -835,8 +850,8 @@ impl HarmonyPrint {
     }
 }
 
-fn chat(engine: &Engine, dir: &std::path::Path, args: ChatArgs) -> Result<()> {
-    let codec = TextCodec::for_model(dir)?;
+fn chat(engine: &Engine, dir: &std::path::Path, template: Option<&std::path::Path>, args: ChatArgs) -> Result<()> {
+    let codec = TextCodec::for_model_with(dir, template)?;
     if !codec.has_template() {
         bail!("{}: no chat template; use `generate --prompt` instead", dir.display());
     }

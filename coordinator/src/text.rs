@@ -35,6 +35,9 @@ pub struct TextCodec {
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     dir: PathBuf,
+    /// The model's `bos_token` / `eos_token` text, as templates get them.
+    bos_token: String,
+    eos_token: String,
 }
 
 impl TextCodec {
@@ -54,6 +57,32 @@ impl TextCodec {
             return Self::from_gguf(&f);
         }
         Self::load(path)
+    }
+
+    /// [`TextCodec::for_model`], with the chat template read from
+    /// `template` instead of the model's when one is given
+    /// (`--chat-template`).
+    pub fn for_model_with(path: &Path, template: Option<&Path>) -> Result<Self, TextError> {
+        let codec = Self::for_model(path)?;
+        match template {
+            None => Ok(codec),
+            Some(t) => codec.with_template_file(t),
+        }
+    }
+
+    /// The same tokenizer with the chat template in the file `path` (the
+    /// template's text, as `chat_template.jinja` holds it).
+    pub fn with_template_file(mut self, path: &Path) -> Result<Self, TextError> {
+        let src = std::fs::read_to_string(path).map_err(|e| TextError::BadFile {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let template = ChatTemplate::new(&src, &self.bos_token, &self.eos_token).map_err(|e| TextError::BadFile {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        self.template = Some(template);
+        Ok(self)
     }
 
     /// Loads `dir/tokenizer.json` and the chat template from
@@ -89,18 +118,17 @@ impl TextCodec {
         } else {
             template_from_config(&cfg)
         };
+        let (bos_token, eos_token) = (token_string(&cfg, "bos_token"), token_string(&cfg, "eos_token"));
         let template = match source {
-            Some(src) => Some(ChatTemplate::new(
-                &src,
-                &token_string(&cfg, "bos_token"),
-                &token_string(&cfg, "eos_token"),
-            )?),
+            Some(src) => Some(ChatTemplate::new(&src, &bos_token, &eos_token)?),
             None => None,
         };
         Ok(TextCodec {
             tokenizer,
             template,
             dir: dir.to_path_buf(),
+            bos_token,
+            eos_token,
         })
     }
 
@@ -115,18 +143,18 @@ impl TextCodec {
             .to_string()
             .parse()
             .map_err(|e: tokenizers::Error| bad(format!("tokenizer metadata: {e}")))?;
+        let bos_token = crate::gguf_text::token_text(f, "tokenizer.ggml.bos_token_id");
+        let eos_token = crate::gguf_text::token_text(f, "tokenizer.ggml.eos_token_id");
         let template = match crate::gguf_text::chat_template(f) {
-            Some(src) => Some(ChatTemplate::new(
-                &src,
-                &crate::gguf_text::token_text(f, "tokenizer.ggml.bos_token_id"),
-                &crate::gguf_text::token_text(f, "tokenizer.ggml.eos_token_id"),
-            )?),
+            Some(src) => Some(ChatTemplate::new(&src, &bos_token, &eos_token)?),
             None => None,
         };
         Ok(TextCodec {
             tokenizer,
             template,
             dir: f.path().to_path_buf(),
+            bos_token,
+            eos_token,
         })
     }
 

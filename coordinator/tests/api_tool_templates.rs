@@ -101,8 +101,12 @@ fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
     // As Python renders `args_value | string` of a boolean.
     assert!(text.contains("<parameter=metric>\nTrue\n</parameter>"), "{text}");
 
-    let (engine, info) = charm_coordinator::engine::Engine::load(dir.path(), &Default::default()).unwrap();
-    let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
+    // The server: the chat fixture as it is, with Qwen3.5's template given
+    // as `--chat-template` (its tool syntax comes from that template).
+    let (engine, info) = engine();
+    let mut config = ServerConfig::new(&chat_fixture());
+    config.chat_template = Some(repo().join("tests/material/templates/Qwen3.5-4B.jinja"));
+    let srv = Server::start(engine, &info, config).unwrap();
     let ask = |choice: Value, messages: Value| {
         let body = json!({"messages": messages, "tools": [weather_tool()], "tool_choice": choice,
                           "max_tokens": 200, "temperature": 0});

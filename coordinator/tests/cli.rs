@@ -177,6 +177,64 @@ fn chat_flag_renders_the_template_and_generates_reference_ids() {
 }
 
 #[test]
+fn chat_template_flag_replaces_the_models_template() {
+    let dir = fixture("qwen3moe-chat");
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("plain.jinja");
+    std::fs::write(
+        &file,
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}",
+    )
+    .unwrap();
+    let t = file.to_str().unwrap();
+    let v = json_run(
+        &dir,
+        &[
+            "--chat-template",
+            t,
+            "generate",
+            "--prompt",
+            "Hi",
+            "--chat",
+            "--max-tokens",
+            "2",
+            "--json",
+        ],
+    );
+    let codec = charm_coordinator::TextCodec::load(&dir).unwrap();
+    let prompt: Vec<u32> = ids(&v["prompt_ids"]).into_iter().map(|i| i as u32).collect();
+    assert_eq!(codec.decode(&prompt, false).unwrap(), "[user] Hi\n[assistant]");
+    // A file that is missing or not a template: one clear line naming it.
+    let missing = tmp.path().join("none.jinja");
+    let out = coordinator(
+        &dir,
+        &[
+            "--chat-template",
+            missing.to_str().unwrap(),
+            "generate",
+            "--prompt",
+            "Hi",
+            "--chat",
+        ],
+    );
+    assert_clean_failure(&out, &["none.jinja"]);
+    let broken = tmp.path().join("broken.jinja");
+    std::fs::write(&broken, "{% for m in messages %}").unwrap();
+    let out = coordinator(
+        &dir,
+        &[
+            "--chat-template",
+            broken.to_str().unwrap(),
+            "generate",
+            "--prompt",
+            "Hi",
+            "--chat",
+        ],
+    );
+    assert_clean_failure(&out, &["broken.jinja"]);
+}
+
+#[test]
 fn streaming_text_is_the_json_text() {
     let dir = fixture("qwen3moe-chat");
     let args = [

@@ -258,6 +258,8 @@ pub struct ServerConfig {
     pub prefix_cache_disk_bytes: u64,
     /// Origins trusted besides the server's own and loopback's.
     pub origins: origin::Origins,
+    /// A chat template file used instead of the model's (`--chat-template`).
+    pub chat_template: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -280,6 +282,7 @@ impl ServerConfig {
             prefix_cache_dir: None,
             prefix_cache_disk_bytes: DEFAULT_PREFIX_DISK_MB << 20,
             origins: origin::Origins::default(),
+            chat_template: None,
         }
     }
 
@@ -314,6 +317,7 @@ impl ServerConfig {
             prefix_cache_dir: args.prefix_cache_dir.clone(),
             prefix_cache_disk_bytes: args.prefix_cache_disk_mb.saturating_mul(1 << 20),
             origins: origin::Origins::parse(&args.cors_origins).map_err(ServeError::CorsOrigin)?,
+            chat_template: None,
         })
     }
 
@@ -523,7 +527,7 @@ impl Server {
                 host: config.host.clone(),
             });
         }
-        let codec = match TextCodec::for_model(&config.model_dir) {
+        let codec = match TextCodec::for_model_with(&config.model_dir, config.chat_template.as_deref()) {
             Err(TextError::NoTokenizer { path }) => return Err(ServeError::NoTokenizer { path }),
             r => Arc::new(r?),
         };
@@ -692,11 +696,13 @@ pub fn run_cli(
     engine: Engine,
     info: &LoadInfo,
     dir: &Path,
+    chat_template: Option<&Path>,
     args: &ServeArgs,
     local: bool,
     open: bool,
 ) -> Result<(), ServeError> {
-    let config = ServerConfig::from_args(dir, args, local)?;
+    let mut config = ServerConfig::from_args(dir, args, local)?;
+    config.chat_template = chat_template.map(Path::to_path_buf);
     let defaults = engine.config().sampling.clone();
     let server = Server::start(engine, info, config)?;
     let url = server.url();
