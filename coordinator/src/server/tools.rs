@@ -27,9 +27,10 @@ use super::error::ApiError;
 use super::harmony;
 use crate::chat_template::Message;
 use crate::grammar::{json_layout, GrammarSpec};
-pub use tagged::{glm, minimax, qwen_xml};
+pub use tagged::{dsml, glm, minimax, qwen_xml};
 use tagged::{
-    glm_grammar, minimax_grammar, parse_glm_block, parse_minimax_block, parse_qwen_xml_block, qwen_xml_grammar,
+    dsml_grammar, glm_grammar, minimax_grammar, parse_dsml_block, parse_glm_block, parse_minimax_block,
+    parse_qwen_xml_block, qwen_xml_grammar,
 };
 
 /// Longest tool name accepted (OpenAI's and Anthropic's limit).
@@ -77,6 +78,12 @@ pub enum ToolSyntax {
     /// [`tagged`]). The template renders the tools, earlier calls and
     /// results itself.
     MiniMax,
+    /// DeepSeek-V3.2's DSML: `<｜DSML｜function_calls>`, then per call
+    /// `<｜DSML｜invoke name="NAME">`, one `<｜DSML｜parameter name="K"
+    /// string="true|false">V</｜DSML｜parameter>` per argument and
+    /// `</｜DSML｜invoke>`, then `</｜DSML｜function_calls>` (see [`tagged`]).
+    /// The template renders the tools, earlier calls and results itself.
+    Dsml,
     /// gpt-oss's harmony: a `commentary` message to `functions.NAME`, its
     /// header `<|channel|>commentary to=functions.NAME <|constrain|>json`,
     /// then `<|message|>`, the JSON arguments and `<|call|>`. Answers are
@@ -111,6 +118,8 @@ impl ToolSyntax {
             })
         } else if template.contains(glm::KEY) && template.contains("<tool_call>") {
             Some(ToolSyntax::Glm)
+        } else if template.contains(dsml::MARK) {
+            Some(ToolSyntax::Dsml)
         } else if template.contains(minimax::CALLS) {
             Some(ToolSyntax::MiniMax)
         } else if qwen_xml::is_qwen_xml(template) {
@@ -130,6 +139,7 @@ impl ToolSyntax {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "<tool_call>",
             ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => deepseek::CALL_BEGIN,
             ToolSyntax::MiniMax => minimax::INVOKE,
+            ToolSyntax::Dsml => dsml::INVOKE,
             ToolSyntax::Harmony => "to=functions.",
         }
     }
@@ -139,6 +149,7 @@ impl ToolSyntax {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "</tool_call>",
             ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => deepseek::CALL_END,
             ToolSyntax::MiniMax => minimax::INVOKE_END,
+            ToolSyntax::Dsml => dsml::INVOKE_END,
             ToolSyntax::Harmony => harmony::CALL,
         }
     }
@@ -151,6 +162,7 @@ impl ToolSyntax {
             }
             ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
             ToolSyntax::MiniMax => &[minimax::CALLS, minimax::CALLS_END],
+            ToolSyntax::Dsml => &[dsml::CALLS, dsml::CALLS_END],
         }
     }
 
@@ -170,6 +182,8 @@ impl ToolSyntax {
             (ToolSyntax::QwenXml, None) => format!("<tool_call>\n{}", qwen_xml::FUNCTION),
             (ToolSyntax::MiniMax, Some(n)) => format!("{}\n{}\"{n}\">\n", minimax::CALLS, minimax::INVOKE),
             (ToolSyntax::MiniMax, None) => format!("{}\n{}\"", minimax::CALLS, minimax::INVOKE),
+            (ToolSyntax::Dsml, Some(n)) => format!("\n\n{}\n{}\"{n}\">\n", dsml::CALLS, dsml::INVOKE),
+            (ToolSyntax::Dsml, None) => format!("\n\n{}\n{}\"", dsml::CALLS, dsml::INVOKE),
             (ToolSyntax::Harmony, Some(n)) => format!(
                 "{}commentary to={}{n} {}json{}",
                 harmony::CHANNEL,
@@ -191,6 +205,7 @@ impl ToolSyntax {
             ToolSyntax::Glm => return glm_grammar(tools, name),
             ToolSyntax::QwenXml => return qwen_xml_grammar(tools, name),
             ToolSyntax::MiniMax => return minimax_grammar(tools, name),
+            ToolSyntax::Dsml => return dsml_grammar(tools, name),
             ToolSyntax::Harmony => return harmony_grammar(tools, name),
             _ => {}
         }
@@ -239,6 +254,7 @@ impl ToolSyntax {
             ToolSyntax::Glm => return parse_glm_block(inner, strings),
             ToolSyntax::QwenXml => return parse_qwen_xml_block(inner, strings),
             ToolSyntax::MiniMax => return parse_minimax_block(inner, strings),
+            ToolSyntax::Dsml => return parse_dsml_block(inner, strings),
             ToolSyntax::Harmony => return parse_harmony_block(inner),
             _ => {}
         }
@@ -1552,6 +1568,62 @@ mod tests {
             conv[0].content.contains(&format!("{CALL_BEGIN}<function name>{SEP}")),
             "{}",
             conv[0].content
+        );
+    }
+
+    #[test]
+    fn dsml_calls_type_their_values_by_the_string_attribute() {
+        use dsml::{CALLS, CALLS_END, INVOKE, INVOKE_END, PARAMETER, PARAMETER_END};
+        let d = ToolSyntax::Dsml;
+        assert_eq!(ToolSyntax::detect("{%- set dsml_token = '｜DSML｜' -%}"), Some(d));
+        let names = vec!["get_weather".to_string()];
+        let text = format!(
+            "Looking.\n\n{CALLS}\n{INVOKE}\"get_weather\">\n\
+             {PARAMETER}\"city\" string=\"true\">75001{PARAMETER_END}\n\
+             {PARAMETER}\"days\" string=\"false\">[1, 2]{PARAMETER_END}\n{INVOKE_END}\n{CALLS_END}"
+        );
+        let p = parse(d, &names, &text);
+        assert_eq!(p.content, "Looking.");
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(
+            p.calls,
+            vec![call("get_weather", json!({"city": "75001", "days": [1, 2]}))]
+        );
+        let mut st = ToolStream::new(d, &names);
+        let mut pieces = Vec::new();
+        for chunk in text.chars().collect::<Vec<_>>().chunks(3) {
+            pieces.extend(st.push(&chunk.iter().collect::<String>()));
+        }
+        pieces.extend(st.finish());
+        assert_eq!(collect(st.warnings().to_vec(), pieces), p);
+        for bad in [
+            format!("{CALLS}{INVOKE}\"get_weather\">{PARAMETER}\"x\" string=\"false\">not json{PARAMETER_END}{INVOKE_END}{CALLS_END}"),
+            format!("{CALLS}{INVOKE}\"get_weather\">{PARAMETER}\"x\" kind=\"y\">1{PARAMETER_END}{INVOKE_END}{CALLS_END}"),
+            format!("{CALLS}{INVOKE}get_weather>{INVOKE_END}{CALLS_END}"),
+        ] {
+            let p = parse(d, &names, &bad);
+            assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
+        }
+        let tool = ToolDef {
+            name: "get_weather".into(),
+            description: None,
+            parameters: Some(json!({"type": "object", "required": ["city"],
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}})),
+        };
+        let GrammarSpec::Lark(g) = d.forced_grammar(&[tool], Some("get_weather")) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            g.contains(&format!(
+                "t0p0: \"{PARAMETER}\\\"city\\\" string=\\\"true\\\">\" (/[^<]*/)"
+            )),
+            "{g}"
+        );
+        assert!(
+            g.contains(&format!(
+                "t0p1: \"{PARAMETER}\\\"days\\\" string=\\\"false\\\">\" (%json"
+            )),
+            "{g}"
         );
     }
 

@@ -14,6 +14,12 @@
 //!   `</minimax:tool_call>` (its template: `v | tojson if v is not string
 //!   else v`).
 //!
+//! - DeepSeek-V3.2's DSML: `<｜DSML｜function_calls>` + per call
+//!   `<｜DSML｜invoke name="NAME">` + per argument `<｜DSML｜parameter
+//!   name="K" string="true|false">V</｜DSML｜parameter>` + `</｜DSML｜invoke>`,
+//!   then `</｜DSML｜function_calls>`; `string="true"` marks a bare string,
+//!   `"false"` JSON (its template: `val | tojson` when `val` is no string).
+//!
 //! A value is the tool schema's string when the schema says string, else
 //! JSON when it parses, else `True` / `False` as booleans (how a Python
 //! template writes them), else the text.
@@ -54,6 +60,18 @@ pub mod minimax {
     pub const PARAMETER_END: &str = "</parameter>";
 }
 
+/// DeepSeek-V3.2's DSML tags.
+pub mod dsml {
+    /// What the template names its tags by.
+    pub const MARK: &str = "｜DSML｜";
+    pub const CALLS: &str = "<｜DSML｜function_calls>";
+    pub const CALLS_END: &str = "</｜DSML｜function_calls>";
+    pub const INVOKE: &str = "<｜DSML｜invoke name=";
+    pub const INVOKE_END: &str = "</｜DSML｜invoke>";
+    pub const PARAMETER: &str = "<｜DSML｜parameter name=";
+    pub const PARAMETER_END: &str = "</｜DSML｜parameter>";
+}
+
 /// How one tagged syntax spells a call, as the grammar writes it.
 struct Tags {
     /// After the function's name.
@@ -62,6 +80,9 @@ struct Tags {
     key_open: &'static str,
     /// Between an argument's name and its value.
     key_close: &'static str,
+    /// Between the name and a value that is not a string, where the
+    /// syntax marks the difference (DSML's `string="false"`).
+    key_close_json: Option<&'static str>,
     /// After a value.
     value_close: &'static str,
     /// An argument name where the schema names none (Lark regex).
@@ -74,6 +95,7 @@ const GLM_TAGS: Tags = Tags {
     after_name: "\n",
     key_open: glm::KEY,
     key_close: "</arg_key>\n<arg_value>",
+    key_close_json: None,
     value_close: "</arg_value>\n",
     key_pattern: "/[^<]+/",
     call_end: "</tool_call>",
@@ -83,6 +105,7 @@ const QWEN_XML_TAGS: Tags = Tags {
     after_name: ">\n",
     key_open: qwen_xml::PARAMETER,
     key_close: ">\n",
+    key_close_json: None,
     value_close: "\n</parameter>\n",
     key_pattern: "/[^>\\n]+/",
     call_end: "</function>\n</tool_call>",
@@ -92,9 +115,20 @@ const MINIMAX_TAGS: Tags = Tags {
     after_name: "\">\n",
     key_open: "<parameter name=\"",
     key_close: "\">",
+    key_close_json: None,
     value_close: "</parameter>\n",
     key_pattern: "/[^\"\\n]+/",
     call_end: "</invoke>\n</minimax:tool_call>",
+};
+
+const DSML_TAGS: Tags = Tags {
+    after_name: "\">\n",
+    key_open: "<｜DSML｜parameter name=\"",
+    key_close: "\" string=\"true\">",
+    key_close_json: Some("\" string=\"false\">"),
+    value_close: "</｜DSML｜parameter>\n",
+    key_pattern: "/[^\"\\n]+/",
+    call_end: "</｜DSML｜invoke>\n</｜DSML｜function_calls>",
 };
 
 /// An argument's value as written bare (see the module's rule).
@@ -246,6 +280,57 @@ fn quoted_head(s: &str) -> Option<(&str, &str)> {
     Some((name, rest))
 }
 
+/// DeepSeek-V3.2, the text after `<｜DSML｜invoke name=`: `"NAME">` + per
+/// argument `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`
+/// (`string="false"`: V is JSON; without the attribute, the module's rule).
+pub fn parse_dsml_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
+    use dsml::{PARAMETER, PARAMETER_END};
+    let (name, mut rest) = quoted_head(inner).ok_or_else(|| "no \"NAME\"> after <｜DSML｜invoke name=".to_string())?;
+    check_name(name)?;
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after = rest
+            .strip_prefix(PARAMETER)
+            .ok_or_else(|| format!("text where {PARAMETER} should be: {rest:?}"))?;
+        let after = after
+            .trim_start()
+            .strip_prefix('"')
+            .ok_or_else(|| format!("an unquoted name after {PARAMETER}"))?;
+        let (key, after) = after
+            .split_once('"')
+            .ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let (attrs, after) = after
+            .split_once('>')
+            .ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let (value, after) = after
+            .split_once(PARAMETER_END)
+            .ok_or_else(|| format!("{key:?} has no {PARAMETER_END}"))?;
+        let attrs: String = attrs.chars().filter(|c| !c.is_whitespace()).collect();
+        let v = match attrs.as_str() {
+            "string=\"true\"" => Value::String(value.to_string()),
+            "string=\"false\"" => serde_json::from_str(value)
+                .map_err(|e| format!("{key:?} is marked string=\"false\" but is no JSON ({e})"))?,
+            "" => bare_value(name, key, value, strings),
+            other => return Err(format!("{key:?} has attributes {other:?}")),
+        };
+        put(&mut arguments, key, v)?;
+        rest = after;
+    }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments,
+    })
+}
+
+/// DeepSeek-V3.2's forced call after its prefill ([`tagged_grammar`]).
+pub fn dsml_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
+    tagged_grammar(&DSML_TAGS, tools, name)
+}
+
 /// MiniMax-M2's forced call after its prefill ([`tagged_grammar`]).
 pub fn minimax_grammar(tools: &[ToolDef], name: Option<&str>) -> GrammarSpec {
     tagged_grammar(&MINIMAX_TAGS, tools, name)
@@ -289,25 +374,31 @@ fn tagged_grammar(tags: &Tags, tools: &[ToolDef], name: Option<&str>) -> Grammar
         };
         let mut parts = Vec::new();
         for (j, (key, ps)) in props.iter().enumerate() {
-            let value = match (
+            let (value, is_string) = match (
                 ps.get("enum").and_then(Value::as_array),
                 ps.get("type").and_then(Value::as_str),
             ) {
-                (Some(e), _) if e.iter().all(Value::is_string) => e
-                    .iter()
-                    .map(|v| lit(v.as_str().unwrap_or_default()))
-                    .collect::<Vec<_>>()
-                    .join(" | "),
+                (Some(e), _) if e.iter().all(Value::is_string) => (
+                    e.iter()
+                        .map(|v| lit(v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(" | "),
+                    true,
+                ),
                 (_, Some("string")) => match ps.get("maxLength").and_then(Value::as_u64) {
-                    Some(n) => format!("/[^<]{{0,{n}}}/"),
-                    None => "/[^<]*/".to_string(),
+                    Some(n) => (format!("/[^<]{{0,{n}}}/"), true),
+                    None => ("/[^<]*/".to_string(), true),
                 },
-                _ => format!("%json {}", json_layout(ps.clone())),
+                _ => (format!("%json {}", json_layout(ps.clone())), false),
+            };
+            let close = match tags.key_close_json {
+                Some(json_close) if !is_string => json_close,
+                _ => tags.key_close,
             };
             let rule = format!("t{i}p{j}");
             rules.push(format!(
                 "{rule}: {} ({value}) {}",
-                lit(&format!("{}{key}{}", tags.key_open, tags.key_close)),
+                lit(&format!("{}{key}{close}", tags.key_open)),
                 lit(tags.value_close)
             ));
             parts.push(if required.contains(&key.as_str()) {
