@@ -3,7 +3,8 @@
 //! # Layout
 //! - [`engine`]: the engine loop (chunked prefill, KV cache, decode,
 //!   stopping) and the calls to the expert service, layer by layer.
-//! - [`sampler`]: greedy and seeded temperature / top-k / top-p sampling.
+//! - [`sampler`]: greedy and seeded temperature / top-k / top-p / min-p
+//!   sampling, after the logit bias and repetition penalties.
 //! - [`text`]: tokenizer, chat template, streaming detokenizer.
 //! - [`gguf_text`]: the tokenizer a GGUF file carries, rebuilt for the
 //!   tokenizers crate.

@@ -13,10 +13,16 @@
 //!   `--max-batch` requests, the prefix cache, detokenization and stop
 //!   strings per token.
 //! - [`openai`]: the OpenAI API (`/v1/chat/completions`, `/v1/completions`).
-//! - [`anthropic`]: the Anthropic API (`/v1/messages`).
+//! - [`anthropic`]: the Anthropic API (`/v1/messages`,
+//!   `/v1/messages/count_tokens`).
+//! - [`sampling`]: a request's sampling fields, filled from the model's
+//!   recommended settings where it leaves them out.
+//! - [`origin`]: which web pages' origins are answered (403 otherwise), and
+//!   their CORS headers.
 //! - [`stop`]: cutting text exactly before a stop string.
 //! - [`tools`]: tool definitions and choices, and parsing the model's tool
-//!   calls back out of its text (whole or streamed).
+//!   calls back out of its text (whole or streamed) in its family's syntax
+//!   (the tagged ones in `tools/tagged.rs`).
 //! - [`reasoning`], [`answer`], [`harmony`]: an answer split into reasoning,
 //!   text and calls (`<think>` blocks, or gpt-oss's harmony channels).
 //! - [`logprobs`]: log-probabilities of sampled tokens.

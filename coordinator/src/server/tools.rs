@@ -351,21 +351,26 @@ fn parse_deepseek_block(inner: &str) -> Result<ToolCall, String> {
     if name.is_empty() {
         return Err("no function name".into());
     }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments: fenced_json_arguments(body)?,
+    })
+}
+
+/// A JSON object of arguments, a json fence around it (or a closing fence
+/// cut off at the end of an answer) allowed.
+fn fenced_json_arguments(body: &str) -> Result<Map<String, Value>, String> {
     let body = body.trim();
     let body = body
         .strip_prefix("```json")
         .or_else(|| body.strip_prefix("```"))
         .unwrap_or(body);
     let body = body.trim_end().strip_suffix("```").unwrap_or(body);
-    let arguments = match serde_json::from_str::<Value>(body.trim()) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => return Err("the arguments are not a JSON object".into()),
-        Err(e) => return Err(format!("the arguments are not valid JSON ({e})")),
-    };
-    Ok(ToolCall {
-        name: name.to_string(),
-        arguments,
-    })
+    match serde_json::from_str::<Value>(body.trim()) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err("the arguments are not a JSON object".into()),
+        Err(e) => Err(format!("the arguments are not valid JSON ({e})")),
+    }
 }
 
 /// DeepSeek-V3.1's `NAME<｜tool▁sep｜>ARGS` (a json fence around the
@@ -378,17 +383,9 @@ fn parse_deepseek_v31_block(inner: &str) -> Result<ToolCall, String> {
     if name.is_empty() || name.contains(char::is_whitespace) {
         return Err(format!("no single function name before {} ({name:?})", deepseek::SEP));
     }
-    let body = body.trim();
-    let body = body.strip_prefix("```json").unwrap_or(body);
-    let body = body.trim_end().strip_suffix("```").unwrap_or(body);
-    let arguments = match serde_json::from_str::<Value>(body.trim()) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => return Err("the arguments are not a JSON object".into()),
-        Err(e) => return Err(format!("the arguments are not valid JSON ({e})")),
-    };
     Ok(ToolCall {
         name: name.to_string(),
-        arguments,
+        arguments: fenced_json_arguments(body)?,
     })
 }
 

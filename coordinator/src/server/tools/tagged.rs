@@ -154,12 +154,30 @@ fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Adds one argument; a name given twice is an error.
-fn put(arguments: &mut Map<String, Value>, key: &str, v: Value) -> Result<(), String> {
-    if arguments.insert(key.to_string(), v).is_some() {
-        return Err(format!("the argument {key:?} is given twice"));
+/// The arguments after a call's name, each opening with `open`: `read`
+/// takes the text after that tag and gives the argument's name (trimmed),
+/// its value and the text after the argument. Blank space between
+/// arguments is allowed; a name given twice is an error.
+fn read_arguments<'t>(
+    mut rest: &'t str,
+    open: &str,
+    read: impl Fn(&'t str) -> Result<(&'t str, Value, &'t str), String>,
+) -> Result<Map<String, Value>, String> {
+    let mut arguments = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            return Ok(arguments);
+        }
+        let after = rest
+            .strip_prefix(open)
+            .ok_or_else(|| format!("text where {open} should be: {rest:?}"))?;
+        let (key, value, after) = read(after)?;
+        if arguments.insert(key.to_string(), value).is_some() {
+            return Err(format!("the argument {key:?} is given twice"));
+        }
+        rest = after;
     }
-    Ok(())
 }
 
 /// GLM: `NAME` + `<arg_key>K</arg_key><arg_value>V</arg_value>` pairs,
@@ -167,34 +185,23 @@ fn put(arguments: &mut Map<String, Value>, key: &str, v: Value) -> Result<(), St
 /// none).
 pub fn parse_glm_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
     use glm::{KEY, KEY_END, VALUE, VALUE_END};
-    let (name, mut rest) = match inner.find(KEY) {
+    let (name, rest) = match inner.find(KEY) {
         Some(i) => (inner[..i].trim(), &inner[i..]),
         None => (inner.trim(), ""),
     };
     check_name(name)?;
-    let mut arguments = Map::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
-        }
-        let after_key = rest
-            .strip_prefix(KEY)
-            .ok_or_else(|| format!("text where {KEY} should be: {rest:?}"))?;
-        let (key, after) = after_key
-            .split_once(KEY_END)
-            .ok_or_else(|| format!("an unclosed {KEY}"))?;
-        let after_value = after
+    let arguments = read_arguments(rest, KEY, |after| {
+        let (key, after) = after.split_once(KEY_END).ok_or_else(|| format!("an unclosed {KEY}"))?;
+        let key = key.trim();
+        let after = after
             .trim_start()
             .strip_prefix(VALUE)
             .ok_or_else(|| format!("{key:?} has no {VALUE}"))?;
-        let (value, after) = after_value
+        let (value, after) = after
             .split_once(VALUE_END)
             .ok_or_else(|| format!("an unclosed {VALUE}"))?;
-        let key = key.trim();
-        put(&mut arguments, key, bare_value(name, key, value, strings))?;
-        rest = after;
-    }
+        Ok((key, bare_value(name, key, value, strings), after))
+    })?;
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
@@ -214,28 +221,19 @@ pub fn parse_qwen_xml_block(inner: &str, strings: &[(String, String)]) -> Result
     let name = name.trim();
     check_name(name)?;
     let rest = rest.trim_end();
-    let mut rest = rest.strip_suffix(FUNCTION_END).unwrap_or(rest);
-    let mut arguments = Map::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
-        }
-        let after = rest
-            .strip_prefix(PARAMETER)
-            .ok_or_else(|| format!("text where {PARAMETER} should be: {rest:?}"))?;
+    let rest = rest.strip_suffix(FUNCTION_END).unwrap_or(rest);
+    let arguments = read_arguments(rest, PARAMETER, |after| {
         let (key, after) = after
             .split_once('>')
             .ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let key = key.trim();
         let (value, after) = after
             .split_once(PARAMETER_END)
             .ok_or_else(|| format!("{key:?} has no {PARAMETER_END}"))?;
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
-        let key = key.trim();
-        put(&mut arguments, key, bare_value(name, key, value, strings))?;
-        rest = after;
-    }
+        Ok((key, bare_value(name, key, value, strings), after))
+    })?;
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
@@ -247,25 +245,16 @@ pub fn parse_qwen_xml_block(inner: &str, strings: &[(String, String)]) -> Result
 /// allowed.
 pub fn parse_minimax_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
     use minimax::{PARAMETER, PARAMETER_END};
-    let (name, mut rest) = quoted_head(inner).ok_or_else(|| "no \"NAME\"> after <invoke name=".to_string())?;
+    let (name, rest) = quoted_head(inner).ok_or_else(|| "no \"NAME\"> after <invoke name=".to_string())?;
     check_name(name)?;
-    let mut arguments = Map::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
-        }
-        let after = rest
-            .strip_prefix(PARAMETER)
-            .ok_or_else(|| format!("text where {PARAMETER} should be: {rest:?}"))?;
+    let arguments = read_arguments(rest, PARAMETER, |after| {
         let (key, after) = quoted_head(after).ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let key = key.trim();
         let (value, after) = after
             .split_once(PARAMETER_END)
             .ok_or_else(|| format!("{key:?} has no {PARAMETER_END}"))?;
-        let key = key.trim();
-        put(&mut arguments, key, bare_value(name, key, value, strings))?;
-        rest = after;
-    }
+        Ok((key, bare_value(name, key, value, strings), after))
+    })?;
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
@@ -285,17 +274,9 @@ fn quoted_head(s: &str) -> Option<(&str, &str)> {
 /// (`string="false"`: V is JSON; without the attribute, the module's rule).
 pub fn parse_dsml_block(inner: &str, strings: &[(String, String)]) -> Result<ToolCall, String> {
     use dsml::{PARAMETER, PARAMETER_END};
-    let (name, mut rest) = quoted_head(inner).ok_or_else(|| "no \"NAME\"> after <｜DSML｜invoke name=".to_string())?;
+    let (name, rest) = quoted_head(inner).ok_or_else(|| "no \"NAME\"> after <｜DSML｜invoke name=".to_string())?;
     check_name(name)?;
-    let mut arguments = Map::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() {
-            break;
-        }
-        let after = rest
-            .strip_prefix(PARAMETER)
-            .ok_or_else(|| format!("text where {PARAMETER} should be: {rest:?}"))?;
+    let arguments = read_arguments(rest, PARAMETER, |after| {
         let after = after
             .trim_start()
             .strip_prefix('"')
@@ -303,6 +284,7 @@ pub fn parse_dsml_block(inner: &str, strings: &[(String, String)]) -> Result<Too
         let (key, after) = after
             .split_once('"')
             .ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
+        let key = key.trim();
         let (attrs, after) = after
             .split_once('>')
             .ok_or_else(|| format!("an unclosed {PARAMETER}"))?;
@@ -317,9 +299,8 @@ pub fn parse_dsml_block(inner: &str, strings: &[(String, String)]) -> Result<Too
             "" => bare_value(name, key, value, strings),
             other => return Err(format!("{key:?} has attributes {other:?}")),
         };
-        put(&mut arguments, key, v)?;
-        rest = after;
-    }
+        Ok((key, v, after))
+    })?;
     Ok(ToolCall {
         name: name.to_string(),
         arguments,
