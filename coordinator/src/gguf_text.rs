@@ -4,11 +4,14 @@
 //! complete model.
 //!
 //! Supported: byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`)
-//! with the pre-tokenizers llama.cpp names `default`/`gpt-2`/`olmo`,
-//! `smollm`, `qwen2`, `llama-bpe` and `gpt-4o`; and SentencePiece BPE vocabularies
-//! (`llama`: pieces with scores and byte-fallback tokens), rebuilt the way
-//! transformers converts a SentencePiece model (merges ordered by the score
-//! of the merged piece). Other kinds and pre-tokenizers are refused by name.
+//! with the pre-tokenizers llama.cpp's converter names for the families
+//! charm runs ([`PRE_TOKENIZERS`]: Qwen2 … Qwen3.6, DeepSeek LLM / Coder /
+//! V3, Kimi K2, GLM-4 … 5, gpt-oss, MiniMax-M2, Llama 3, OLMo, SmolLM and
+//! GPT-2's kin), each rebuilt as the model's own `tokenizer.json` has it;
+//! and SentencePiece BPE vocabularies (`llama`: pieces with scores and
+//! byte-fallback tokens), rebuilt the way transformers converts a
+//! SentencePiece model (merges ordered by the score of the merged piece).
+//! Other kinds and pre-tokenizers are refused by name.
 
 use charm_common::gguf::{GgufFile, MetaValue};
 use serde_json::{json, Value};
@@ -22,40 +25,140 @@ fn split(regex: &str) -> Value {
     json!({"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false})
 }
 
+/// Splits by each regex in turn, then byte-level without its own regex.
+fn splits(regexes: &[&str], trim_offsets: bool) -> Value {
+    let mut steps: Vec<Value> = regexes.iter().map(|r| split(r)).collect();
+    steps.push(byte_level(false, trim_offsets));
+    json!({"type": "Sequence", "pretokenizers": steps})
+}
+
+// The split regexes as the models' own `tokenizer.json` files write them
+// (llama.cpp's `llama-vocab.cpp` carries rewritten equivalents of the same).
+
+/// Qwen2 … Qwen3-Next (`qwen2`).
 const QWEN2_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// o200k's split (llama.cpp's `gpt-4o`: gpt-oss, GPT-4o).
+/// Qwen3.5 / Qwen3.6 (`qwen35`): Qwen2's, with combining marks in words.
+const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// o200k's split (llama.cpp's `gpt-4o`: gpt-oss, GPT-4o; `minimax-m2`).
 const GPT4O_REGEX: &str = concat!(
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 );
+/// Llama 3 (`llama-bpe`), and GLM-4 … GLM-5 (`glm4`, `glm5`).
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// DeepSeek LLM and DeepSeek-V2 (`deepseek-llm`): newlines, Latin-like
+/// letters, ASCII and full-width punctuation, trailing spaces, CJK, numbers.
+const DEEPSEEK_LLM_REGEXES: [&str; 6] = [
+    r"[\r\n]",
+    // Letters of cased scripts, written as code points (some of them have
+    // canonical equivalents an editor could swap in).
+    concat!(
+        r"\s?[A-Za-z",
+        "\u{B5}\u{C0}-\u{D6}\u{D8}-\u{F6}\u{F8}-\u{1BA}\u{1BC}-\u{1BF}\u{1C4}-\u{293}\u{295}-\u{2AF}",
+        "\u{370}-\u{373}\u{376}\u{377}\u{37B}-\u{37D}\u{37F}\u{386}\u{388}-\u{38A}\u{38C}\u{38E}-\u{3A1}",
+        "\u{3A3}-\u{3F5}\u{3F7}-\u{481}\u{48A}-\u{52F}\u{531}-\u{556}\u{10A0}-\u{10C5}\u{13A0}-\u{13F5}",
+        "\u{13F8}-\u{13FD}\u{1C90}-\u{1CBA}\u{1CBD}-\u{1CBF}\u{1D00}-\u{1D2B}\u{1D6B}-\u{1D77}\u{1D79}-\u{1D9A}",
+        "\u{1E00}-\u{1F15}\u{1F18}-\u{1F1D}\u{1F20}-\u{1F45}\u{1F48}-\u{1F4D}\u{1F50}-\u{1F57}\u{1F59}\u{1F5B}",
+        "\u{1F5D}\u{1F5F}-\u{1F7D}\u{1F80}-\u{1FB4}\u{1FB6}-\u{1FBC}\u{1FBE}\u{1FC2}-\u{1FC4}\u{1FC6}-\u{1FCC}",
+        "\u{1FD0}-\u{1FD3}\u{1FD6}-\u{1FDB}\u{1FE0}-\u{1FEC}\u{1FF2}-\u{1FF4}\u{1FF6}-\u{1FFC}\u{2102}\u{2107}",
+        "\u{210A}-\u{2113}\u{2115}\u{2119}-\u{211D}\u{2124}\u{2126}\u{2128}\u{212A}-\u{212D}\u{212F}-\u{2134}",
+        "\u{2139}\u{213C}-\u{213F}\u{2145}-\u{2149}\u{214E}\u{2183}\u{2184}\u{2C00}-\u{2C7B}\u{2C7E}-\u{2CE4}",
+        "\u{2CEB}-\u{2CEE}\u{2CF2}\u{2CF3}\u{A640}-\u{A66D}\u{A680}-\u{A69B}\u{A722}-\u{A76F}\u{A771}-\u{A787}",
+        "\u{A78B}-\u{A78E}\u{AB70}-\u{ABBF}\u{FB00}-\u{FB06}\u{FB13}-\u{FB17}\u{FF21}-\u{FF3A}\u{FF41}-\u{FF5A}",
+        "\u{10400}-\u{1044F}\u{104B0}-\u{104D3}\u{104D8}-\u{104FB}\u{10C80}-\u{10CB2}\u{10CC0}-\u{10CF2}",
+        "\u{118A0}-\u{118DF}\u{1E900}-\u{1E943}]+"
+    ),
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+];
+/// DeepSeek Coder (`deepseek-coder`).
+const DEEPSEEK_CODER_REGEXES: [&str; 5] = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"];
+/// DeepSeek-V3 / R1 / V3.1 / V3.2 (`deepseek-v3`): numbers of up to three
+/// digits, CJK runs, then words, punctuation and spaces.
+const DEEPSEEK_V3_REGEXES: [&str; 3] = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+/// Kimi K2 (`kimi-k2`, its `tokenization_kimi.py`): o200k's split with Han
+/// runs apart from other letters.
+const KIMI_K2_REGEX: &str = concat!(
+    r"[\p{Han}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+);
 
-/// `(normalizer, pre_tokenizer)` for a llama.cpp pre-tokenizer name.
-fn pre_tokenizer(pre: &str) -> Option<(Value, Value)> {
-    Some(match pre {
-        "default" | "gpt-2" | "gpt2" | "olmo" => (Value::Null, byte_level(true, true)),
-        "smollm" => (
+/// The Hugging Face pieces of a llama.cpp pre-tokenizer name.
+struct PreTokenizer {
+    normalizer: Value,
+    pre_tokenizer: Value,
+    /// A whole pre-token found in the vocabulary is taken as it is, not
+    /// merged (`"ignore_merges": true` in the model's `tokenizer.json`).
+    ignore_merges: bool,
+}
+
+/// Every pre-tokenizer name charm reads.
+pub const PRE_TOKENIZERS: &[&str] = &[
+    "default",
+    "gpt-2",
+    "gpt2",
+    "olmo",
+    "mpt",
+    "smollm",
+    "starcoder",
+    "refact",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "qwen35",
+    "llama-bpe",
+    "llama3",
+    "glm4",
+    "glm5",
+    "gpt-4o",
+    "minimax-m2",
+    "deepseek-llm",
+    "deepseek-coder",
+    "deepseek-v3",
+    "kimi-k2",
+];
+
+/// The pre-tokenizer llama.cpp calls `pre`, as the model's `tokenizer.json`
+/// has it.
+fn pre_tokenizer(pre: &str) -> Option<PreTokenizer> {
+    let nfc = json!({"type": "NFC"});
+    let (normalizer, pre_tokenizer, ignore_merges) = match pre {
+        "default" | "gpt-2" | "gpt2" | "mpt" => (Value::Null, byte_level(true, true), false),
+        // OLMo's and OLMoE's tokenizer normalizes to NFC first.
+        "olmo" => (nfc, byte_level(true, true), false),
+        "smollm" | "starcoder" | "refact" => (
             Value::Null,
             json!({"type": "Sequence", "pretokenizers": [
                 {"type": "Digits", "individual_digits": true},
                 byte_level(true, true)
             ]}),
+            false,
         ),
-        "qwen2" => (
-            json!({"type": "NFC"}),
-            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false, false)]}),
-        ),
-        "llama-bpe" | "llama3" => (
-            Value::Null,
-            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false, true)]}),
-        ),
-        "gpt-4o" => (
-            Value::Null,
-            json!({"type": "Sequence", "pretokenizers": [split(GPT4O_REGEX), byte_level(false, true)]}),
-        ),
+        "qwen2" | "deepseek-r1-qwen" => (nfc, splits(&[QWEN2_REGEX], false), false),
+        // Qwen3.5 keeps combining marks as they come (no NFC).
+        "qwen35" => (Value::Null, splits(&[QWEN35_REGEX], false), false),
+        "llama-bpe" | "llama3" | "glm4" | "glm5" => (Value::Null, splits(&[LLAMA3_REGEX], true), true),
+        "gpt-4o" => (Value::Null, splits(&[GPT4O_REGEX], true), true),
+        "minimax-m2" => (Value::Null, splits(&[GPT4O_REGEX], true), false),
+        "deepseek-llm" => (Value::Null, splits(&DEEPSEEK_LLM_REGEXES, true), false),
+        "deepseek-coder" => (Value::Null, splits(&DEEPSEEK_CODER_REGEXES, true), false),
+        "deepseek-v3" => (Value::Null, splits(&DEEPSEEK_V3_REGEXES, true), false),
+        "kimi-k2" => (Value::Null, splits(&[KIMI_K2_REGEX], true), false),
         _ => return None,
+    };
+    Some(PreTokenizer {
+        normalizer,
+        pre_tokenizer,
+        ignore_merges,
     })
 }
 
@@ -76,9 +179,10 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
         ));
     }
     let pre = s("tokenizer.ggml.pre").unwrap_or("default");
-    let (normalizer, pre_tok) = pre_tokenizer(pre).ok_or_else(|| {
+    let pre_tok = pre_tokenizer(pre).ok_or_else(|| {
         format!(
-            "tokenizer.ggml.pre {pre:?} is not supported (supported: default, gpt-2, olmo, smollm, qwen2, llama-bpe, gpt-4o)"
+            "tokenizer.ggml.pre {pre:?} is not supported (supported: {})",
+            PRE_TOKENIZERS.join(", ")
         )
     })?;
     let tokens = f
@@ -137,16 +241,14 @@ pub fn tokenizer_json(f: &GgufFile) -> Result<Value, String> {
         "truncation": null,
         "padding": null,
         "added_tokens": added,
-        "normalizer": normalizer,
-        "pre_tokenizer": pre_tok,
+        "normalizer": pre_tok.normalizer,
+        "pre_tokenizer": pre_tok.pre_tokenizer,
         "post_processor": post,
         "decoder": byte_level(true, true),
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
             "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            // o200k takes a whole pre-token that is in the vocabulary as it is
-            // (its tokenizer.json says `ignore_merges`).
-            "ignore_merges": pre == "gpt-4o",
+            "ignore_merges": pre_tok.ignore_merges,
             "vocab": vocab, "merges": merges
         }
     }))
@@ -308,4 +410,49 @@ fn sentencepiece_json(f: &GgufFile) -> Result<Value, String> {
             "vocab": vocab, "merges": merges
         }
     }))
+}
+
+#[cfg(test)]
+mod pre_tokenizer_tests {
+    use super::*;
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+    /// `text` split by the pre-tokenizer llama.cpp calls `pre`, as pieces of
+    /// `text`.
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        let p: PreTokenizerWrapper = serde_json::from_value(pre_tokenizer(pre).unwrap().pre_tokenizer).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        p.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(_, (a, b), _)| text[a..b].to_string())
+            .collect()
+    }
+
+    #[test]
+    fn every_named_pre_tokenizer_builds() {
+        for pre in PRE_TOKENIZERS {
+            let p = pre_tokenizer(pre).unwrap_or_else(|| panic!("{pre}"));
+            let _: PreTokenizerWrapper =
+                serde_json::from_value(p.pre_tokenizer).unwrap_or_else(|e| panic!("{pre}: {e}"));
+            assert_eq!(pieces(pre, "Hello world").concat(), "Hello world", "{pre}");
+        }
+        assert!(pre_tokenizer("no-such-model").is_none());
+    }
+
+    /// Kimi K2's split keeps runs of Han characters apart from other letters
+    /// (o200k's would join them: Han characters are `\p{Lo}`).
+    #[test]
+    fn kimi_k2_splits_han_from_other_letters() {
+        let text = "你好world，Hello世界1234567 don't";
+        assert_eq!(
+            pieces("kimi-k2", text),
+            ["你好", "world", "，Hello", "世界", "123", "456", "7", " don't"]
+        );
+        assert_eq!(
+            pieces("gpt-4o", text),
+            ["你好world", "，Hello世界", "123", "456", "7", " don't"]
+        );
+    }
 }

@@ -136,24 +136,23 @@ fn assert_tokenizes_alike(gguf: &GgufFile, hf_path: &std::path::Path, skip_speci
     for text in texts {
         let a = ours.encode(text).unwrap();
         let b = theirs.encode(text).unwrap();
-        assert_eq!(a, b, "ids of {text:?}");
+        assert_eq!(a, b, "{}: ids of {text:?}", gguf.path().display());
         assert_eq!(
             ours.decode(&a, skip_special).unwrap(),
             theirs.decode(&b, skip_special).unwrap(),
-            "text of {text:?}"
+            "{}: text of {text:?}",
+            gguf.path().display()
         );
     }
 }
 
-/// gpt-oss's o200k vocabulary as llama.cpp's converter stores it
-/// (`tokenizer.ggml.model = gpt2`, `tokenizer.ggml.pre = gpt-4o`: tokens by
-/// id with the unused ids as padding tokens, control types for the special
-/// ones, merges as `"a b"`), rebuilt by charm, tokenizes exactly like the
-/// real gpt-oss `tokenizer.json` (from `scripts/fetch_test_material.sh`).
-#[test]
-fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
-    let hf_path = material("tests/material/gptoss/tokenizer.json");
-    let hf: Value = serde_json::from_str(&std::fs::read_to_string(&hf_path).unwrap()).unwrap();
+/// A byte-level BPE `tokenizer.json` as llama.cpp's converter stores it in
+/// GGUF metadata (`tokenizer.ggml.model = gpt2`, the given
+/// `tokenizer.ggml.pre`): tokens by id with unused ids as padding tokens,
+/// control types for the special added tokens and user-defined types for
+/// the others, merges as `"a b"`.
+fn byte_level_gguf(hf_path: &std::path::Path, arch: &str, pre: &str) -> GgufFile {
+    let hf: Value = serde_json::from_str(&std::fs::read_to_string(hf_path).unwrap()).unwrap();
     let mut pieces: Vec<Option<(String, i32)>> = Vec::new();
     let mut put = |id: usize, piece: &str, ty: i32| {
         if pieces.len() <= id {
@@ -184,9 +183,9 @@ fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
         })
         .collect();
     let bytes = gguf_bytes(&[
-        ("general.architecture", 8, string("gpt-oss")),
+        ("general.architecture", 8, string(arch)),
         ("tokenizer.ggml.model", 8, string("gpt2")),
-        ("tokenizer.ggml.pre", 8, string("gpt-4o")),
+        ("tokenizer.ggml.pre", 8, string(pre)),
         (
             "tokenizer.ggml.tokens",
             9,
@@ -204,7 +203,17 @@ fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
         ),
         ("tokenizer.ggml.add_bos_token", 7, vec![0]),
     ]);
-    let gguf = GgufFile::from_bytes("gptoss-vocab.gguf", bytes).unwrap();
+    GgufFile::from_bytes(format!("{arch}-vocab.gguf"), bytes).unwrap()
+}
+
+/// gpt-oss's o200k vocabulary as llama.cpp's converter stores it
+/// (`tokenizer.ggml.pre = gpt-4o`), rebuilt by charm, tokenizes exactly
+/// like the real gpt-oss `tokenizer.json` (from
+/// `scripts/fetch_test_material.sh`).
+#[test]
+fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
+    let hf_path = material("tests/material/gptoss/tokenizer.json");
+    let gguf = byte_level_gguf(&hf_path, "gpt-oss", "gpt-4o");
     assert_tokenizes_alike(
         &gguf,
         &hf_path,
@@ -223,4 +232,114 @@ fn gpt4o_gguf_vocabulary_tokenizes_like_the_gpt_oss_tokenizer() {
             "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant",
         ],
     );
+}
+
+/// llama.cpp's texts and expected ids for one vocabulary test file
+/// (`ggml-vocab-NAME.gguf.inp` / `.out`): texts joined by
+/// `"\n__ggml_vocab_test__\n"`, one line of space-separated ids per text,
+/// written by llama.cpp's `convert_hf_to_gguf_update.py` from the model's
+/// Hugging Face tokenizer (`encode(text, add_special_tokens=False)`).
+fn llama_vocab_tests(gguf: &std::path::Path) -> Vec<(String, Vec<u32>)> {
+    let with = |ext: &str| {
+        let mut p = gguf.as_os_str().to_owned();
+        p.push(ext);
+        std::fs::read_to_string(std::path::PathBuf::from(p)).unwrap()
+    };
+    let inp = with(".inp");
+    let out = with(".out");
+    let sep = "\n__ggml_vocab_test__\n";
+    let texts: Vec<&str> = inp.strip_suffix(sep).unwrap_or(&inp).split(sep).collect();
+    let ids: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(texts.len(), ids.len(), "{}: texts and id lines", gguf.display());
+    texts.into_iter().map(str::to_string).zip(ids).collect()
+}
+
+/// The vocabulary-only GGUF files llama.cpp tests its tokenizer on (as its
+/// converter wrote them from each model's Hugging Face tokenizer: Qwen2,
+/// Qwen3.5, DeepSeek LLM and Coder, Llama 3, Llama 2's SentencePiece,
+/// GPT-2, StarCoder, Refact, MPT), rebuilt by charm, give every test text
+/// the ids the Hugging Face tokenizer gave it.
+#[test]
+fn llama_cpp_vocabulary_tests_tokenize_as_the_hugging_face_tokenizers() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for name in [
+        "gpt-2",
+        "llama-bpe",
+        "llama-spm",
+        "qwen2",
+        "qwen35",
+        "deepseek-llm",
+        "deepseek-coder",
+        "starcoder",
+        "refact",
+        "mpt",
+    ] {
+        let path = material(format!("tests/material/llama-vocab/ggml-vocab-{name}.gguf"));
+        let gguf = GgufFile::open(&path).unwrap();
+        let codec = TextCodec::from_gguf(&gguf).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (text, want) in llama_vocab_tests(&path) {
+            let got = codec.encode_plain(&text).unwrap();
+            if got != want {
+                let mut line = format!("{name} {text:?}: want {want:?}, got {got:?}");
+                line.truncate(line.floor_char_boundary(400));
+                failures.push(line);
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 300, "only {checked} texts");
+    assert!(
+        failures.is_empty(),
+        "{} of {checked}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Texts that part pre-tokenizers: llama.cpp's tokenizer test texts (the
+/// richest set, Qwen3.5's) and scripts, digits, punctuation and spaces of
+/// every kind.
+fn hard_texts() -> Vec<String> {
+    let qwen35 = material("tests/material/llama-vocab/ggml-vocab-qwen35.gguf");
+    let mut texts: Vec<String> = llama_vocab_tests(&qwen35).into_iter().map(|(t, _)| t).collect();
+    texts.extend(
+        [
+            "DeepSeek-V3是一个强大的混合专家模型，总参数671B。",
+            "日本語のテキスト：ひらがな、カタカナ、漢字が混ざっています。",
+            "한국어 문장도 있습니다. 숫자 1234567과 함께.",
+            "Ｆｕｌｌ－ｗｉｄｔｈ ＡＳＣＩＩ　と　全角スペース",
+            "e\u{301}te\u{301} (decomposed) and été (composed)",
+            "x=1;y=22;z=333;w=4444;  if(a&&b||!c){return -0.5e-10;}",
+            "'s 'T 'RE 'Ve don't WON'T I'd",
+            "tabs\t\tand\r\nwindows\r\n\r\nnewlines   \n  ",
+            "🦙🦙 ₿ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ﬁ ﬀ Ⅻ ½ ²",
+        ]
+        .map(str::to_string),
+    );
+    texts
+}
+
+/// Real byte-level vocabularies as llama.cpp's converter stores them, with
+/// the pre-tokenizer name it gives each model, rebuilt by charm, tokenize
+/// every hard text exactly like the model's own `tokenizer.json`: Qwen3's
+/// (`qwen2`: Qwen3-MoE, Qwen3-Next), DeepSeek-V3's (`deepseek-v3`: V3, R1,
+/// V3.1, V3.2) and OLMo's (`olmo`: OLMoE; its normalizer composes
+/// characters, NFC, before splitting).
+#[test]
+fn real_vocabularies_in_gguf_tokenize_like_their_tokenizers() {
+    let texts = hard_texts();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    for (dir, arch, pre) in [
+        ("qwen3", "qwen3moe", "qwen2"),
+        ("deepseek_v3", "deepseek2", "deepseek-v3"),
+        ("olmo", "olmoe", "olmo"),
+    ] {
+        let hf_path = material(format!("tests/material/{dir}/tokenizer.json"));
+        let gguf = byte_level_gguf(&hf_path, arch, pre);
+        assert_tokenizes_alike(&gguf, &hf_path, false, &texts);
+    }
 }
