@@ -2,11 +2,14 @@
 //! `tokenizer_config.json` (`chat_template`) or `chat_template.jinja`,
 //! rendered with minijinja the way transformers renders it
 //! (`trim_blocks`, `lstrip_blocks`, loop controls, Python string methods,
-//! `raise_exception`, a `tojson` that matches `json.dumps`, `strftime_now`).
+//! `raise_exception`, a `tojson` that matches `json.dumps`, `strftime_now`,
+//! lists in a `namespace` that change in place).
 //!
 //! A message's reasoning reaches the template as both `reasoning_content`
 //! (Qwen3's, GLM's) and `thinking` (gpt-oss's harmony template), as
 //! transformers hands it over.
+
+mod namespace_list;
 
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
@@ -90,6 +93,9 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_filter("tojson", tojson);
+        // Lists in a namespace take append / pop as in Python (Kimi K2's
+        // templates queue call ids so).
+        env.add_function("namespace", namespace_list::namespace);
         // def strftime_now(format): return datetime.now().strftime(format)
         // (charm's clock is UTC; a render's `strftime_now` variable wins).
         env.add_function("strftime_now", |format: String| -> Result<Value, Error> {

@@ -7,11 +7,12 @@
 //!   sampling, after the logit bias and repetition penalties.
 //! - [`text`]: tokenizer, chat template, streaming detokenizer.
 //! - [`gguf_text`]: the tokenizer a GGUF file carries, rebuilt for the
-//!   tokenizers crate.
+//!   tokenizers crate (the pre-tokenizer names llama.cpp's converter writes).
 //! - [`grammar`]: constrained decoding (JSON schemas, Lark grammars,
 //!   regular expressions) by masking logits with llguidance.
 //! - [`load_bar`]: the progress bar while a model opens.
-//! - [`chat_template`]: Jinja chat templates rendered like transformers.
+//! - [`chat_template`]: Jinja chat templates rendered like transformers
+//!   (`chat_template/namespace_list.rs`: lists a template changes in place).
 //! - [`cluster`]: cluster mode: experts on remote workers over QUIC
 //!   (sharded fan-out with failover, placement, discovery, `keygen`, `plan`).
 //! - [`convert`]: Hugging Face directory → charm container (bf16/int8/int4

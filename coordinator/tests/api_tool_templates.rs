@@ -1,8 +1,8 @@
 //! Real chat templates (as released, from llama-cpp-python's sdist via
 //! `scripts/fetch_test_material.sh`) are read in their own tool-call
-//! syntax; Qwen3.5's, DeepSeek-V3.1's and MiniMax-M2's render earlier
-//! calls in theirs, and forced calls through Qwen3.5's and DeepSeek-V3.1's
-//! come back parsed.
+//! syntax; Qwen3.5's, DeepSeek-V3.1's, MiniMax-M2's and Kimi K2's render
+//! earlier calls in theirs, and forced calls through Qwen3.5's, DeepSeek-V3.1's,
+//! V3.2's and Kimi K2's come back parsed.
 
 mod api_support;
 
@@ -33,12 +33,14 @@ fn real_templates_are_read_in_their_own_tool_syntax() {
         ("openai-gpt-oss-120b.jinja", ToolSyntax::Harmony),
         ("MiniMax-M2.jinja", ToolSyntax::MiniMax),
         ("deepseek-ai-DeepSeek-V3.2.jinja", ToolSyntax::Dsml),
+        ("moonshotai-Kimi-K2.jinja", ToolSyntax::Kimi),
+        ("Kimi-K2-Thinking.jinja", ToolSyntax::Kimi),
     ] {
         assert_eq!(ToolSyntax::detect(&template(name)), Some(syntax), "{name}");
     }
 }
 
-const TEMPLATES: [&str; 9] = [
+const TEMPLATES: [&str; 11] = [
     "Qwen3.5-4B.jinja",
     "Qwen3-Coder.jinja",
     "Qwen-Qwen3-0.6B.jinja",
@@ -48,6 +50,8 @@ const TEMPLATES: [&str; 9] = [
     "openai-gpt-oss-120b.jinja",
     "MiniMax-M2.jinja",
     "deepseek-ai-DeepSeek-V3.2.jinja",
+    "moonshotai-Kimi-K2.jinja",
+    "Kimi-K2-Thinking.jinja",
 ];
 
 /// Every released template takes a tool conversation through the API: the
@@ -250,4 +254,117 @@ fn deepseek_v32_dsml_through_chat_template_renders_and_forced_calls_parse() {
     assert_eq!(call["name"], "get_weather");
     let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
     assert!(["Paris", "Lima"].contains(&args["city"].as_str().unwrap()), "{args}");
+}
+
+/// The chat fixture with `template` and Kimi K2's tool-call markers added
+/// to its tokenizer as special tokens (ids the fixture's vocabulary leaves
+/// free), as they are in Kimi's own.
+fn kimi_fixture(template: &str) -> tempfile::TempDir {
+    use charm_coordinator::server::tools::kimi;
+    let dir = fixture_with_template(template);
+    let path = dir.path().join("tokenizer.json");
+    let mut tok: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let added = tok["added_tokens"].as_array_mut().unwrap();
+    for (i, marker) in [
+        kimi::SECTION,
+        kimi::SECTION_END,
+        kimi::CALL_BEGIN,
+        kimi::ARGUMENTS,
+        kimi::CALL_END,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        added.push(
+            json!({"id": 151_669 + i, "content": marker, "single_word": false, "lstrip": false,
+                          "rstrip": false, "normalized": false, "special": true}),
+        );
+    }
+    std::fs::write(&path, tok.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn kimi_renders_calls_by_their_ids_and_forced_calls_parse_from_special_tokens() {
+    let dir = kimi_fixture(&template("Kimi-K2-Thinking.jinja"));
+    let codec = TextCodec::load(dir.path()).unwrap();
+    let history = vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![json!({"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}})],
+        ),
+        Message::tool_result("c1", "sunny"),
+    ];
+    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
+    let ids = codec.encode_chat(&history, true, &tools).unwrap();
+    // The markers are single special tokens.
+    assert!(ids.contains(&151_671) && ids.contains(&151_672), "{ids:?}");
+    let text = codec.decode(&ids, false).unwrap();
+    assert!(
+        text.contains("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>"),
+        "{text}"
+    );
+    assert!(text.contains("## Return of functions.get_weather:0\nsunny"), "{text}");
+    assert!(text.contains("tool_declare"), "{text}");
+
+    // Forced calls (any tool: the grammar names the special token; a named
+    // tool: the prefill does), decoded with the markers kept, parse.
+    let (engine, info) = charm_coordinator::engine::Engine::load(dir.path(), &Default::default()).unwrap();
+    let srv = Server::start(engine, &info, ServerConfig::new(dir.path())).unwrap();
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        for stream in [false, true] {
+            let body = json!({"messages": [{"role": "user", "content": "Weather in Lima?"}],
+                              "tools": [weather_tool()], "tool_choice": choice, "max_tokens": 200,
+                              "temperature": 0, "stream": stream});
+            let (finish, name, arguments, content) = if stream {
+                let events: Vec<Value> = SseStream::post(srv.addr(), CHAT, &body)
+                    .collect()
+                    .iter()
+                    .filter(|e| e.data != "[DONE]")
+                    .map(|e| serde_json::from_str(&e.data).unwrap())
+                    .collect();
+                let mut name = String::new();
+                let mut arguments = String::new();
+                let mut content = String::new();
+                let mut finish = Value::Null;
+                for e in &events {
+                    let d = &e["choices"][0]["delta"];
+                    if let Some(c) = d["content"].as_str() {
+                        content.push_str(c);
+                    }
+                    if let Some(calls) = d["tool_calls"].as_array() {
+                        for c in calls {
+                            name.push_str(c["function"]["name"].as_str().unwrap_or(""));
+                            arguments.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
+                        }
+                    }
+                    if !e["choices"][0]["finish_reason"].is_null() {
+                        finish = e["choices"][0]["finish_reason"].clone();
+                    }
+                }
+                (finish, name, arguments, content)
+            } else {
+                let v = post(srv.addr(), CHAT, &body).json();
+                let m = &v["choices"][0]["message"];
+                let call = &m["tool_calls"][0]["function"];
+                (
+                    v["choices"][0]["finish_reason"].clone(),
+                    call["name"].as_str().unwrap_or("").to_string(),
+                    call["arguments"].as_str().unwrap_or("").to_string(),
+                    m["content"].as_str().unwrap_or("").to_string(),
+                )
+            };
+            assert_eq!(finish, "tool_calls", "{choice} stream {stream}");
+            assert_eq!(name, "get_weather", "{choice} stream {stream}");
+            let args: Value = serde_json::from_str(&arguments).unwrap();
+            assert!(["Paris", "Lima"].contains(&args["city"].as_str().unwrap()), "{args}");
+            assert!(!content.contains("<|tool"), "markers left in the text: {content:?}");
+        }
+    }
 }

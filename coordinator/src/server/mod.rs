@@ -1094,7 +1094,8 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     let slot = reserve(st)?;
     let chat = matches!(ask.prompt, PromptInput::Chat(_));
     let prompt = prompt_ids(st, ask.prompt, ask.tools, ask.prefill, ask.template_kwargs).await?;
-    let keep_special = chat && speaks_harmony(st);
+    // Harmony's channels and Kimi K2's call markers are special tokens.
+    let keep_special = chat && tool_syntax(st).is_some_and(tools::ToolSyntax::keeps_special_tokens);
     let opens_reasoning = chat && {
         let tail = &prompt[prompt.len().saturating_sub(16)..];
         reasoning::opens_inside(&st.codec.decode(tail, false).unwrap_or_default())

@@ -84,6 +84,14 @@ pub enum ToolSyntax {
     /// `</｜DSML｜invoke>`, then `</｜DSML｜function_calls>` (see [`tagged`]).
     /// The template renders the tools, earlier calls and results itself.
     Dsml,
+    /// Kimi K2's `<|tool_calls_section_begin|>`, then per call
+    /// `<|tool_call_begin|>functions.NAME:INDEX<|tool_call_argument_begin|>`,
+    /// the JSON arguments and `<|tool_call_end|>`, then
+    /// `<|tool_calls_section_end|>`. The markers are special tokens of
+    /// Kimi's tokenizer, so answers are decoded with special tokens kept
+    /// ([`ToolSyntax::keeps_special_tokens`]). The template renders the
+    /// tools, earlier calls and results itself.
+    Kimi,
     /// gpt-oss's harmony: a `commentary` message to `functions.NAME`, its
     /// header `<|channel|>commentary to=functions.NAME <|constrain|>json`,
     /// then `<|message|>`, the JSON arguments and `<|call|>`. Answers are
@@ -103,12 +111,25 @@ pub mod deepseek {
     pub const SEP: &str = "<｜tool▁sep｜>";
 }
 
+/// Kimi K2's tool-call markers (special tokens of its tokenizer).
+pub mod kimi {
+    pub const SECTION: &str = "<|tool_calls_section_begin|>";
+    pub const SECTION_END: &str = "<|tool_calls_section_end|>";
+    pub const CALL_BEGIN: &str = "<|tool_call_begin|>";
+    pub const ARGUMENTS: &str = "<|tool_call_argument_begin|>";
+    pub const CALL_END: &str = "<|tool_call_end|>";
+    /// What a call's id starts with (`functions.NAME:INDEX`).
+    pub const FUNCTIONS: &str = "functions.";
+}
+
 impl ToolSyntax {
     /// The syntax a chat template's source uses for tool calls, if charm
     /// knows it (other families can add theirs here).
     pub fn detect(template: &str) -> Option<ToolSyntax> {
         if harmony::is_harmony(template) {
             Some(ToolSyntax::Harmony)
+        } else if template.contains(kimi::CALL_BEGIN) {
+            Some(ToolSyntax::Kimi)
         } else if template.contains(deepseek::CALL_BEGIN) {
             // V3 / R1 fence their arguments; V3.1 writes them bare.
             Some(if template.contains("```json") {
@@ -134,12 +155,20 @@ impl ToolSyntax {
         Self::detect(template).unwrap_or(ToolSyntax::Generic)
     }
 
+    /// Whether the syntax's markers are special tokens, so that answers
+    /// must be decoded with special tokens kept for calls to be found
+    /// (harmony's channels, Kimi K2's call markers).
+    pub fn keeps_special_tokens(self) -> bool {
+        matches!(self, ToolSyntax::Harmony | ToolSyntax::Kimi)
+    }
+
     fn open(self) -> &'static str {
         match self {
             ToolSyntax::Hermes | ToolSyntax::Generic | ToolSyntax::Glm | ToolSyntax::QwenXml => "<tool_call>",
             ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => deepseek::CALL_BEGIN,
             ToolSyntax::MiniMax => minimax::INVOKE,
             ToolSyntax::Dsml => dsml::INVOKE,
+            ToolSyntax::Kimi => kimi::CALL_BEGIN,
             ToolSyntax::Harmony => "to=functions.",
         }
     }
@@ -150,6 +179,7 @@ impl ToolSyntax {
             ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => deepseek::CALL_END,
             ToolSyntax::MiniMax => minimax::INVOKE_END,
             ToolSyntax::Dsml => dsml::INVOKE_END,
+            ToolSyntax::Kimi => kimi::CALL_END,
             ToolSyntax::Harmony => harmony::CALL,
         }
     }
@@ -163,6 +193,7 @@ impl ToolSyntax {
             ToolSyntax::DeepSeek | ToolSyntax::DeepSeekV31 => &[deepseek::CALLS_BEGIN, deepseek::CALLS_END],
             ToolSyntax::MiniMax => &[minimax::CALLS, minimax::CALLS_END],
             ToolSyntax::Dsml => &[dsml::CALLS, dsml::CALLS_END],
+            ToolSyntax::Kimi => &[kimi::SECTION, kimi::SECTION_END],
         }
     }
 
@@ -184,6 +215,14 @@ impl ToolSyntax {
             (ToolSyntax::MiniMax, None) => format!("{}\n{}\"", minimax::CALLS, minimax::INVOKE),
             (ToolSyntax::Dsml, Some(n)) => format!("\n\n{}\n{}\"{n}\">\n", dsml::CALLS, dsml::INVOKE),
             (ToolSyntax::Dsml, None) => format!("\n\n{}\n{}\"", dsml::CALLS, dsml::INVOKE),
+            (ToolSyntax::Kimi, Some(n)) => format!(
+                "{}{}{}{n}:0{}",
+                kimi::SECTION,
+                kimi::CALL_BEGIN,
+                kimi::FUNCTIONS,
+                kimi::ARGUMENTS
+            ),
+            (ToolSyntax::Kimi, None) => format!("{}{}{}", kimi::SECTION, kimi::CALL_BEGIN, kimi::FUNCTIONS),
             (ToolSyntax::Harmony, Some(n)) => format!(
                 "{}commentary to={}{n} {}json{}",
                 harmony::CHANNEL,
@@ -220,7 +259,7 @@ impl ToolSyntax {
                 // What closes the call after its arguments.
                 let end = match self {
                     ToolSyntax::DeepSeek => "\"\\n```\"",
-                    ToolSyntax::DeepSeekV31 => "",
+                    ToolSyntax::DeepSeekV31 | ToolSyntax::Kimi => "",
                     _ => "\"}\"",
                 };
                 GrammarSpec::Lark(format!("start: {body} {end}\n"))
@@ -237,6 +276,9 @@ impl ToolSyntax {
                         ToolSyntax::DeepSeekV31 => {
                             format!("call{i}: \"{}{}\" {}\n", t.name, deepseek::SEP, args(t))
                         }
+                        // The marker is a special token, written bare in
+                        // llguidance's Lark.
+                        ToolSyntax::Kimi => format!("call{i}: \"{}:0\" {} {}\n", t.name, kimi::ARGUMENTS, args(t)),
                         _ => format!("call{i}: \"{}\\\", \\\"arguments\\\": \" {} \"}}\"\n", t.name, args(t)),
                     });
                 }
@@ -251,6 +293,7 @@ impl ToolSyntax {
         match self {
             ToolSyntax::DeepSeek => return parse_deepseek_block(inner),
             ToolSyntax::DeepSeekV31 => return parse_deepseek_v31_block(inner),
+            ToolSyntax::Kimi => return parse_kimi_block(inner),
             ToolSyntax::Glm => return parse_glm_block(inner, strings),
             ToolSyntax::QwenXml => return parse_qwen_xml_block(inner, strings),
             ToolSyntax::MiniMax => return parse_minimax_block(inner, strings),
@@ -382,6 +425,27 @@ fn parse_deepseek_v31_block(inner: &str) -> Result<ToolCall, String> {
     let name = name.trim();
     if name.is_empty() || name.contains(char::is_whitespace) {
         return Err(format!("no single function name before {} ({name:?})", deepseek::SEP));
+    }
+    Ok(ToolCall {
+        name: name.to_string(),
+        arguments: fenced_json_arguments(body)?,
+    })
+}
+
+/// Kimi K2's `functions.NAME:INDEX<|tool_call_argument_begin|>ARGS` (the
+/// `functions.` prefix and the index tolerated missing).
+fn parse_kimi_block(inner: &str) -> Result<ToolCall, String> {
+    let (id, body) = inner
+        .split_once(kimi::ARGUMENTS)
+        .ok_or_else(|| format!("no {}", kimi::ARGUMENTS))?;
+    let id = id.trim();
+    let id = id.strip_prefix(kimi::FUNCTIONS).unwrap_or(id);
+    let name = match id.rsplit_once(':') {
+        Some((name, index)) if !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => id,
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("no single function name before {} ({id:?})", kimi::ARGUMENTS));
     }
     Ok(ToolCall {
         name: name.to_string(),
@@ -1565,6 +1629,66 @@ mod tests {
             conv[0].content.contains(&format!("{CALL_BEGIN}<function name>{SEP}")),
             "{}",
             conv[0].content
+        );
+    }
+
+    #[test]
+    fn kimi_calls_take_their_name_from_the_call_id() {
+        use kimi::{ARGUMENTS, CALL_BEGIN, CALL_END, SECTION, SECTION_END};
+        let template = format!("{{{{'{CALL_BEGIN}' + formatted_id + '{ARGUMENTS}'}}}}");
+        assert_eq!(ToolSyntax::detect(&template), Some(ToolSyntax::Kimi));
+        let k = ToolSyntax::Kimi;
+        assert!(k.keeps_special_tokens() && !ToolSyntax::QwenXml.keeps_special_tokens());
+        let names = vec!["get_weather".to_string(), "run.v2".to_string()];
+        let text = format!(
+            "Let me check.{SECTION}{CALL_BEGIN}functions.get_weather:0{ARGUMENTS}{{\"city\": \"Paris\"}}{CALL_END}\
+             {CALL_BEGIN}functions.run.v2:1{ARGUMENTS}{{}}{CALL_END}{SECTION_END}"
+        );
+        let whole = parse(k, &names, &text);
+        assert_eq!(whole.content, "Let me check.");
+        assert!(whole.warnings.is_empty(), "{:?}", whole.warnings);
+        assert_eq!(
+            whole.calls,
+            vec![call("get_weather", json!({"city": "Paris"})), call("run.v2", json!({}))]
+        );
+        // Streamed a few bytes at a time (markers split across pieces), the
+        // same pieces.
+        let mut s = ToolStream::new(k, &names);
+        let mut pieces = Vec::new();
+        let bytes = text.as_bytes();
+        let mut at = 0;
+        while at < bytes.len() {
+            let mut end = (at + 5).min(bytes.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            pieces.extend(s.push(&text[at..end]));
+            at = end;
+        }
+        pieces.extend(s.finish());
+        assert_eq!(collect(Vec::new(), pieces), whole);
+        // The prefill of a forced call, and an answer cut after its JSON.
+        assert_eq!(
+            k.prefill(Some("run.v2")),
+            format!("{SECTION}{CALL_BEGIN}functions.run.v2:0{ARGUMENTS}")
+        );
+        let forced = format!("{}{{\"x\": 1}}", k.prefill(Some("run.v2")));
+        assert_eq!(parse(k, &names, &forced).calls, vec![call("run.v2", json!({"x": 1}))]);
+        for bad in [
+            format!("{CALL_BEGIN}functions.get_weather:0{{}}{CALL_END}"),
+            format!("{CALL_BEGIN}functions.get_weather:0{ARGUMENTS}[1]{CALL_END}"),
+            format!("{CALL_BEGIN}functions.:0{ARGUMENTS}{{}}{CALL_END}"),
+            format!("{CALL_BEGIN}functions.search:0{ARGUMENTS}{{}}{CALL_END}"),
+        ] {
+            let p = parse(k, &names, &bad);
+            assert!(p.calls.is_empty() && !p.warnings.is_empty(), "{bad}: {p:?}");
+        }
+        let GrammarSpec::Lark(g) = k.forced_grammar(&[def("run")], None) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            g.starts_with(&format!("start: call0\ncall0: \"run:0\" {ARGUMENTS} %json")),
+            "{g}"
         );
     }
 
