@@ -152,6 +152,12 @@ fn assert_tokenizes_alike(gguf: &GgufFile, hf_path: &std::path::Path, skip_speci
 /// control types for the special added tokens and user-defined types for
 /// the others, merges as `"a b"`.
 fn byte_level_gguf(hf_path: &std::path::Path, arch: &str, pre: &str) -> GgufFile {
+    byte_level_gguf_with(hf_path, arch, pre, &[])
+}
+
+/// [`byte_level_gguf`] with `tokenizer.ggml.KEY_token_id` entries (`("eos",
+/// "<|return|>")`: the id of that token).
+fn byte_level_gguf_with(hf_path: &std::path::Path, arch: &str, pre: &str, special: &[(&str, &str)]) -> GgufFile {
     let hf: Value = serde_json::from_str(&std::fs::read_to_string(hf_path).unwrap()).unwrap();
     let mut pieces: Vec<Option<(String, i32)>> = Vec::new();
     let mut put = |id: usize, piece: &str, ty: i32| {
@@ -182,7 +188,7 @@ fn byte_level_gguf(hf_path: &std::path::Path, arch: &str, pre: &str) -> GgufFile
             _ => panic!("merge {m}"),
         })
         .collect();
-    let bytes = gguf_bytes(&[
+    let mut kvs = vec![
         ("general.architecture", 8, string(arch)),
         ("tokenizer.ggml.model", 8, string("gpt2")),
         ("tokenizer.ggml.pre", 8, string(pre)),
@@ -202,8 +208,16 @@ fn byte_level_gguf(hf_path: &std::path::Path, arch: &str, pre: &str) -> GgufFile
             array(8, merges.iter().map(|m| string(m)).collect()),
         ),
         ("tokenizer.ggml.add_bos_token", 7, vec![0]),
-    ]);
-    GgufFile::from_bytes(format!("{arch}-vocab.gguf"), bytes).unwrap()
+    ];
+    let keys: Vec<String> = special
+        .iter()
+        .map(|(k, _)| format!("tokenizer.ggml.{k}_token_id"))
+        .collect();
+    for ((_, text), key) in special.iter().zip(&keys) {
+        let id = tokens.iter().position(|t| t == text).unwrap() as u32;
+        kvs.push((key, 4, id.to_le_bytes().to_vec()));
+    }
+    GgufFile::from_bytes(format!("{arch}-vocab.gguf"), gguf_bytes(&kvs)).unwrap()
 }
 
 /// gpt-oss's o200k vocabulary as llama.cpp's converter stores it
@@ -342,4 +356,21 @@ fn real_vocabularies_in_gguf_tokenize_like_their_tokenizers() {
         let gguf = byte_level_gguf(&hf_path, arch, pre);
         assert_tokenizes_alike(&gguf, &hf_path, false, &texts);
     }
+}
+
+/// gpt-oss's GGUF names only `<|return|>` as eos (llama.cpp's converter
+/// keeps the tokenizer config's), yet a tool call ends at `<|call|>` and
+/// `<|end|>` only ends one message of an answer: the generation ends where
+/// gpt-oss's `generation_config.json` says (`<|return|>`, `<|call|>`,
+/// `<|endoftext|>`), as llama.cpp ends it.
+#[test]
+fn gpt_oss_gguf_ends_generations_at_return_and_call() {
+    let hf_path = material("tests/material/gptoss/tokenizer.json");
+    let gguf = byte_level_gguf_with(&hf_path, "gpt-oss", "gpt-4o", &[("eos", "<|return|>")]);
+    let codec = TextCodec::from_gguf(&gguf).unwrap();
+    let ends: Vec<String> = charm_models::gguf::end_of_generation_ids(&gguf)
+        .iter()
+        .map(|&id| codec.decode(&[id], false).unwrap())
+        .collect();
+    assert_eq!(ends, ["<|endoftext|>", "<|return|>", "<|call|>"]);
 }

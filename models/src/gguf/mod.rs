@@ -19,7 +19,9 @@
 //! `kv_b_proj`, YaRN's log multiplier, the sparse-attention indexer) in
 //! [`lineage`]; gpt-oss's split experts, sinks, biases, sliding windows and
 //! clamped GLU in [`gpt_oss`]; MiMo-V2-Flash's per-kind KV heads and rope,
-//! value heads and sigmoid router in [`mimo`].
+//! value heads and sigmoid router in [`mimo`]. Where a generation ends
+//! (the tokens `generation_config.json` would list) is in
+//! [`end_of_generation`].
 
 use std::path::Path;
 
@@ -32,11 +34,13 @@ use crate::error::ModelError;
 use crate::family::Family;
 use crate::gated_delta_net::DeltaNetShape;
 
+mod end_of_generation;
 mod gpt_oss;
 mod hybrid;
 mod lineage;
 mod mimo;
 
+pub use end_of_generation::end_of_generation_ids;
 use gpt_oss::gpt_oss;
 use hybrid::{a_log_from_ssm_a, hybrid_layers, input_order, rearranged, untile};
 use lineage::{lineage, sparse_attention};
@@ -171,12 +175,7 @@ fn config_from_gguf(f: &GgufFile, arch: &str) -> Result<ModelConfig, ModelError>
         }
     };
     let id = |k: &str| f.meta(k).and_then(MetaValue::as_u64).map(|v| v as u32);
-    let mut eos: Vec<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
-        .iter()
-        .filter_map(|k| id(k))
-        .collect();
-    eos.sort_unstable();
-    eos.dedup();
+    let eos = end_of_generation_ids(f);
 
     let experts = opt_u("expert_count").unwrap_or(0);
     let moe_layers: Vec<bool> = (0..layers)
