@@ -306,6 +306,93 @@ fn anthropic_count_tokens_counts_the_prompt_messages_would_run() {
         .contains("max_tokens is required"));
 }
 
+/// `/tokenize` and `/detokenize` in llama-server's and vLLM's shapes: text
+/// with and without special tokens, a chat counted as the chat route runs
+/// it, pieces, the round trip, and bad requests as 400 / 404.
+#[test]
+fn tokenize_and_detokenize_answer_as_llama_server_and_vllm_do() {
+    let srv = server(|_| {});
+    let codec = TextCodec::load(&chat_fixture()).unwrap();
+    let text = "Hello there, tokenizer! 123 ünïcode";
+    let plain = codec.encode_plain(text).unwrap();
+    let special = codec.encode(text).unwrap();
+    let ids = |v: &Value| -> Vec<u32> {
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    // llama-server: `content`, special tokens only when asked.
+    let r = post(srv.addr(), "/tokenize", &json!({"content": text}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(ids(&v), plain);
+    assert_eq!(v["count"], plain.len());
+    assert_eq!(v["max_model_len"], 512, "the fixture's context");
+    let v = post(srv.addr(), "/tokenize", &json!({"content": text, "add_special": true})).json();
+    assert_eq!(ids(&v), special);
+    // vLLM: `prompt`, special tokens unless turned off.
+    let v = post(
+        srv.addr(),
+        "/tokenize",
+        &json!({"model": "qwen3moe-chat", "prompt": text}),
+    )
+    .json();
+    assert_eq!(ids(&v), special);
+    let v = post(
+        srv.addr(),
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    )
+    .json();
+    assert_eq!(ids(&v), plain);
+    // Pieces decode one token each, and join to the text.
+    let v = post(srv.addr(), "/tokenize", &json!({"content": text, "with_pieces": true})).json();
+    let pieces = v["tokens"].as_array().unwrap();
+    assert_eq!(pieces.len(), plain.len());
+    for (p, &id) in pieces.iter().zip(&plain) {
+        assert_eq!(p["id"], id);
+        assert_eq!(p["piece"], codec.decode(&[id], false).unwrap());
+    }
+    let joined: String = pieces.iter().map(|p| p["piece"].as_str().unwrap()).collect();
+    assert_eq!(joined, text);
+    // A chat counts the prompt /v1/chat/completions runs.
+    let chat = json!({"messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "Weather in Paris?"}]});
+    let v = post(srv.addr(), "/tokenize", &chat).json();
+    let mut run = chat.clone();
+    run["max_tokens"] = json!(1);
+    let ran = post(srv.addr(), CHAT, &run).json();
+    assert_eq!(v["count"], ran["usage"]["prompt_tokens"], "{v} {ran}");
+    // Back to text, in both shapes.
+    let r = post(srv.addr(), "/detokenize", &json!({"tokens": plain}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["content"], text);
+    assert_eq!(v["prompt"], text);
+    for (path, body, status) in [
+        ("/tokenize", json!({}), 400),
+        ("/tokenize", json!({"content": "a", "prompt": "b"}), 400),
+        ("/tokenize", json!({"content": 5}), 400),
+        ("/tokenize", json!({"content": "a", "model": "other"}), 404),
+        ("/tokenize", json!({"messages": []}), 400),
+        (
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "hi"}], "with_pieces": "yes"}),
+            400,
+        ),
+        ("/detokenize", json!({"tokens": [1, 999_999_999]}), 400),
+        ("/detokenize", json!({"tokens": "1 2"}), 400),
+        ("/detokenize", json!({}), 400),
+    ] {
+        let r = post(srv.addr(), path, &body);
+        assert_eq!(r.status, status, "{path} {body}: {}", r.text());
+        assert!(r.json()["error"]["message"].is_string(), "{path} {body}: {}", r.text());
+    }
+}
+
 #[test]
 fn logprobs_leave_the_text_unchanged_and_are_well_formed() {
     let srv = server(|_| {});

@@ -15,6 +15,8 @@
 //! - [`openai`]: the OpenAI API (`/v1/chat/completions`, `/v1/completions`).
 //! - [`anthropic`]: the Anthropic API (`/v1/messages`,
 //!   `/v1/messages/count_tokens`).
+//! - [`tokenize`]: `/tokenize` and `/detokenize` (llama-server's and
+//!   vLLM's shapes).
 //! - [`sampling`]: a request's sampling fields, filled from the model's
 //!   recommended settings where it leaves them out.
 //! - [`origin`]: which web pages' origins are answered (403 otherwise), and
@@ -55,6 +57,7 @@ pub mod sse;
 pub mod stop;
 pub mod structured;
 pub mod systemone;
+pub mod tokenize;
 pub mod tools;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -767,6 +770,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/v1/systemone", post(systemone::decide))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -795,6 +800,8 @@ fn route_label(path: &str) -> &'static str {
         "/v1/messages/count_tokens" => "/v1/messages/count_tokens",
         "/v1/responses" => "/v1/responses",
         "/v1/systemone" => "/v1/systemone",
+        "/tokenize" => "/tokenize",
+        "/detokenize" => "/detokenize",
         p if p.starts_with("/v1/responses/") => "/v1/responses/{id}",
         p if p.starts_with("/v1/models/") => "/v1/models/{id}",
         p if p.starts_with("/assets/") => "/assets",
@@ -998,15 +1005,22 @@ fn parse_body<T: serde::de::DeserializeOwned>(
             ApiError::invalid(format!("reading the request body: {e}"))
         }
     })?;
-    // The error names the field at fault (`messages[0].content`) where the
-    // JSON is well-formed but a value has the wrong shape.
-    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes)).map_err(|e| {
-        let path = e.path().to_string();
-        match path.as_str() {
-            "." | "" => ApiError::invalid(format!("invalid JSON body: {}", e.inner())),
-            _ => ApiError::invalid(format!("invalid JSON body: {path}: {}", e.inner())),
-        }
-    })
+    serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&bytes)).map_err(body_error)
+}
+
+/// A body's JSON already read, as `T` (errors as [`parse_body`]'s).
+fn parse_value<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(body_error)
+}
+
+/// The error names the field at fault (`messages[0].content`) where the
+/// JSON is well-formed but a value has the wrong shape.
+fn body_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    match path.as_str() {
+        "." | "" => ApiError::invalid(format!("invalid JSON body: {}", e.inner())),
+        _ => ApiError::invalid(format!("invalid JSON body: {path}: {}", e.inner())),
+    }
 }
 
 /// What both APIs ask of the engine, before tokenization.

@@ -63,7 +63,7 @@ struct StreamOptions {
 }
 
 #[derive(Debug, Deserialize)]
-struct ChatRequest {
+pub(crate) struct ChatRequest {
     #[serde(default)]
     model: Option<String>,
     messages: Vec<ChatMessage>,
@@ -300,6 +300,36 @@ pub async fn chat(State(st): State<Arc<AppState>>, body: Result<Bytes, BytesReje
 
 async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: ChatRequest = parse_body(body, st.config.max_body_bytes)?;
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let (ask, plan) = chat_ask(&st, req)?;
+    let want_logprobs = ask.logprobs.is_some();
+    let id = ask.id.clone();
+    let ticket = submit(&st, ask).await?;
+    let reply = Reply {
+        id,
+        model: st.model.id.clone(),
+        created: ticket.created,
+        codec: st.codec.clone(),
+        chat: true,
+        shape: answer_shape(&st, &ticket, plan),
+        logprobs: want_logprobs,
+        include_usage,
+    };
+    if stream {
+        Ok(reply.stream(ticket))
+    } else {
+        reply.whole(ticket).await
+    }
+}
+
+/// What a chat request asks of the engine, and its tool plan (also what
+/// `/tokenize` counts for `messages`).
+pub(crate) fn chat_ask(st: &AppState, req: ChatRequest) -> Result<(Ask, Option<tools::ToolPlan>), ApiError> {
     if req.n.unwrap_or(1) != 1 {
         return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
     }
@@ -339,7 +369,7 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
         reasoning::template_kwargs(req.chat_template_kwargs, thinking_on, "chat_template_kwargs")?;
     reasoning::harmony_effort(
         &mut template_kwargs,
-        speaks_harmony(&st),
+        speaks_harmony(st),
         req.reasoning_effort.as_deref(),
     );
     let mut messages = Vec::with_capacity(req.messages.len());
@@ -416,48 +446,30 @@ async fn chat_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> R
             }
         }
     }
-    let syntax = tool_syntax(&st);
+    let syntax = tool_syntax(st);
     let plan = tools::plan(syntax, tool_defs, choice, "tools", "tool_choice")?;
     tools::check_history(syntax, &messages, "messages")?;
     let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
-    let id = new_id("chatcmpl-");
-    let ticket = submit(
-        &st,
-        Ask {
-            api: "chat",
-            id: id.clone(),
-            model: req.model,
-            prompt: PromptInput::Chat(prompt_messages),
-            max_tokens: req.max_completion_tokens.or(req.max_tokens),
-            sampling: req.sampling,
-            ignore_eos: req.ignore_eos,
-            seed: req.seed,
-            stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
-            stop_param: "stop",
-            logprobs: want_logprobs.then_some(top),
-            tools: template_tools,
-            template_kwargs,
-            prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
-            grammar,
-        },
-    )
-    .await?;
-    let reply = Reply {
-        id,
-        model: st.model.id.clone(),
-        created: ticket.created,
-        codec: st.codec.clone(),
-        chat: true,
-        shape: answer_shape(&st, &ticket, plan),
-        logprobs: want_logprobs,
-        include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+    let prefill = plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default();
+    let ask = Ask {
+        api: "chat",
+        id: new_id("chatcmpl-"),
+        model: req.model,
+        prompt: PromptInput::Chat(prompt_messages),
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        sampling: req.sampling,
+        ignore_eos: req.ignore_eos,
+        seed: req.seed,
+        stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
+        stop_param: "stop",
+        logprobs: want_logprobs.then_some(top),
+        tools: template_tools,
+        template_kwargs,
+        prefill,
+        grammar,
     };
-    if req.stream.unwrap_or(false) {
-        Ok(reply.stream(ticket))
-    } else {
-        reply.whole(ticket).await
-    }
+    Ok((ask, plan))
 }
 
 /// `POST /v1/completions`.
