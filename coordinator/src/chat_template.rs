@@ -3,7 +3,9 @@
 //! rendered with minijinja the way transformers renders it
 //! (`trim_blocks`, `lstrip_blocks`, loop controls, Python string methods,
 //! `raise_exception`, a `tojson` that matches `json.dumps`, `strftime_now`,
-//! lists in a `namespace` that change in place).
+//! lists in a `namespace` that change in place, `tools` / `documents` none
+//! when a request has none, Jinja2's `iterable` and `length` on none and
+//! undefined, `{% generation %}` blocks).
 //!
 //! A message's reasoning reaches the template as both `reasoning_content`
 //! (Qwen3's, GLM's) and `thinking` (gpt-oss's harmony template), as
@@ -104,7 +106,18 @@ impl ChatTemplate {
                 .map_or(0, |d| d.as_secs() as i64);
             strftime(now, &format).map(Value::from)
         });
-        env.add_template_owned("chat".to_string(), source.to_string())
+        // Undefined has length 0 in Jinja2 (`tools|length` where no tools).
+        env.add_filter("length", |v: Value| -> Result<Value, Error> {
+            if v.is_undefined() {
+                Ok(Value::from(0))
+            } else {
+                minijinja::filters::length(&v).map(Value::from)
+            }
+        });
+        // None is no iterable in Python (minijinja iterates it as empty):
+        // `tools is iterable and tools|length > 0` with tools = none.
+        env.add_test("iterable", |v: Value| !v.is_none() && minijinja::tests::is_iterable(&v));
+        env.add_template_owned("chat".to_string(), generation_blocks_as_ifs(source))
             .map_err(|e| TemplateError(e.to_string()))?;
         let mut t = ChatTemplate {
             env,
@@ -180,6 +193,9 @@ impl ChatTemplate {
                 Value::from_serialize(template_messages(messages, null_content)),
             ),
             ("add_generation_prompt", Value::from(add_generation_prompt)),
+            // transformers passes both, None where a request has none.
+            ("tools", Value::from(())),
+            ("documents", Value::from(())),
             ("bos_token", Value::from(self.bos_token.clone())),
             ("eos_token", Value::from(self.eos_token.clone())),
         ];
@@ -195,6 +211,31 @@ impl ChatTemplate {
             TemplateError(msg)
         })
     }
+}
+
+/// `source` with transformers' `{% generation %}` … `{% endgeneration %}`
+/// (which marks the assistant's tokens and renders its body as it is) as
+/// `{% if true %}` … `{% endif %}`, whitespace control kept: minijinja has
+/// no such tag.
+fn generation_blocks_as_ifs(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        let Some(len) = rest[at..].find("%}") else { break };
+        let tag = &rest[at..at + len + 2];
+        let inner = &tag[2..tag.len() - 2];
+        let (open_dash, inner) = inner.strip_prefix('-').map_or(("", inner), |i| ("-", i));
+        let (close_dash, inner) = inner.strip_suffix('-').map_or(("", inner), |i| ("-", i));
+        out.push_str(&rest[..at]);
+        match inner.trim() {
+            "generation" => out.push_str(&format!("{{%{open_dash} if true {close_dash}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{open_dash} endif {close_dash}%}}")),
+            _ => out.push_str(tag),
+        }
+        rest = &rest[at + len + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `messages` as a template sees them: with `null_content`, an assistant
@@ -461,6 +502,30 @@ mod tests {
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
         let out = t.render(&[Message::new("user", "  hi  ")], true, &[]).unwrap();
         assert_eq!(out, "<user>hi\n<assistant>");
+    }
+
+    /// As transformers renders: `tools` and `documents` are none where a
+    /// request has none, none is not iterable, undefined has length 0, and
+    /// `{% generation %}`
+    /// blocks render their body (LFM2.5's, Laguna's templates).
+    #[test]
+    fn renders_as_transformers_where_minijinja_differs() {
+        let src = "{%- if tools is not none and tools|length > 0 %}[{{ tools|length }} tools]{% endif -%}\
+                   {%- if tools is iterable and tools|length > 0 %}[iterable]{% endif -%}\
+                   {%- if documents is none %}[no documents]{% endif -%}[{{ nothing|length }}]\
+                   {%- for m in messages %}\n  {%- generation -%}\n  <{{ m.content }}>\n  {%- endgeneration %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let msgs = [Message::new("user", "a"), Message::new("assistant", "b")];
+        assert_eq!(t.render(&msgs, false, &[]).unwrap(), "[no documents][0]<a><b>");
+        let tools = [("tools", Value::from_serialize(vec![serde_json::json!({"name": "f"})]))];
+        assert_eq!(
+            t.render(&msgs, false, &tools).unwrap(),
+            "[1 tools][iterable][no documents][0]<a><b>"
+        );
+        assert_eq!(
+            generation_blocks_as_ifs("{% generation %}x{%-endgeneration-%}{% if a %}{%- generation_x %}"),
+            "{% if true %}x{%- endif -%}{% if a %}{%- generation_x %}"
+        );
     }
 
     #[test]
