@@ -127,6 +127,13 @@ pub const PRE_TOKENIZERS: &[&str] = &[
     "kimi-k2",
 ];
 
+/// The `pre_tokenizer` entry of a `tokenizer.json` for the pre-tokenizer
+/// llama.cpp calls `pre` (also what a Kimi directory's tiktoken vocabulary
+/// splits with: [`crate::tiktoken`]).
+pub fn pre_tokenizer_json(pre: &str) -> Option<Value> {
+    pre_tokenizer(pre).map(|p| p.pre_tokenizer)
+}
+
 /// The pre-tokenizer llama.cpp calls `pre`, as the model's `tokenizer.json`
 /// has it.
 fn pre_tokenizer(pre: &str) -> Option<PreTokenizer> {

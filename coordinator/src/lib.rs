@@ -8,6 +8,8 @@
 //! - [`text`]: tokenizer, chat template, streaming detokenizer.
 //! - [`gguf_text`]: the tokenizer a GGUF file carries, rebuilt for the
 //!   tokenizers crate (the pre-tokenizer names llama.cpp's converter writes).
+//! - [`tiktoken`]: a tiktoken vocabulary (Kimi K2's `tiktoken.model`)
+//!   rebuilt for the tokenizers crate.
 //! - [`grammar`]: constrained decoding (JSON schemas, Lark grammars,
 //!   regular expressions) by masking logits with llguidance.
 //! - [`load_bar`]: the progress bar while a model opens.
@@ -47,6 +49,7 @@ pub mod sampler;
 pub mod server;
 pub mod split;
 pub mod text;
+pub mod tiktoken;
 pub mod upcycle;
 
 pub use engine::{

@@ -85,17 +85,30 @@ impl TextCodec {
         Ok(self)
     }
 
-    /// Loads `dir/tokenizer.json` and the chat template from
+    /// Loads `dir/tokenizer.json` (or Kimi's `dir/tiktoken.model`,
+    /// [`crate::tiktoken`]) and the chat template from
     /// `dir/chat_template.jinja` or `dir/tokenizer_config.json`.
     pub fn load(dir: &Path) -> Result<Self, TextError> {
         let tok_path = dir.join("tokenizer.json");
-        if !tok_path.exists() {
-            return Err(TextError::NoTokenizer { path: tok_path });
-        }
-        let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| TextError::BadFile {
-            path: tok_path.clone(),
-            reason: e.to_string(),
-        })?;
+        let tokenizer = if tok_path.exists() {
+            Tokenizer::from_file(&tok_path).map_err(|e| TextError::BadFile {
+                path: tok_path.clone(),
+                reason: e.to_string(),
+            })?
+        } else {
+            let tiktoken = dir.join("tiktoken.model");
+            let bad = |reason: String| TextError::BadFile {
+                path: tiktoken.clone(),
+                reason,
+            };
+            match crate::tiktoken::for_directory(dir).map_err(bad)? {
+                Some(json) => json
+                    .to_string()
+                    .parse()
+                    .map_err(|e: tokenizers::Error| bad(e.to_string()))?,
+                None => return Err(TextError::NoTokenizer { path: tok_path }),
+            }
+        };
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
             let text = std::fs::read_to_string(&cfg_path).map_err(|e| TextError::BadFile {

@@ -1,17 +1,20 @@
-//! A SentencePiece (`tokenizer.ggml.model = llama`) vocabulary in GGUF
-//! metadata, rebuilt by charm, tokenizes exactly like the Hugging Face
-//! tokenizer of the same vocabulary. The GGUF metadata is made here from
-//! the Llama-2 `tokenizer.json` (fetched by `scripts/fetch_test_material.sh`)
-//! the way llama.cpp stores such a vocabulary: pieces by id, a score per
-//! piece (here: minus the rank of the first merge that builds it), and token
-//! types (normal, unknown, control, byte).
+//! Tokenizers charm rebuilds from other formats tokenize exactly like the
+//! Hugging Face tokenizers of the same vocabularies: GGUF metadata
+//! (SentencePiece and byte-level BPE vocabularies as llama.cpp's converter
+//! stores them, llama.cpp's own vocabulary test files) and tiktoken files
+//! (Kimi K2's format). Real vocabularies come from
+//! `scripts/fetch_test_material.sh`; the SentencePiece metadata is made
+//! here from the Llama-2 `tokenizer.json` the way llama.cpp stores such a
+//! vocabulary: pieces by id, a score per piece (here: minus the rank of the
+//! first merge that builds it), and token types (normal, unknown, control,
+//! byte).
 
 use std::collections::HashMap;
 
 use charm_common::gguf::GgufFile;
 use charm_coordinator::TextCodec;
 use charm_tests::material;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
@@ -130,18 +133,23 @@ fn sentencepiece_gguf_vocabulary_tokenizes_like_the_hf_tokenizer() {
 /// special tokens or not) to the same text.
 fn assert_tokenizes_alike(gguf: &GgufFile, hf_path: &std::path::Path, skip_special: bool, texts: &[&str]) {
     let ours = TextCodec::from_gguf(gguf).unwrap();
+    assert_codecs_alike(&ours, hf_path, skip_special, texts, &gguf.path().display().to_string());
+}
+
+/// `ours` and the `tokenizer.json` at `hf_path` give the same ids for
+/// every text, and decode them to the same text (`what` names ours).
+fn assert_codecs_alike(ours: &TextCodec, hf_path: &std::path::Path, skip_special: bool, texts: &[&str], what: &str) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(hf_path, dir.path().join("tokenizer.json")).unwrap();
     let theirs = TextCodec::load(dir.path()).unwrap();
     for text in texts {
         let a = ours.encode(text).unwrap();
         let b = theirs.encode(text).unwrap();
-        assert_eq!(a, b, "{}: ids of {text:?}", gguf.path().display());
+        assert_eq!(a, b, "{what}: ids of {text:?}");
         assert_eq!(
             ours.decode(&a, skip_special).unwrap(),
             theirs.decode(&b, skip_special).unwrap(),
-            "{}: text of {text:?}",
-            gguf.path().display()
+            "{what}: text of {text:?}"
         );
     }
 }
@@ -373,4 +381,114 @@ fn gpt_oss_gguf_ends_generations_at_return_and_call() {
         .map(|&id| codec.decode(&[id], false).unwrap())
         .collect();
     assert_eq!(ends, ["<|endoftext|>", "<|return|>", "<|call|>"]);
+}
+
+/// GPT-2's byte for each byte-level character (the inverse of
+/// `bytes_to_unicode`).
+fn byte_level_bytes(piece: &str) -> Vec<u8> {
+    let mut to_byte = HashMap::new();
+    let mut n = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let c = if printable {
+            b as char
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+        to_byte.insert(c, b);
+    }
+    piece.chars().map(|c| to_byte[&c]).collect()
+}
+
+/// gpt-oss's o200k vocabulary written as a tiktoken file (tokens by rank,
+/// ranks = ids, as OpenAI's tiktoken has it) and its special tokens:
+/// charm's tiktoken rebuild, split as o200k splits, tokenizes every hard
+/// text and the special tokens exactly like gpt-oss's `tokenizer.json`
+/// (the merges come back from the ranks alone).
+#[test]
+fn a_tiktoken_vocabulary_tokenizes_like_the_same_vocabulary_in_tokenizer_json() {
+    let hf_path = material("tests/material/gptoss/tokenizer.json");
+    let hf: Value = serde_json::from_str(&std::fs::read_to_string(&hf_path).unwrap()).unwrap();
+    let ranks: Vec<(Vec<u8>, u32)> = hf["model"]["vocab"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(p, id)| (byte_level_bytes(p), id.as_u64().unwrap() as u32))
+        .collect();
+    let specials: Vec<(u32, String)> = hf["added_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["id"].as_u64().unwrap() as u32,
+                t["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let o200k = charm_coordinator::gguf_text::pre_tokenizer_json("gpt-4o").unwrap();
+    let json = charm_coordinator::tiktoken::tokenizer_json(&ranks, &specials, o200k);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).unwrap();
+    let ours = TextCodec::load(dir.path()).unwrap();
+    let mut texts = hard_texts();
+    texts.push("<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant".into());
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    assert_codecs_alike(&ours, &hf_path, false, &texts, "o200k from tiktoken");
+}
+
+/// A Kimi K2 directory (`tiktoken.model`, `tokenization_kimi.py`,
+/// `tokenizer_config.json`; no `tokenizer.json`) loads with Kimi's split
+/// and special tokens; a tiktoken file without Kimi's code, or a broken
+/// one, is refused by name.
+#[test]
+fn a_kimi_directory_loads_its_tiktoken_vocabulary() {
+    use base64::Engine as _;
+    let hf_path = material("tests/material/gptoss/tokenizer.json");
+    let hf: Value = serde_json::from_str(&std::fs::read_to_string(&hf_path).unwrap()).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut lines: Vec<(u64, String)> = hf["model"]["vocab"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(p, id)| {
+            (
+                id.as_u64().unwrap(),
+                format!("{} {}", b64.encode(byte_level_bytes(p)), id),
+            )
+        })
+        .collect();
+    lines.sort();
+    let base = lines.len() as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let text: String = lines.into_iter().map(|(_, l)| l + "\n").collect();
+    std::fs::write(dir.path().join("tiktoken.model"), &text).unwrap();
+    let e = TextCodec::load(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("tokenization_kimi.py"), "{e}");
+    std::fs::write(dir.path().join("tokenization_kimi.py"), "# Kimi's tokenizer code\n").unwrap();
+    let cfg = json!({"added_tokens_decoder": {
+        base.to_string(): {"content": "[BOS]", "special": true},
+        (base + 1).to_string(): {"content": "[EOS]", "special": true},
+        (base + 3).to_string(): {"content": "<|im_end|>", "special": true}}});
+    std::fs::write(dir.path().join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let codec = TextCodec::load(dir.path()).unwrap();
+    let ids = codec.encode_plain("你好world<|im_end|>").unwrap();
+    assert_eq!(ids.last(), Some(&(base as u32 + 3)));
+    // Han runs apart from letters (o200k would join them).
+    assert_eq!(codec.decode(&ids[..ids.len() - 1], false).unwrap(), "你好world");
+    let pieces: Vec<String> = ids.iter().map(|&i| codec.decode(&[i], false).unwrap()).collect();
+    assert!(
+        pieces.iter().any(|p| p == "world" || p.starts_with("world")),
+        "{pieces:?}"
+    );
+    assert!(!pieces.iter().any(|p| p.contains("好w")), "{pieces:?}");
+    assert_eq!(
+        codec.decode(&[base as u32 + 2], false).unwrap(),
+        format!("<|reserved_token_{}|>", base + 2)
+    );
+    // A broken line is named.
+    std::fs::write(dir.path().join("tiktoken.model"), "YQ== 0\nnot base64!! 1\n").unwrap();
+    let e = TextCodec::load(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("line 2"), "{e}");
 }
