@@ -159,7 +159,9 @@ fn pre_tokenizer(pre: &str) -> Option<PreTokenizer> {
         "deepseek-llm" => (Value::Null, splits(&DEEPSEEK_LLM_REGEXES, true), false),
         "deepseek-coder" => (Value::Null, splits(&DEEPSEEK_CODER_REGEXES, true), false),
         "deepseek-v3" => (Value::Null, splits(&DEEPSEEK_V3_REGEXES, true), false),
-        "kimi-k2" => (Value::Null, splits(&[KIMI_K2_REGEX], true), false),
+        // Kimi's tokenizer is tiktoken, which takes a pre-token found whole
+        // in the vocabulary as it is ([`crate::tiktoken`]).
+        "kimi-k2" => (Value::Null, splits(&[KIMI_K2_REGEX], true), true),
         _ => return None,
     };
     Some(PreTokenizer {
