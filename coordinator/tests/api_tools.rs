@@ -761,20 +761,16 @@ fn deepseek_templates_get_deepseek_calls() {
     );
 }
 
-/// A chat template in GLM-4.5's tool syntax (written for this test: the
-/// real one is not in the test material): the tools as JSON lines, calls as
-/// `<tool_call>NAME` + `<arg_key>` / `<arg_value>` pairs.
-const GLM_STYLE: &str = "{%- if tools %}<|system|>\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}\
-Call a tool as <tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>{% endif %}\
-{%- for m in messages %}{%- if m.role == 'assistant' %}<|assistant|>{{ m.content }}\
-{%- for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}\n{% for k, v in tc.function.arguments | items %}\
-<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v if v is string else v | tojson }}</arg_value>\n{% endfor %}</tool_call>{% endfor %}\
-{%- elif m.role == 'tool' %}<|observation|><tool_response>{{ m.content }}</tool_response>\
-{%- else %}<|{{ m.role }}|>{{ m.content }}{% endif %}{%- endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
-
+/// GLM-4.6's released template (`scripts/fetch_test_material.sh`): calls
+/// as `<tool_call>NAME` + `<arg_key>` / `<arg_value>` pairs, held to each
+/// tool's schema when forced, whole or streamed; earlier calls rendered
+/// back in that syntax.
 #[test]
-fn glm_style_templates_get_glm_calls_held_to_the_schema() {
-    let dir = fixture_with_template(GLM_STYLE);
+fn glm_templates_get_glm_calls_held_to_the_schema() {
+    let glm = repo().join("tests/material/templates/GLM-4.6.jinja");
+    let glm = std::fs::read_to_string(&glm)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/fetch_test_material.sh", glm.display()));
+    let dir = fixture_with_template(&glm);
     let (engine, info) = engine();
     let path = dir.path().to_path_buf();
     let srv = server_with(engine, &info, |c| c.model_dir = path.clone());
