@@ -44,6 +44,8 @@ fn byte_level(bytes: &[u8], chars: &[char; 256]) -> String {
 pub fn read_ranks(text: &str) -> Result<Vec<(Vec<u8>, u32)>, String> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut out = Vec::new();
+    let mut seen_ranks = std::collections::HashSet::new();
+    let mut seen_tokens = std::collections::HashSet::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
@@ -54,6 +56,12 @@ pub fn read_ranks(text: &str) -> Result<Vec<(Vec<u8>, u32)>, String> {
         let rank: u32 = rank.trim().parse().map_err(|_| bad("the rank is not a number"))?;
         if bytes.is_empty() {
             return Err(bad("an empty token"));
+        }
+        if !seen_ranks.insert(rank) {
+            return Err(bad("a rank given twice"));
+        }
+        if !seen_tokens.insert(bytes.clone()) {
+            return Err(bad("a token given twice"));
         }
         out.push((bytes, rank));
     }
@@ -227,6 +235,9 @@ mod tests {
             ("YQ==\n", "line 1: not a token and a rank"),
             ("YQ== 0\n!!! 1\n", "line 2: the token is not base64"),
             ("YQ== x\n", "line 1: the rank is not a number"),
+            ("YQ== 0\nYg== 0\n", "line 2: a rank given twice"),
+            ("YQ== 0\nYQ== 1\n", "line 2: a token given twice"),
+            (" 0\n", "line 1: an empty token"),
         ] {
             let e = read_ranks(text).unwrap_err();
             assert!(e.starts_with(why), "{e}");
