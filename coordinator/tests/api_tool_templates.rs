@@ -76,6 +76,20 @@ fn every_real_template_renders_a_tool_conversation() {
     }
 }
 
+/// A user asking for Paris's weather, the assistant's call of
+/// `get_weather` with `arguments` (as an object) and its result, "sunny".
+fn paris_history(arguments: Value) -> Vec<Message> {
+    vec![
+        Message::new("user", "Weather in Paris?"),
+        Message::assistant_calls(
+            "",
+            vec![json!({"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": arguments}})],
+        ),
+        Message::tool_result("c1", "sunny"),
+    ]
+}
+
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "required": ["city"], "additionalProperties": false,
@@ -87,15 +101,7 @@ fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
     let dir = fixture_with_template(&template("Qwen3.5-4B.jinja"));
     // The template writes an earlier call's arguments as XML parameters.
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = vec![
-        Message::new("user", "Weather in Paris?"),
-        Message::assistant_calls(
-            "",
-            vec![json!({"id": "c1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}})],
-        ),
-        Message::tool_result("c1", "sunny"),
-    ];
+    let history = paris_history(json!({"city": "Paris", "metric": true}));
     let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
     let ids = codec.encode_chat(&history, true, &tools).unwrap();
     let text = codec.decode(&ids, false).unwrap();
@@ -150,15 +156,7 @@ fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
 fn minimax_renders_earlier_calls_as_invokes() {
     let dir = fixture_with_template(&template("MiniMax-M2.jinja"));
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = vec![
-        Message::new("user", "Weather in Paris?"),
-        Message::assistant_calls(
-            "",
-            vec![json!({"id": "c1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}})],
-        ),
-        Message::tool_result("c1", "sunny"),
-    ];
+    let history = paris_history(json!({"city": "Paris", "metric": true}));
     let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
     let text = codec
         .decode(&codec.encode_chat(&history, true, &tools).unwrap(), false)
@@ -186,15 +184,7 @@ fn minimax_renders_earlier_calls_as_invokes() {
 fn deepseek_v31_renders_calls_with_json_arguments_and_forced_calls_parse() {
     let dir = fixture_with_template(&template("deepseek-ai-DeepSeek-V3.1.jinja"));
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = vec![
-        Message::new("user", "Weather in Paris?"),
-        Message::assistant_calls(
-            "",
-            vec![json!({"id": "c1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}})],
-        ),
-        Message::tool_result("c1", "sunny"),
-    ];
+    let history = paris_history(json!({"city": "Paris"}));
     let conv = charm_coordinator::server::tools::deepseek_v31_conversation(history, &[weather_tool()]);
     let text = codec.render_chat(&conv, true, &[]).unwrap();
     assert!(
@@ -224,15 +214,7 @@ fn deepseek_v32_dsml_through_chat_template_renders_and_forced_calls_parse() {
         .unwrap()
         .with_template_file(&file)
         .unwrap();
-    let history = vec![
-        Message::new("user", "Weather in Paris?"),
-        Message::assistant_calls(
-            "",
-            vec![json!({"id": "c1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris", "metric": true}}})],
-        ),
-        Message::tool_result("c1", "sunny"),
-    ];
+    let history = paris_history(json!({"city": "Paris", "metric": true}));
     let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
     let text = codec.render_chat(&history, true, &tools).unwrap();
     assert!(
@@ -289,15 +271,7 @@ fn kimi_fixture(template: &str) -> tempfile::TempDir {
 fn kimi_renders_calls_by_their_ids_and_forced_calls_parse_from_special_tokens() {
     let dir = kimi_fixture(&template("Kimi-K2-Thinking.jinja"));
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = vec![
-        Message::new("user", "Weather in Paris?"),
-        Message::assistant_calls(
-            "",
-            vec![json!({"id": "c1", "type": "function",
-                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}})],
-        ),
-        Message::tool_result("c1", "sunny"),
-    ];
+    let history = paris_history(json!({"city": "Paris"}));
     let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
     let ids = codec.encode_chat(&history, true, &tools).unwrap();
     // The markers are single special tokens.
