@@ -341,4 +341,15 @@ fn kimi_renders_calls_by_their_ids_and_forced_calls_parse_from_special_tokens() 
             assert!(!content.contains("<|tool"), "markers left in the text: {content:?}");
         }
     }
+    // Special tokens are kept in the text, but the one that ends the answer
+    // adds none (the fixture's <|im_end|>, made the first token).
+    for stream in [false, true] {
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0,
+                          "logit_bias": {"151645": 100}, "stream": stream});
+        let r = post(srv.addr(), CHAT, &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let text = r.text();
+        assert!(!text.contains("im_end"), "stream {stream}: {text}");
+        assert!(text.contains("\"finish_reason\":\"stop\""), "stream {stream}: {text}");
+    }
 }

@@ -526,7 +526,11 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
     s.first_token.get_or_insert_with(Instant::now);
     s.ids.push(id);
     board.token(&s.job.id);
-    let keep_going = match s.decoder.push(id) {
+    // The token that ends the answer adds no text (a decoder that keeps
+    // special tokens, for harmony's or Kimi's markers, would print it).
+    let ends = !s.job.params.ignore_eos && cfg.eos_token_ids.contains(&id);
+    let decoded = if ends { Ok(None) } else { s.decoder.push(id) };
+    let keep_going = match decoded {
         Err(e) => {
             s.decode_error = Some(e.to_string());
             false
@@ -542,7 +546,7 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
     };
     // A complete grammar ends the answer after its last token.
     let keep_going = keep_going && !grammar_done;
-    if (!s.job.params.ignore_eos && cfg.eos_token_ids.contains(&id)) || !keep_going {
+    if ends || !keep_going {
         s.done = Some(FinishReason::Stop);
     } else if s.ids.len() >= s.job.params.max_tokens || s.cache.len() >= cfg.max_position_embeddings {
         s.done = Some(FinishReason::Length);
