@@ -103,17 +103,30 @@ async fn tokenize_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
         .await?;
         (ids, req.with_pieces)
     };
+    let count = ids.len();
     let tokens: Vec<Value> = if with_pieces {
-        ids.iter()
-            .map(|&id| json!({"id": id, "piece": st.codec.decode(&[id], false).unwrap_or_default()}))
-            .collect()
+        let codec = st.codec.clone();
+        off_the_async_threads(move || {
+            ids.iter()
+                .map(|&id| json!({"id": id, "piece": codec.decode(&[id], false).unwrap_or_default()}))
+                .collect()
+        })
+        .await?
     } else {
         ids.iter().map(|&id| json!(id)).collect()
     };
     Ok(json_response(
         StatusCode::OK,
-        &json!({"tokens": tokens, "count": ids.len(), "max_model_len": st.model.context}),
+        &json!({"tokens": tokens, "count": count, "max_model_len": st.model.context}),
     ))
+}
+
+/// `f`'s result, computed on a blocking thread (decoding a long prompt
+/// token by token is not for the async workers).
+async fn off_the_async_threads<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::new(super::error::ErrorKind::Server, format!("decoding: {e}")))
 }
 
 /// `POST /detokenize`.
@@ -141,9 +154,9 @@ async fn detokenize_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>
             ),
         ));
     }
-    let text = st
-        .codec
-        .decode(&req.tokens, false)
+    let codec = st.codec.clone();
+    let text = off_the_async_threads(move || codec.decode(&req.tokens, false))
+        .await?
         .map_err(|e| ApiError::invalid_param("tokens", e.to_string()))?;
     Ok(json_response(StatusCode::OK, &json!({"content": text, "prompt": text})))
 }
