@@ -283,7 +283,8 @@ fn llama_vocab_tests(gguf: &std::path::Path) -> Vec<(String, Vec<u32>)> {
 /// converter wrote them from each model's Hugging Face tokenizer: Qwen2,
 /// Qwen3.5, DeepSeek LLM and Coder, Llama 3, Llama 2's SentencePiece,
 /// GPT-2, StarCoder, Refact, MPT), rebuilt by charm, give every test text
-/// the ids the Hugging Face tokenizer gave it.
+/// the ids the Hugging Face tokenizer gave it, and decode them back to the
+/// text.
 #[test]
 fn llama_cpp_vocabulary_tests_tokenize_as_the_hugging_face_tokenizers() {
     let mut failures = Vec::new();
@@ -308,6 +309,13 @@ fn llama_cpp_vocabulary_tests_tokenize_as_the_hugging_face_tokenizers() {
             if got != want {
                 let mut line = format!("{name} {text:?}: want {want:?}, got {got:?}");
                 line.truncate(line.floor_char_boundary(400));
+                failures.push(line);
+            }
+            // And the ids decode back to the text.
+            let back = codec.decode(&got, false).unwrap();
+            if back != text {
+                let mut line = format!("{name} {text:?} decodes as {back:?}");
+                line.truncate(line.floor_char_boundary(300));
                 failures.push(line);
             }
             checked += 1;
