@@ -864,6 +864,9 @@ fn health_models_and_the_page() {
     assert_eq!(m["object"], "list");
     assert_eq!(m["data"][0]["id"], "qwen3moe-chat");
     assert_eq!(m["data"][0]["object"], "model");
+    // The fixture's context, under vLLM's and OpenRouter's names.
+    assert_eq!(m["data"][0]["max_model_len"], 512);
+    assert_eq!(m["data"][0]["context_length"], 512);
     assert_eq!(get(addr, "/v1/models/qwen3moe-chat").json()["id"], "qwen3moe-chat");
     let page = get(addr, "/");
     assert_eq!(page.header("content-type"), Some("text/html; charset=utf-8"));

@@ -934,8 +934,11 @@ async fn prometheus(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// OpenAI's model object, with the context length under the names vLLM
+/// (`max_model_len`) and OpenRouter-style clients (`context_length`) read.
 fn model_object(m: &ModelInfo) -> serde_json::Value {
-    json!({"id": m.id, "object": "model", "created": m.created, "owned_by": "charm"})
+    json!({"id": m.id, "object": "model", "created": m.created, "owned_by": "charm",
+           "max_model_len": m.context, "context_length": m.context})
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
