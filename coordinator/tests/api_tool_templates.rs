@@ -90,6 +90,13 @@ fn paris_history(arguments: Value) -> Vec<Message> {
     ]
 }
 
+/// [`paris_history`] rendered by `codec`'s template with the weather tool
+/// offered, as ids.
+fn paris_prompt(codec: &TextCodec, arguments: Value) -> Vec<u32> {
+    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
+    codec.encode_chat(&paris_history(arguments), true, &tools).unwrap()
+}
+
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "required": ["city"], "additionalProperties": false,
@@ -101,9 +108,7 @@ fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
     let dir = fixture_with_template(&template("Qwen3.5-4B.jinja"));
     // The template writes an earlier call's arguments as XML parameters.
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = paris_history(json!({"city": "Paris", "metric": true}));
-    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
-    let ids = codec.encode_chat(&history, true, &tools).unwrap();
+    let ids = paris_prompt(&codec, json!({"city": "Paris", "metric": true}));
     let text = codec.decode(&ids, false).unwrap();
     assert!(
         text.contains("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"),
@@ -156,10 +161,8 @@ fn qwen35_renders_earlier_calls_in_its_xml_and_forced_calls_parse() {
 fn minimax_renders_earlier_calls_as_invokes() {
     let dir = fixture_with_template(&template("MiniMax-M2.jinja"));
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = paris_history(json!({"city": "Paris", "metric": true}));
-    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
     let text = codec
-        .decode(&codec.encode_chat(&history, true, &tools).unwrap(), false)
+        .decode(&paris_prompt(&codec, json!({"city": "Paris", "metric": true})), false)
         .unwrap();
     assert!(
         text.contains(
@@ -271,9 +274,7 @@ fn kimi_fixture(template: &str) -> tempfile::TempDir {
 fn kimi_renders_calls_by_their_ids_and_forced_calls_parse_from_special_tokens() {
     let dir = kimi_fixture(&template("Kimi-K2-Thinking.jinja"));
     let codec = TextCodec::load(dir.path()).unwrap();
-    let history = paris_history(json!({"city": "Paris"}));
-    let tools = [("tools", minijinja::Value::from_serialize(vec![weather_tool()]))];
-    let ids = codec.encode_chat(&history, true, &tools).unwrap();
+    let ids = paris_prompt(&codec, json!({"city": "Paris"}));
     // The markers are single special tokens.
     assert!(ids.contains(&151_671) && ids.contains(&151_672), "{ids:?}");
     let text = codec.decode(&ids, false).unwrap();

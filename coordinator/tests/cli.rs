@@ -205,33 +205,22 @@ fn chat_template_flag_replaces_the_models_template() {
     let prompt: Vec<u32> = ids(&v["prompt_ids"]).into_iter().map(|i| i as u32).collect();
     assert_eq!(codec.decode(&prompt, false).unwrap(), "[user] Hi\n[assistant]");
     // A file that is missing or not a template: one clear line naming it.
-    let missing = tmp.path().join("none.jinja");
-    let out = coordinator(
-        &dir,
-        &[
-            "--chat-template",
-            missing.to_str().unwrap(),
-            "generate",
-            "--prompt",
-            "Hi",
-            "--chat",
-        ],
-    );
-    assert_clean_failure(&out, &["none.jinja"]);
-    let broken = tmp.path().join("broken.jinja");
-    std::fs::write(&broken, "{% for m in messages %}").unwrap();
-    let out = coordinator(
-        &dir,
-        &[
-            "--chat-template",
-            broken.to_str().unwrap(),
-            "generate",
-            "--prompt",
-            "Hi",
-            "--chat",
-        ],
-    );
-    assert_clean_failure(&out, &["broken.jinja"]);
+    std::fs::write(tmp.path().join("broken.jinja"), "{% for m in messages %}").unwrap();
+    for name in ["none.jinja", "broken.jinja"] {
+        let file = tmp.path().join(name);
+        let out = coordinator(
+            &dir,
+            &[
+                "--chat-template",
+                file.to_str().unwrap(),
+                "generate",
+                "--prompt",
+                "Hi",
+                "--chat",
+            ],
+        );
+        assert_clean_failure(&out, &[name]);
+    }
 }
 
 #[test]
