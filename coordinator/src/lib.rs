@@ -10,6 +10,8 @@
 //!   tokenizers crate (the pre-tokenizer names llama.cpp's converter writes).
 //! - [`tiktoken`]: a tiktoken vocabulary (Kimi K2's `tiktoken.model`)
 //!   rebuilt for the tokenizers crate.
+//! - [`token_bytes`]: the bytes each token stands for (`/tokenize`'s
+//!   pieces; a token may hold part of a character).
 //! - [`grammar`]: constrained decoding (JSON schemas, Lark grammars,
 //!   regular expressions) by masking logits with llguidance.
 //! - [`load_bar`]: the progress bar while a model opens.
@@ -50,6 +52,7 @@ pub mod server;
 pub mod split;
 pub mod text;
 pub mod tiktoken;
+pub mod token_bytes;
 pub mod upcycle;
 
 pub use engine::{

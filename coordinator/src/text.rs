@@ -216,6 +216,13 @@ impl TextCodec {
             .map_err(|e| TextError::Tokenizer(e.to_string()))
     }
 
+    /// The bytes each id stands for ([`crate::token_bytes`]): a token
+    /// holding part of a character is not text on its own.
+    pub fn token_bytes(&self, ids: &[u32]) -> Result<Vec<Vec<u8>>, TextError> {
+        crate::token_bytes::token_bytes(&self.tokenizer, ids)
+            .map_err(|id| TextError::Tokenizer(format!("token id {id} is outside the vocabulary")))
+    }
+
     /// Renders `messages` through the chat template.
     pub fn render_chat(
         &self,

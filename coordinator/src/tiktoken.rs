@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 /// GPT-2's printable stand-in for each byte (`bytes_to_unicode`): printable
 /// Latin-1 bytes stand for themselves, the others for 256 + n.
-fn byte_chars() -> [char; 256] {
+pub(crate) fn byte_chars() -> [char; 256] {
     let mut out = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..=255u8 {

@@ -348,16 +348,32 @@ fn tokenize_and_detokenize_answer_as_llama_server_and_vllm_do() {
     )
     .json();
     assert_eq!(ids(&v), plain);
-    // Pieces decode one token each, and join to the text.
-    let v = post(srv.addr(), "/tokenize", &json!({"content": text, "with_pieces": true})).json();
+    // Pieces are each token's bytes: its text where that is whole UTF-8,
+    // else the byte values (a rare character is split across byte-level
+    // tokens), and they join to the text.
+    let rare = format!("{text} \u{1F9A9}\u{13000}");
+    let rare_ids = codec.encode_plain(&rare).unwrap();
+    let v = post(srv.addr(), "/tokenize", &json!({"content": rare, "with_pieces": true})).json();
     let pieces = v["tokens"].as_array().unwrap();
-    assert_eq!(pieces.len(), plain.len());
-    for (p, &id) in pieces.iter().zip(&plain) {
+    assert_eq!(pieces.len(), rare_ids.len());
+    let mut joined = Vec::new();
+    let mut split = 0;
+    for (p, &id) in pieces.iter().zip(&rare_ids) {
         assert_eq!(p["id"], id);
-        assert_eq!(p["piece"], codec.decode(&[id], false).unwrap());
+        match &p["piece"] {
+            Value::String(s) => {
+                assert_eq!(s, &codec.decode(&[id], false).unwrap());
+                joined.extend_from_slice(s.as_bytes());
+            }
+            Value::Array(bytes) => {
+                split += 1;
+                joined.extend(bytes.iter().map(|b| b.as_u64().unwrap() as u8));
+            }
+            other => panic!("piece {other}"),
+        }
     }
-    let joined: String = pieces.iter().map(|p| p["piece"].as_str().unwrap()).collect();
-    assert_eq!(joined, text);
+    assert_eq!(joined, rare.as_bytes());
+    assert!(split >= 2, "the rare characters' tokens hold parts of them: {pieces:?}");
     // A chat counts the prompt /v1/chat/completions runs.
     let chat = json!({"messages": [{"role": "system", "content": "Be brief."},
                                    {"role": "user", "content": "Weather in Paris?"}]});

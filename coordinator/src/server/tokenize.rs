@@ -7,7 +7,9 @@
 //! `add_special_tokens: false`) or a chat (`messages`, `tools`, … as
 //! `/v1/chat/completions` takes them: the prompt that request would run,
 //! template and all). It answers `{"tokens", "count", "max_model_len"}`;
-//! with `with_pieces: true` each token is `{"id", "piece"}`. `/detokenize`
+//! with `with_pieces: true` each token is `{"id", "piece"}`, the piece the
+//! token's text, or its byte values where they are not whole UTF-8 (part
+//! of a character), as llama-server gives them. `/detokenize`
 //! takes `{"tokens": [ids]}` and answers the text as both `content` and
 //! `prompt`. Nothing is queued: both run beside generation.
 
@@ -106,12 +108,14 @@ async fn tokenize_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let count = ids.len();
     let tokens: Vec<Value> = if with_pieces {
         let codec = st.codec.clone();
-        off_the_async_threads(move || {
-            ids.iter()
-                .map(|&id| json!({"id": id, "piece": codec.decode(&[id], false).unwrap_or_default()}))
-                .collect()
-        })
-        .await?
+        let pieces = off_the_async_threads(move || codec.token_bytes(&ids).map(|b| (ids, b)))
+            .await?
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        let (ids, bytes) = pieces;
+        ids.iter()
+            .zip(bytes)
+            .map(|(&id, b)| json!({"id": id, "piece": piece(b)}))
+            .collect()
     } else {
         ids.iter().map(|&id| json!(id)).collect()
     };
@@ -119,6 +123,15 @@ async fn tokenize_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
         StatusCode::OK,
         &json!({"tokens": tokens, "count": count, "max_model_len": st.model.context}),
     ))
+}
+
+/// A token's bytes as llama-server gives a piece: the text where the bytes
+/// are whole UTF-8, else the list of byte values.
+fn piece(bytes: Vec<u8>) -> Value {
+    match String::from_utf8(bytes) {
+        Ok(text) => Value::String(text),
+        Err(e) => json!(e.into_bytes()),
+    }
 }
 
 /// `f`'s result, computed on a blocking thread (decoding a long prompt
