@@ -108,10 +108,10 @@ async fn tokenize_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     let count = ids.len();
     let tokens: Vec<Value> = if with_pieces {
         let codec = st.codec.clone();
-        let pieces = off_the_async_threads(move || codec.token_bytes(&ids).map(|b| (ids, b)))
+        // The ids are the tokenizer's own: a failure here is the server's.
+        let (ids, bytes) = off_the_async_threads(move || codec.token_bytes(&ids).map(|b| (ids, b)))
             .await?
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
-        let (ids, bytes) = pieces;
+            .map_err(|e| ApiError::new(super::error::ErrorKind::Server, e.to_string()))?;
         ids.iter()
             .zip(bytes)
             .map(|(&id, b)| json!({"id": id, "piece": piece(b)}))
