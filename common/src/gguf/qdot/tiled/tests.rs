@@ -81,7 +81,9 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                     .map(|n| {
                         let x: Vec<f32> = (0..cols)
                             .map(|i| match (case + n) % 4 {
-                                // Extreme codes: ±127 everywhere.
+                                // Extreme codes: ±127 everywhere, and
+                                // all +127 (the unsigned codes' largest
+                                // 16-bit pair sums).
                                 0 => {
                                     if i % 3 == 0 {
                                         -1.0
@@ -89,6 +91,7 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                                         1.0
                                     }
                                 }
+                                1 if case % 2 == 0 => 1.0,
                                 _ => rng.gen_range(-1.0f32..1.0) * 10f32.powi(n - 2),
                             })
                             .collect();
@@ -465,7 +468,12 @@ fn partial_chunks_give_the_row_dot_bits_on_every_instruction_set() {
                     .map(|n| {
                         (0..cols)
                             .map(|i| match n % 3 {
-                                // ±127 codes everywhere.
+                                // ±127 codes everywhere: all +127 (the
+                                // largest 16-bit pair sums of unsigned
+                                // codes: MXFP4's levels + 12 on AVX2),
+                                // all -127, then mixed.
+                                0 if n == 0 => 1.0,
+                                0 if n == 3 => -1.0,
                                 0 => {
                                     if (i + n) % 3 == 0 {
                                         -1.0
@@ -566,7 +574,10 @@ fn packed_q6_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
             continue;
         }
         ran = true;
-        for (case, &chunks) in [1usize, 3, 8].iter().enumerate() {
+        // Cases 0 and 1 are the extremes (row 0's codes against activation
+        // codes of +127 with some -127, then all +127: the 16-bit pair sums
+        // at their largest, Q5_K's four pairs per widening 31496).
+        for (case, &chunks) in [1usize, 1, 3, 8].iter().enumerate() {
             let cols = CHUNK * chunks;
             let rows = 6;
             let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
@@ -693,6 +704,7 @@ fn packed_super_block_rows_give_the_row_dot_bits(ty: GgmlType) {
                             1.0
                         }
                     }
+                    1 => 1.0,
                     _ => rng.gen_range(-1.0f32..1.0),
                 })
                 .collect();

@@ -272,7 +272,16 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
     let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
     let low4 = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
-    let table = if iq { iq4_table(VNNI) } else { mx_table(VNNI) };
+    // AVX2's MXFP4 levels offset by 12: unsigned bytes, as Q4_0's nibbles
+    // (`12 S` off after the chunk's steps).
+    let mx12 = !VNNI && !iq;
+    let table = if iq {
+        iq4_table(VNNI)
+    } else if mx12 {
+        _mm256_add_epi8(mx_table(false), _mm256_set1_epi8(12))
+    } else {
+        mx_table(VNNI)
+    };
     let chunks = acts.len() / CHUNK;
     let cb = chunk_bytes(ty);
     let codes = cb - 8 * head(ty);
@@ -301,25 +310,29 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                             // Offset by 128 (the table's), less 128 S below.
                             s0 = madd::<true, false>(s0, lo, q(j));
                             s1 = madd::<true, false>(s1, hi, q(4 + j));
+                        } else if mx12 {
+                            // Levels + 12 (0..=24) by the codes: a pair is
+                            // at most 2 · 24 · 127 = 6096 in magnitude, a
+                            // lane of `s0` or `s1` sums four (24384 < 2^15).
+                            s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, q(j)));
+                            s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, q(4 + j)));
                         } else {
-                            // |w| times q·sign(w). MXFP4's pairs (at most
-                            // 2 · 12 · 127 = 3048 in magnitude) are summed
-                            // in 16 bits, eight steps' 24384 < 2^15
-                            // ([`widen_q4`]); IQ4_XS's (up to 2 · 127 ·
-                            // 127) are widened step by step.
+                            // IQ4's levels (up to ±127): |w| times
+                            // q·sign(w), each step's pairs (up to 2 · 127 ·
+                            // 127) widened.
                             let pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(q(j), lo));
                             let ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(q(4 + j), hi));
-                            if iq {
-                                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(pl, ones));
-                                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(ph, ones));
-                            } else {
-                                s0 = _mm256_add_epi16(s0, pl);
-                                s1 = _mm256_add_epi16(s1, ph);
-                            }
+                            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(pl, ones));
+                            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(ph, ones));
                         }
                     }
-                    if !VNNI && !iq {
-                        s0 = widen_q4(s0, s1);
+                    if mx12 {
+                        // Widened, less the offset's 12 S.
+                        let tot = _mm256_loadu_si256(acts.tot.as_ptr().add(8 * c) as *const __m256i);
+                        s0 = _mm256_sub_epi32(
+                            _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones)),
+                            _mm256_mullo_epi32(tot, _mm256_set1_epi32(12)),
+                        );
                         s1 = _mm256_setzero_si256();
                     }
                 } else if q4 && VNNI {
@@ -879,10 +892,7 @@ unsafe fn dot<const VNNI: bool, const TAIL: bool, const N: usize>(
     unsafe {
         let mut acc = if VNNI {
             body::<N>(ty, chunks, row, acts)
-        } else if matches!(
-            ty,
-            GgmlType::Q8_0 | GgmlType::MXFP4 | GgmlType::IQ4_XS | GgmlType::IQ4_NL
-        ) {
+        } else if matches!(ty, GgmlType::Q8_0 | GgmlType::IQ4_XS | GgmlType::IQ4_NL) {
             body_avx2::<true, N>(ty, chunks, row, acts)
         } else {
             body_avx2::<false, N>(ty, chunks, row, acts)
@@ -1029,11 +1039,12 @@ unsafe fn tail_lanes<const VNNI: bool, const N: usize>(
 }
 
 /// AVX2's chunk loop, step pair by step pair across the activation rows
-/// (one accumulator per row): Q8_0 and MXFP4 (`SIGNED`) as `|w|` times the
-/// activation codes with `w`'s signs, widened per step; Q4_0 (unsigned
-/// nibbles) with every step's `vpmaddubsw` pairs summed in 16 bits and
-/// widened once per chunk ([`widen_q4`]'s bound), less 8 times the block
-/// totals (Q4_K's nibbles the same, with its own term). Then
+/// (one accumulator per row): Q8_0 and IQ4 (`SIGNED`) as `|w|` times the
+/// activation codes with `w`'s signs, widened per step; the unsigned codes
+/// (Q4_0's, the K-quants' and Q4_1's / Q5_1's, and MXFP4's levels plus 12)
+/// with their `vpmaddubsw` pairs summed in 16 bits, widened once per chunk
+/// or per two steps, less the offset times the block totals (8 for Q4_0,
+/// 12 for MXFP4; the K-quants and Q4_1 / Q5_1 with their own terms). Then
 /// [`super::super::combine`]'s term per lane, as `body`.
 #[inline(always)]
 unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
@@ -1044,9 +1055,14 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
 ) -> [__m256; N] {
     let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
     let min_type = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
-    // Q5_K's and Q5_1's 5-bit pairs (up to 2 · 31 · 127) are widened every
-    // step.
-    let wide = SIGNED || matches!(ty, GgmlType::Q5_K | GgmlType::Q5_1);
+    let mx = ty == GgmlType::MXFP4;
+    // Unsigned codes' 16-bit pair sums are widened once per chunk (nibbles:
+    // a lane sums eight pairs of at most 2 · 15 · 127, 30480 < 2^15) or
+    // once per two steps (four pairs: Q5_K's and Q5_1's 5-bit codes, at
+    // most 4 · 2 · 31 · 127 = 31496; MXFP4's levels offset by 12 into
+    // 0..=24, 4 · 2 · 24 · 127 = 24384); the signed codes' every step.
+    let per_half = matches!(ty, GgmlType::Q5_K | GgmlType::Q5_1 | GgmlType::MXFP4);
+    let twelve = _mm256_set1_epi8(12);
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -1056,30 +1072,36 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
             return body_avx2_halves(ty, chunks, row, acts);
         }
         for c in 0..chunks {
+            // 32-bit sums, and the 16-bit ones not yet widened.
             let mut s = [_mm256_setzero_si256(); N];
+            let mut t = [_mm256_setzero_si256(); N];
             for j in 0..4 {
                 let (w0, w1) = row.pair(c, j);
                 let (u0, u1) = if SIGNED {
                     (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1))
+                } else if mx {
+                    (_mm256_add_epi8(w0, twelve), _mm256_add_epi8(w1, twelve))
                 } else {
                     (w0, w1)
                 };
-                for (a, s) in acts.iter().zip(s.iter_mut()) {
+                for ((a, s), t) in acts.iter().zip(s.iter_mut()).zip(t.iter_mut()) {
                     let q = a.qt.as_ptr().add(c * CHUNK + 32 * j);
                     let x0 = _mm256_loadu_si256(q as *const __m256i);
                     let x1 = _mm256_loadu_si256(q.add(128) as *const __m256i);
-                    if wide {
-                        let (x0, x1) = if SIGNED {
-                            (_mm256_sign_epi8(x0, w0), _mm256_sign_epi8(x1, w1))
-                        } else {
-                            (x0, x1)
-                        };
+                    if SIGNED {
+                        let (x0, x1) = (_mm256_sign_epi8(x0, w0), _mm256_sign_epi8(x1, w1));
                         let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, x0), ones);
                         let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, x1), ones);
                         *s = _mm256_add_epi32(*s, _mm256_add_epi32(p0, p1));
                     } else {
                         let p = _mm256_add_epi16(_mm256_maddubs_epi16(u0, x0), _mm256_maddubs_epi16(u1, x1));
-                        *s = _mm256_add_epi16(*s, p);
+                        *t = _mm256_add_epi16(*t, p);
+                    }
+                }
+                if per_half && j % 2 == 1 {
+                    for (s, t) in s.iter_mut().zip(t.iter_mut()) {
+                        *s = _mm256_add_epi32(*s, _mm256_madd_epi16(*t, ones));
+                        *t = _mm256_setzero_si256();
                     }
                 }
             }
@@ -1089,25 +1111,28 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
             } else {
                 (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
             };
-            for ((a, acc), s) in acts.iter().zip(acc.iter_mut()).zip(s) {
+            for (((a, acc), s), t) in acts.iter().zip(acc.iter_mut()).zip(s).zip(t) {
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
+                let i = if SIGNED || per_half {
+                    s
+                } else {
+                    _mm256_madd_epi16(t, ones)
+                };
+                let tot = || _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
                 if min_type {
-                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                    let i = if wide { s } else { _mm256_madd_epi16(s, ones) };
-                    *acc = _mm256_add_ps(*acc, min_term(dw, dmin, dx, i, tot));
+                    *acc = _mm256_add_ps(*acc, min_term(dw, dmin, dx, i, tot()));
                     continue;
                 }
                 if k_quant {
-                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                    let i = if wide { s } else { _mm256_madd_epi16(s, ones) };
-                    *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot));
+                    *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot()));
                     continue;
                 }
                 let i = if SIGNED {
-                    s
+                    i
+                } else if mx {
+                    _mm256_sub_epi32(i, _mm256_mullo_epi32(tot(), _mm256_set1_epi32(12)))
                 } else {
-                    let tot = _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
-                    _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_sll_epi32(tot, count))
+                    _mm256_sub_epi32(i, _mm256_sll_epi32(tot(), count))
                 };
                 *acc = _mm256_add_ps(*acc, _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(i)));
             }
