@@ -18,7 +18,8 @@
 # phase refuses to split when the free space is short, and says so.
 #
 # 1. Builds `coordinator` and `worker` (release) and copies them to the
-#    run's folder, so a rebuild during the run changes nothing.
+#    run's folder, so a rebuild during the run changes nothing; every timed
+#    run waits while a build (cargo, rustc) shares the cores.
 # 2. Once: writes the model with scripts/make_real_size_gguf.py (random
 #    zero-mean codes, the real Qwen3 tokenizer) and converts it to a
 #    container (`coordinator convert`).
@@ -110,6 +111,19 @@ BIN="$OUT/bin"
 
 free_gb() { df -B1 --output=avail "$1" | tail -1 | awk '{printf "%.1f", $1 / 1e9}'; }
 
+# Waits while a build or test run (cargo, rustc) shares the cores, so that
+# no run is timed beside one; gives up after an hour.
+building() { pgrep -x rustc >/dev/null || pgrep cargo >/dev/null; }
+wait_idle() {
+    local waited=0
+    while building; do
+        [ "$waited" -eq 0 ] && echo "== waiting: a build runs ($(pgrep -a cargo | head -1))" >&2
+        [ "$waited" -ge 3600 ] && { echo "error: a build has run for an hour; stopping" >&2; exit 1; }
+        sleep 10
+        waited=$((waited + 10))
+    done
+}
+
 if [[ " $PHASES " == *" stream "* ]] && [ ! -f "$GGUF" ]; then
     echo "== writing $GGUF ($LAYERS layers)" >&2
     "$GGUF_PY" "$ROOT/scripts/make_real_size_gguf.py" "$GGUF" --layers "$LAYERS" >&2
@@ -127,6 +141,7 @@ m = json.load(open(sys.argv[1]))
 print(int(statistics.median(r['len'] for r in m['records'])), sum(r['len'] for r in m['records']))" "$CONT/manifest.json")
 
 echo "== O_DIRECT read rate of $CONT/experts.bin" >&2
+wait_idle
 python3 "$HELP" diskrate "$CONT/experts.bin" --gib 2 --block-bytes "$RECORD" --depth 4 >"$OUT/diskrate.json"
 DISK_RATE=$(python3 -c "import json; print(json.load(open('$OUT/diskrate.json'))['bytes_per_s'])")
 echo "   $(python3 -c "print(f'{$DISK_RATE / 1e9:.2f}')") GB/s" >&2
@@ -139,6 +154,7 @@ GEN=(generate --max-tokens "$MAX_TOKENS" --ignore-eos --json)
 # run LABEL ROUND [--limit-gb G] [--cold] [--timeout S] [--watch-pid P]... -- CMD...
 run() {
     local label="$1" round="$2"; shift 2
+    wait_idle
     python3 "$HELP" run --label "$label" --round "$round" --out "$RUNS_FILE" "$@"
 }
 fresh_state() { local d="$OUT/state-$1"; rm -rf "$d"; mkdir -p "$d"; echo "$d"; }
