@@ -111,18 +111,8 @@ BIN="$OUT/bin"
 
 free_gb() { df -B1 --output=avail "$1" | tail -1 | awk '{printf "%.1f", $1 / 1e9}'; }
 
-# Waits while a build or test run (cargo, rustc) shares the cores, so that
-# no run is timed beside one; gives up after an hour.
-building() { pgrep -x rustc >/dev/null || pgrep cargo >/dev/null; }
-wait_idle() {
-    local waited=0
-    while building; do
-        [ "$waited" -eq 0 ] && echo "== waiting: a build runs ($(pgrep -a cargo | head -1))" >&2
-        [ "$waited" -ge 3600 ] && { echo "error: a build has run for an hour; stopping" >&2; exit 1; }
-        sleep 10
-        waited=$((waited + 10))
-    done
-}
+# shellcheck source=lib/wait_idle.sh
+source "$ROOT/scripts/lib/wait_idle.sh"
 
 if [[ " $PHASES " == *" stream "* ]] && [ ! -f "$GGUF" ]; then
     echo "== writing $GGUF ($LAYERS layers)" >&2

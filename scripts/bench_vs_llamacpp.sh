@@ -93,18 +93,8 @@ BENCH_PY="${BENCH_PY:-/work/bench-venv/bin/python}"
 CONVERT_PY="${CONVERT_PY:-/work/venv/bin/python}"
 mkdir -p "$BENCH"
 
-# Waits while a build or test run (cargo, rustc) shares the cores; gives up
-# after an hour.
-building() { pgrep -x rustc >/dev/null || pgrep cargo >/dev/null; }
-wait_idle() {
-  local waited=0
-  while building; do
-    [ "$waited" -eq 0 ] && echo "== waiting: a build runs ($(pgrep -a cargo | head -1))" >&2
-    [ "$waited" -ge 3600 ] && { echo "a build has run for an hour; stopping" >&2; exit 1; }
-    sleep 10
-    waited=$((waited + 10))
-  done
-}
+# shellcheck source=lib/wait_idle.sh
+source "$ROOT/scripts/lib/wait_idle.sh"
 
 echo "== building charm (release)" >&2
 (cd "$ROOT" && cargo build --release -q -p charm-coordinator && cargo build --release -q -p charm-common --example bench_kernels)
