@@ -272,13 +272,13 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
     let count = _mm_cvtsi32_si128(if q4 { 3 } else { 7 });
     let low4 = _mm256_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
-    // AVX2's MXFP4 levels offset by 12: unsigned bytes, as Q4_0's nibbles
-    // (`12 S` off after the chunk's steps).
-    let mx12 = !VNNI && !iq;
+    // AVX2 multiplies MXFP4 levels plus [`MX_BIAS`], unsigned as Q4_0's nibbles
+    // (less the bias times `S` after the chunk's steps).
+    let mx_biased = !VNNI && !iq;
     let table = if iq {
         iq4_table(VNNI)
-    } else if mx12 {
-        _mm256_add_epi8(mx_table(false), _mm256_set1_epi8(12))
+    } else if mx_biased {
+        _mm256_add_epi8(mx_table(false), _mm256_set1_epi8(MX_BIAS as i8))
     } else {
         mx_table(VNNI)
     };
@@ -310,7 +310,7 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                             // Offset by 128 (the table's), less 128 S below.
                             s0 = madd::<true, false>(s0, lo, q(j));
                             s1 = madd::<true, false>(s1, hi, q(4 + j));
-                        } else if mx12 {
+                        } else if mx_biased {
                             // Levels + 12 (0..=24) by the codes: a pair is
                             // at most 2 · 24 · 127 = 6096 in magnitude, a
                             // lane of `s0` or `s1` sums four (24384 < 2^15).
@@ -326,12 +326,12 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                             s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(ph, ones));
                         }
                     }
-                    if mx12 {
+                    if mx_biased {
                         // Widened, less the offset's 12 S.
                         let tot = _mm256_loadu_si256(acts.tot.as_ptr().add(8 * c) as *const __m256i);
-                        s0 = _mm256_sub_epi32(
+                        s0 = less_mx_bias(
                             _mm256_add_epi32(_mm256_madd_epi16(s0, ones), _mm256_madd_epi16(s1, ones)),
-                            _mm256_mullo_epi32(tot, _mm256_set1_epi32(12)),
+                            tot,
                         );
                         s1 = _mm256_setzero_si256();
                     }
@@ -395,6 +395,19 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
             *o = crate::gguf::qdot::x86::lane_sums([acc])[0];
         }
     }
+}
+
+/// What AVX2 adds to MXFP4's levels (`-12..=12`) to multiply them as
+/// unsigned bytes (`0..=24`), as Q4_0's nibbles: a pair of products is then
+/// at most 2 · 24 · 127 = 6096 in magnitude, so a 16-bit lane sums four.
+const MX_BIAS: i32 = 12;
+
+/// Block sums `i` of MXFP4's biased levels less the bias times the
+/// activation blocks' code totals `tot`: the sums of the levels themselves.
+#[inline(always)]
+unsafe fn less_mx_bias(i: __m256i, tot: __m256i) -> __m256i {
+    // SAFETY: register arithmetic only (the caller's target runs AVX2).
+    unsafe { _mm256_sub_epi32(i, _mm256_mullo_epi32(tot, _mm256_set1_epi32(MX_BIAS))) }
 }
 
 /// AVX2 Q4_0: the eight steps' `vpmaddubsw` pairs of a chunk, summed in
@@ -1062,7 +1075,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     // most 4 · 2 · 31 · 127 = 31496; MXFP4's levels offset by 12 into
     // 0..=24, 4 · 2 · 24 · 127 = 24384); the signed codes' every step.
     let per_half = matches!(ty, GgmlType::Q5_K | GgmlType::Q5_1 | GgmlType::MXFP4);
-    let twelve = _mm256_set1_epi8(12);
+    let bias = _mm256_set1_epi8(MX_BIAS as i8);
     let ones = _mm256_set1_epi16(1);
     let count = _mm_cvtsi32_si128(3);
     let mut acc = [_mm256_setzero_ps(); N];
@@ -1080,7 +1093,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 let (u0, u1) = if SIGNED {
                     (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1))
                 } else if mx {
-                    (_mm256_add_epi8(w0, twelve), _mm256_add_epi8(w1, twelve))
+                    (_mm256_add_epi8(w0, bias), _mm256_add_epi8(w1, bias))
                 } else {
                     (w0, w1)
                 };
@@ -1130,7 +1143,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                 let i = if SIGNED {
                     i
                 } else if mx {
-                    _mm256_sub_epi32(i, _mm256_mullo_epi32(tot(), _mm256_set1_epi32(12)))
+                    less_mx_bias(i, tot())
                 } else {
                     _mm256_sub_epi32(i, _mm256_sll_epi32(tot(), count))
                 };
