@@ -44,12 +44,12 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                 let cols = CHUNK * rng.gen_range(1..=8) + tail;
                 let mut row = random_row(&mut rng, ty, cols);
                 if ty == GgmlType::Q6_K && case % 3 == 0 {
-                    // Every code 63 with scales ±127: the AVX2 16-bit sums'
-                    // largest magnitudes.
+                    // Every code 63 with scales 127, -127 and -128: the AVX2
+                    // 16-bit sums' and scaled sums' largest magnitudes.
                     for sb in row.chunks_exact_mut(q6k::BLOCK) {
                         sb[..192].fill(0xff);
                         for (i, s) in sb[192..208].iter_mut().enumerate() {
-                            *s = if i % 2 == 0 { 127 } else { 0x81 };
+                            *s = [127, 0x81, 0x80][i % 3];
                         }
                     }
                 }
@@ -581,11 +581,12 @@ fn packed_q6_k_rows_give_the_row_dot_bits_on_every_instruction_set() {
             let cols = CHUNK * chunks;
             let rows = 6;
             let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
-            // Row 0: every code 63 (the largest) with scales ±127.
+            // Row 0: every code 63 (the largest) with scales 127, -127 and
+            // -128.
             for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(q6k::BLOCK) {
                 sb[..192].fill(0xff);
                 for (i, s) in sb[192..208].iter_mut().enumerate() {
-                    *s = if i % 2 == 0 { 127 } else { 0x81 };
+                    *s = [127, 0x81, 0x80][i % 3];
                 }
             }
             let x: Vec<f32> = (0..cols)
