@@ -26,11 +26,6 @@ pub struct Q8Acts {
     /// Per chunk, `32 s16[2b]` of its eight blocks then `32 s16[2b + 1]`:
     /// what packed Q6_K rows subtract (`tiled::q6k`), set with `qt`.
     pub off6: Vec<i32>,
-    /// `s16` as 16-bit words (each at most 16 · 127 in magnitude), set
-    /// with `qt`: in a chunk's 32 bytes, 32-bit lane `b` holds block `b`'s
-    /// two half sums, which AVX2's Q6_K term multiplies by the halves'
-    /// scales in one `vpmaddwd` (`tiled::q6k`).
-    pub s16h: Vec<i16>,
     /// Each block's `-128 tot` (`tot` as above), set with `qt`: where the
     /// pair loop starts a block's integer sum for codes stored offset by
     /// 128 (`tiled::dot_pair_packed`; Q4_0's `-8 tot` is it shifted by 4).
@@ -75,7 +70,6 @@ impl Q8Acts {
         self.qt.clear();
         self.tot.clear();
         self.off6.clear();
-        self.s16h.clear();
         self.toff.clear();
         #[cfg(target_arch = "x86_64")]
         if matches!(crate::Isa::active(), crate::Isa::Avx2 | crate::Isa::Avx512Vnni) {

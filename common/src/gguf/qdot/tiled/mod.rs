@@ -214,9 +214,6 @@ impl Q8Acts {
         self.toff.clear();
         self.toff.extend(self.tot.iter().map(|t| -128 * t));
         q6k::half_offsets(&self.s16, &mut self.off6);
-        self.s16h.clear();
-        // A half's sum is at most 16 · 127 in magnitude: exact in 16 bits.
-        self.s16h.extend(self.s16.iter().map(|&s| s as i16));
     }
 
     /// Whether [`Q8Acts::arrange`] ran since the last quantization.

@@ -13,8 +13,7 @@
 //! | `208..210` | the f16 super-block scale `d` |
 //!
 //! The activations need [`Q8Acts::arrange`]'s transposed codes and its
-//! `off6` (`32 s16` of each half, in the same two groups of eight; VNNI)
-//! or `s16h` (the half sums as 16-bit pairs, lane `b` block `b`'s; AVX2).
+//! `off6` (`32 s16` of each half, in the same two groups of eight).
 
 #[cfg(target_arch = "x86_64")]
 use super::Q8Acts;
@@ -111,11 +110,10 @@ unsafe fn rows_avx2(rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
 }
 
 /// The loop: per super-block, the four nibble steps split and joined with
-/// their top bits (moved to bits 4–5 by one 16-bit shift and a mask), then
-/// on VNNI eight multiply-accumulates into the `lo` and `hi` lanes and
+/// their top bits (moved to bits 4–5 by one 16-bit shift and a mask), eight
+/// multiply-accumulates into the `lo` and `hi` lanes, then
 /// `(d · dx) · f32(sc₀ (lo − 32 s₀) + sc₁ (hi − 32 s₁))` per lane, as
-/// `combine` forms it; on AVX2 one sum `sc₀ lo + sc₁ hi` and
-/// [`avx2_term`] (the same integer).
+/// `combine` forms it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn rows_body<const VNNI: bool>(rows: &[u8], rb: usize, acts: &Q8Acts, out: &mut [f32]) {
@@ -138,49 +136,46 @@ unsafe fn rows_body<const VNNI: bool>(rows: &[u8], rb: usize, acts: &Q8Acts, out
                 let q0 = acts.qt.as_ptr().add(c * QK_K) as *const u8;
                 let q = |j: usize| _mm256_loadu_si256(q0.add(32 * j) as *const __m256i);
                 let (h0, h1) = (w(128), w(160));
+                let mut lo = _mm256_setzero_si256();
+                let mut hi = _mm256_setzero_si256();
                 let step = |r: usize| {
                     let v = w(32 * r);
                     let cl = _mm256_or_si256(_mm256_and_si256(v, low4), at4(h0, r, top));
                     let ch = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), at4(h1, r, top));
                     (cl, ch)
                 };
-                let sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(192) as *const __m128i));
-                let sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(200) as *const __m128i));
-                let d = _mm256_cvtph_ps(_mm_set1_epi16((p.add(208) as *const i16).read_unaligned()));
-                if !VNNI {
-                    // Two steps' `vpmaddubsw` pairs summed in 16 bits (a pair
-                    // is at most 2 · 63 · 127 = 16002 in magnitude, two
-                    // 32004 < 2^15: exact), widened with the halves' scales
-                    // into one sum `sc₀ lo + sc₁ hi`.
-                    let [w0, w1, scp] = avx2_scales(sc0, sc1);
-                    let mut s = _mm256_setzero_si256();
+                if VNNI {
+                    for r in 0..4 {
+                        let (cl, ch) = step(r);
+                        lo = madd::<VNNI, false>(lo, cl, q(r));
+                        hi = madd::<VNNI, false>(hi, ch, q(4 + r));
+                    }
+                } else {
+                    // Two steps' `vpmaddubsw` pairs summed in 16 bits before
+                    // one widening multiply: a pair is at most 2 · 63 · 127
+                    // = 16002 in magnitude, two of them 32004 < 2^15, so
+                    // the sums stay exact (and so the bits).
                     for r in (0..4).step_by(2) {
                         let (cl0, ch0) = step(r);
                         let (cl1, ch1) = step(r + 1);
+                        let ones = _mm256_set1_epi16(1);
                         let pl = _mm256_add_epi16(_mm256_maddubs_epi16(cl0, q(r)), _mm256_maddubs_epi16(cl1, q(r + 1)));
                         let ph =
                             _mm256_add_epi16(_mm256_maddubs_epi16(ch0, q(4 + r)), _mm256_maddubs_epi16(ch1, q(5 + r)));
-                        s = _mm256_add_epi32(
-                            s,
-                            _mm256_add_epi32(_mm256_madd_epi16(pl, w0), _mm256_madd_epi16(ph, w1)),
-                        );
+                        lo = _mm256_add_epi32(lo, _mm256_madd_epi16(pl, ones));
+                        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(ph, ones));
                     }
-                    acc = _mm256_add_ps(acc, avx2_term(c, d, scp, acts, s));
-                    continue;
-                }
-                let (mut lo, mut hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
-                for r in 0..4 {
-                    let (cl, ch) = step(r);
-                    lo = madd::<VNNI, false>(lo, cl, q(r));
-                    hi = madd::<VNNI, false>(hi, ch, q(4 + r));
                 }
                 let off = acts.off6.as_ptr().add(16 * c);
                 let s0 = _mm256_loadu_si256(off as *const __m256i);
                 let s1 = _mm256_loadu_si256(off.add(8) as *const __m256i);
+                let sc0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(192) as *const __m128i));
+                let sc1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(200) as *const __m128i));
                 let i = _mm256_add_epi32(
                     _mm256_mullo_epi32(sc0, _mm256_sub_epi32(lo, s0)),
                     _mm256_mullo_epi32(sc1, _mm256_sub_epi32(hi, s1)),
                 );
+                let d = _mm256_cvtph_ps(_mm_set1_epi16((p.add(208) as *const i16).read_unaligned()));
                 let dx = _mm256_loadu_ps(acts.d.as_ptr().add(8 * c));
                 acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(i)));
             }
@@ -206,54 +201,4 @@ pub(super) unsafe fn at4(
         _ => _mm256_srli_epi16(v, 2),
     };
     _mm256_and_si256(s, top)
-}
-
-/// AVX2's form of the chunk's half scales (`sc0`, `sc1`: sub-block `b`'s
-/// in lane `b`, as `k_scales` reads them), as 16-bit pairs per lane:
-/// `(sc₀, sc₀)` and `(sc₁, sc₁)`, by which the widening `vpmaddwd` of the
-/// first and second halves' 16-bit pair sums multiplies them (so one
-/// accumulator holds `sc₀ lo + sc₁ hi`), and `(sc₀, sc₁)` for
-/// [`avx2_term`]'s offset.
-///
-/// # Safety
-/// The CPU must run AVX2.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn avx2_scales(
-    sc0: std::arch::x86_64::__m256i,
-    sc1: std::arch::x86_64::__m256i,
-) -> [std::arch::x86_64::__m256i; 3] {
-    use std::arch::x86_64::*;
-    // A scale fits 16 bits: its low word is itself, the high word its copy
-    // (or the other half's scale) shifted in.
-    let pair = |lo: __m256i, hi: __m256i| _mm256_blend_epi16::<0xaa>(lo, _mm256_slli_epi32::<16>(hi));
-    [pair(sc0, sc0), pair(sc1, sc1), pair(sc0, sc1)]
-}
-
-/// [`crate::gguf::qdot::combine`]'s Q6_K term on a chunk's eight lanes,
-/// from `i = sc₀ lo + sc₁ hi` (the scaled half sums) and `scp` (the
-/// `(sc₀, sc₁)` pairs of [`avx2_scales`]): `(d * dx) * f32(i − 32 (sc₀ s₀ +
-/// sc₁ s₁))`, the same integer as `sc₀ (lo − 32 s₀) + sc₁ (hi − 32 s₁)`
-/// (every partial sum within ±2^31), so the same bits.
-///
-/// # Safety
-/// The CPU must run AVX2; `a` must be arranged, `c` one of its chunks.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn avx2_term(
-    c: usize,
-    d: std::arch::x86_64::__m256,
-    scp: std::arch::x86_64::__m256i,
-    a: &Q8Acts,
-    i: std::arch::x86_64::__m256i,
-) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    // SAFETY: arranged activations hold sixteen half sums and eight scales
-    // per chunk.
-    unsafe {
-        let s = _mm256_loadu_si256(a.s16h.as_ptr().add(16 * c) as *const __m256i);
-        let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(scp, s));
-        let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
-        _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(_mm256_sub_epi32(i, off)))
-    }
 }

@@ -1081,10 +1081,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     let mut acc = [_mm256_setzero_ps(); N];
     // SAFETY: as `body`.
     unsafe {
-        if ty == GgmlType::Q6_K {
-            return body_avx2_q6k(chunks, row, acts);
-        }
-        if matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K) {
+        if matches!(ty, GgmlType::Q6_K | GgmlType::Q2_K | GgmlType::Q3_K) {
             return body_avx2_halves(ty, chunks, row, acts);
         }
         for c in 0..chunks {
@@ -1157,48 +1154,11 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
     }
 }
 
-/// AVX2's Q6_K loop: per activation row one accumulator of `sc₀ lo + sc₁
-/// hi`, two steps' `vpmaddubsw` pairs added in 16 bits (a pair is at most
-/// 2 · 63 · 127 = 16002 in magnitude, two 32004 < 2^15: exact) and widened
-/// by a `vpmaddwd` with the halves' scales ([`super::q6k::avx2_scales`]),
-/// then [`super::q6k::avx2_term`].
-#[inline(always)]
-unsafe fn body_avx2_q6k<const N: usize>(chunks: usize, row: impl Row, acts: [&Q8Acts; N]) -> [__m256; N] {
-    let mut acc = [_mm256_setzero_ps(); N];
-    // SAFETY: as `body`; arranged activations also hold sixteen half sums
-    // per chunk.
-    unsafe {
-        for c in 0..chunks {
-            let (sc0, sc1, _) = row.k_scales(c);
-            let [w0, w1, scp] = super::q6k::avx2_scales(sc0, sc1);
-            let mut s = [_mm256_setzero_si256(); N];
-            for j in (0..4).step_by(2) {
-                let (a0, b0) = row.pair(c, j);
-                let (a1, b1) = row.pair(c, j + 1);
-                for (a, s) in acts.iter().zip(s.iter_mut()) {
-                    let q = a.qt.as_ptr().add(c * CHUNK + 32 * j);
-                    let x = |k: usize| _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
-                    let pl = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x(0)), _mm256_maddubs_epi16(a1, x(1)));
-                    let ph = _mm256_add_epi16(_mm256_maddubs_epi16(b0, x(4)), _mm256_maddubs_epi16(b1, x(5)));
-                    *s = _mm256_add_epi32(
-                        *s,
-                        _mm256_add_epi32(_mm256_madd_epi16(pl, w0), _mm256_madd_epi16(ph, w1)),
-                    );
-                }
-            }
-            let d = row.scales(c);
-            for ((a, acc), s) in acts.iter().zip(acc.iter_mut()).zip(s) {
-                *acc = _mm256_add_ps(*acc, super::q6k::avx2_term(c, d, scp, a, s));
-            }
-        }
-        acc
-    }
-}
-
-/// AVX2's loop of Q2_K and Q3_K (a scale and a min or offset per half):
-/// per activation row, the first halves' sums `lo` and the second halves'
+/// AVX2's loop of the types with a scale per half (Q6_K, Q2_K, Q3_K): per
+/// activation row, the first halves' sums `lo` and the second halves'
 /// `hi`, two steps' `vpmaddubsw` pairs added in 16 bits before each
-/// widening, then [`super::q23k::term`].
+/// widening (a pair is at most 2 · 63 · 127 = 16002 in magnitude, two
+/// 32004 < 2^15: exact), then [`q6_k_term`] or [`super::q23k::term`].
 #[inline(always)]
 unsafe fn body_avx2_halves<const N: usize>(
     ty: GgmlType,
@@ -1206,6 +1166,7 @@ unsafe fn body_avx2_halves<const N: usize>(
     row: impl Row,
     acts: [&Q8Acts; N],
 ) -> [__m256; N] {
+    let k23 = matches!(ty, GgmlType::Q2_K | GgmlType::Q3_K);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); N];
     // SAFETY: as `body`.
@@ -1225,9 +1186,17 @@ unsafe fn body_avx2_halves<const N: usize>(
                     *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(ph, ones));
                 }
             }
-            let hs = row.half_scales(c);
+            if k23 {
+                let hs = row.half_scales(c);
+                for (((a, acc), lo), hi) in acts.iter().zip(acc.iter_mut()).zip(lo).zip(hi) {
+                    *acc = _mm256_add_ps(*acc, super::q23k::term(ty, c, hs, a, lo, hi));
+                }
+                continue;
+            }
+            let (sc0, sc1, _) = row.k_scales(c);
+            let ks = (row.scales(c), sc0, sc1);
             for (((a, acc), lo), hi) in acts.iter().zip(acc.iter_mut()).zip(lo).zip(hi) {
-                *acc = _mm256_add_ps(*acc, super::q23k::term(ty, c, hs, a, lo, hi));
+                *acc = _mm256_add_ps(*acc, q6_k_term(c, ks, a, lo, hi));
             }
         }
         acc
