@@ -1156,9 +1156,11 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
 
 /// AVX2's loop of the types with a scale per half (Q6_K, Q2_K, Q3_K): per
 /// activation row, the first halves' sums `lo` and the second halves'
-/// `hi`, two steps' `vpmaddubsw` pairs added in 16 bits before each
-/// widening (a pair is at most 2 · 63 · 127 = 16002 in magnitude, two
-/// 32004 < 2^15: exact), then [`q6_k_term`] or [`super::q23k::term`].
+/// `hi`, `vpmaddubsw` pairs added in 16 bits before each widening, then
+/// [`q6_k_term`] or [`super::q23k::term`]. Q6_K widens every two steps (a
+/// pair is at most 2 · 63 · 127 = 16002 in magnitude, two 32004 < 2^15:
+/// exact); Q2_K and Q3_K once per chunk (codes of at most 7: four pairs
+/// are at most 4 · 2 · 7 · 127 = 7112).
 #[inline(always)]
 unsafe fn body_avx2_halves<const N: usize>(
     ty: GgmlType,
@@ -1182,11 +1184,21 @@ unsafe fn body_avx2_halves<const N: usize>(
                     let x = |k: usize| _mm256_loadu_si256(q.add(32 * k) as *const __m256i);
                     let pl = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x(0)), _mm256_maddubs_epi16(a1, x(1)));
                     let ph = _mm256_add_epi16(_mm256_maddubs_epi16(b0, x(4)), _mm256_maddubs_epi16(b1, x(5)));
-                    *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(pl, ones));
-                    *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(ph, ones));
+                    if k23 {
+                        // Widened once per chunk, below.
+                        *lo = _mm256_add_epi16(*lo, pl);
+                        *hi = _mm256_add_epi16(*hi, ph);
+                    } else {
+                        *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(pl, ones));
+                        *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(ph, ones));
+                    }
                 }
             }
             if k23 {
+                for (lo, hi) in lo.iter_mut().zip(hi.iter_mut()) {
+                    *lo = _mm256_madd_epi16(*lo, ones);
+                    *hi = _mm256_madd_epi16(*hi, ones);
+                }
                 let hs = row.half_scales(c);
                 for (((a, acc), lo), hi) in acts.iter().zip(acc.iter_mut()).zip(lo).zip(hi) {
                     *acc = _mm256_add_ps(*acc, super::q23k::term(ty, c, hs, a, lo, hi));
