@@ -574,6 +574,112 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
     }
 }
 
+/// Whether a product of packed Q4_K or Q5_K rows with several passes of
+/// activation rows pays for forming each row's [`k_products`] once and
+/// multiplying through [`dot_many_packed_k`]: on AVX2 (VNNI takes rows in
+/// pairs instead, [`pairs_pay`]), whose loop otherwise decodes a chunk's
+/// 6-bit scales and mins again for every four activation rows.
+pub fn products_ahead(ty: GgmlType, cols: usize) -> bool {
+    products_ahead_on(Isa::active(), ty, cols)
+}
+
+/// [`products_ahead`] for a chosen instruction set.
+pub fn products_ahead_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
+    isa == Isa::Avx2 && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && packable_on(isa, ty, cols)
+}
+
+/// One packed Q4_K or Q5_K row's ([`q4k`], [`q5k`]) per-chunk products
+/// into `out`: eight `d · sc`, then eight `dmin · mn`, per chunk (exact: an
+/// f16 times a 6-bit integer fits an f32's significand, so the bits of the
+/// kernels' own), decoded as the AVX2 loops decode them where the CPU
+/// runs AVX2, else by [`k_products_scalar`].
+///
+/// # Panics
+/// If `ty` is neither, `row` is not whole chunks, or `out` is not sixteen
+/// floats per chunk.
+pub fn k_products(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && Isa::Avx2.runs() {
+        let cb = chunk_bytes(ty);
+        assert!(row.len().is_multiple_of(cb), "{ty} row of whole chunks");
+        assert_eq!(out.len(), 16 * (row.len() / cb), "16 products per chunk");
+        // SAFETY: the CPU runs AVX2 (and F16C with it, `Isa::runs`); the
+        // row is whole chunks of `ty` and `out` sixteen floats for each.
+        unsafe { x86::k_products_avx2(ty, row, out) };
+        return;
+    }
+    k_products_scalar(ty, row, out)
+}
+
+/// [`k_products`] in scalar code: the reference of the vector decoding.
+///
+/// # Panics
+/// As [`k_products`].
+pub fn k_products_scalar(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    // A packed Q5_K block reads as a Q4_K one from byte 32.
+    let at = match ty {
+        GgmlType::Q4_K => 0,
+        GgmlType::Q5_K => 32,
+        _ => panic!("{ty} has no sub-block scales and mins"),
+    };
+    let cb = chunk_bytes(ty);
+    assert!(row.len().is_multiple_of(cb), "{ty} row of whole chunks");
+    assert_eq!(out.len(), 16 * (row.len() / cb), "16 products per chunk");
+    for (block, o) in row.chunks_exact(cb).zip(out.chunks_exact_mut(16)) {
+        let b = &block[at..];
+        let (sc, mn) = q4k::scales_scalar(b);
+        let (d, dmin) = (f16_le([b[140], b[141]]), f16_le([b[142], b[143]]));
+        for i in 0..8 {
+            (o[i], o[8 + i]) = (d * sc[i] as f32, dmin * mn[i] as f32);
+        }
+    }
+}
+
+/// [`dot_many_packed`] of a packed Q4_K or Q5_K row with its
+/// [`k_products`] formed ahead: the same bits.
+///
+/// # Panics
+/// As [`dot_many_packed`], if [`products_ahead`] is false, or `prods` is
+/// not the row's products' length.
+pub fn dot_many_packed_k(ty: GgmlType, row: &[u8], prods: &[f32], acts: &ArrangedActs<'_>, out: &mut [f32]) {
+    dot_many_packed_k_on(Isa::active(), ty, row, prods, acts, out)
+}
+
+/// [`dot_many_packed_k`] on a chosen instruction set (tests, benchmarks).
+///
+/// # Panics
+/// As [`dot_many_packed_k`], for `isa`.
+pub fn dot_many_packed_k_on(
+    isa: Isa,
+    ty: GgmlType,
+    row: &[u8],
+    prods: &[f32],
+    acts: &ArrangedActs<'_>,
+    out: &mut [f32],
+) {
+    assert_eq!(acts.len(), out.len(), "one output per activation row");
+    if acts.is_empty() {
+        return;
+    }
+    assert!(
+        products_ahead_on(isa, ty, acts.width),
+        "{ty} rows of {} take no products formed ahead here",
+        acts.width
+    );
+    assert_eq!(
+        Some(row.len()),
+        ty.row_bytes(acts.width),
+        "{ty} packed row does not match the activations"
+    );
+    assert_eq!(prods.len(), 16 * (acts.width / CHUNK), "16 products per chunk");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `products_ahead_on` checked that the CPU runs AVX2 and the
+    // type; the lengths were checked above.
+    unsafe {
+        x86::many_packed_k_avx2(ty, row, prods, acts.acts, out)
+    }
+}
+
 /// Whether [`dot_pair_packed`] multiplies two packed rows of `ty` × `cols`
 /// in one pass here: on AVX-512 VNNI, packed rows of Q8_0, Q4_0, MXFP4 or
 /// IQ4_NL (a tail past the whole chunks added per row after them, as the

@@ -457,6 +457,15 @@ trait Row: Copy {
     /// Q4_K chunk `c`'s sub-block scales and mins, and `dmin` in every lane;
     /// Q6_K's scales of the first and of the second halves.
     unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256);
+    /// Q4_K / Q5_K chunk `c`'s `d · sc` and `dmin · mn` ([`k_products`]).
+    #[inline(always)]
+    unsafe fn k_products(self, c: usize) -> (__m256, __m256) {
+        // SAFETY: forwarded (the caller's chunk index is in range).
+        unsafe {
+            let (sc, mn, dmin) = self.k_scales(c);
+            k_products(sc, mn, self.scales(c), dmin)
+        }
+    }
     /// Q2_K / Q3_K chunk `c`'s half scales and mins, `d` and `dmin`
     /// ([`super::q23k::scales`]); zeros for the other types.
     #[inline(always)]
@@ -708,9 +717,27 @@ impl Row for Packed {
 #[inline(always)]
 unsafe fn k_term(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
     // SAFETY: register arithmetic only (the caller's target runs AVX2).
+    unsafe { k_term_of(k_products(sc, mn, dw, dmin), dx, i, tot) }
+}
+
+/// A Q4_K / Q5_K chunk's `d · sc` and `dmin · mn` per lane (exact: an f16
+/// times a 6-bit integer fits an f32's significand).
+#[inline(always)]
+unsafe fn k_products(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256) -> (__m256, __m256) {
+    // SAFETY: register arithmetic only (the caller's target runs AVX2).
     unsafe {
-        let ds = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(sc));
-        let dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn));
+        (
+            _mm256_mul_ps(dw, _mm256_cvtepi32_ps(sc)),
+            _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)),
+        )
+    }
+}
+
+/// [`k_term`] from the chunk's [`k_products`] `(ds, dm)`.
+#[inline(always)]
+unsafe fn k_term_of((ds, dm): (__m256, __m256), dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
+    // SAFETY: register arithmetic only (the caller's target runs AVX2).
+    unsafe {
         let xs = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(tot));
         _mm256_sub_ps(
             _mm256_mul_ps(_mm256_mul_ps(ds, dx), _mm256_cvtepi32_ps(i)),
@@ -801,6 +828,90 @@ unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Act
             GgmlType::IQ4_XS => many::<VNNI>(GgmlType::IQ4_XS, chunks, lut::<LUT_IQ4_XS>(p, flip), tail, acts, out),
             GgmlType::IQ4_NL => many::<VNNI>(GgmlType::IQ4_NL, chunks, lut::<LUT_IQ4_NL>(p, flip), tail, acts, out),
             _ => each_type!(ty, t => many::<VNNI>(t, chunks, Packed { ty: t, p, cb }, tail, acts, out)),
+        }
+    }
+}
+
+/// A packed Q4_K / Q5_K row with its chunks' [`k_products`] formed ahead
+/// ([`super::k_products`]: per chunk eight `d · sc`, then eight `dmin ·
+/// mn`): the codes from the packed row, the products loaded instead of
+/// decoded from the 6-bit scales for every pass of activation rows.
+#[derive(Clone, Copy)]
+struct PackedK {
+    row: Packed,
+    prods: *const f32,
+}
+
+impl Row for PackedK {
+    #[inline(always)]
+    unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: forwarded.
+        unsafe { self.row.pair(c, j) }
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, c: usize) -> __m256 {
+        // SAFETY: forwarded.
+        unsafe { self.row.scales(c) }
+    }
+
+    #[inline(always)]
+    unsafe fn k_scales(self, c: usize) -> (__m256i, __m256i, __m256) {
+        // SAFETY: forwarded.
+        unsafe { self.row.k_scales(c) }
+    }
+
+    #[inline(always)]
+    unsafe fn k_products(self, c: usize) -> (__m256, __m256) {
+        // SAFETY: the products hold sixteen floats per chunk of the row.
+        unsafe {
+            let p = self.prods.add(16 * c);
+            (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+        }
+    }
+}
+
+/// [`super::k_products`] with the loops' own decoding of the scales.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn k_products_avx2(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    let cb = chunk_bytes(ty);
+    let r = Packed {
+        ty,
+        p: row.as_ptr(),
+        cb,
+    };
+    // SAFETY: `row` holds whole chunks and `out` sixteen floats for each
+    // (the caller's sizes).
+    unsafe {
+        for (c, o) in out.chunks_exact_mut(16).enumerate().take(row.len() / cb) {
+            let (ds, dm) = r.k_products(c);
+            _mm256_storeu_ps(o.as_mut_ptr(), ds);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), dm);
+        }
+    }
+}
+
+/// [`many_packed_avx2`] of a packed Q4_K or Q5_K row whose chunks'
+/// products `prods` are formed ahead (16 floats per chunk).
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn many_packed_k_avx2(ty: GgmlType, row: &[u8], prods: &[f32], acts: &[&Q8Acts], out: &mut [f32]) {
+    let cb = chunk_bytes(ty);
+    let chunks = row.len() / cb;
+    let r = |ty| PackedK {
+        row: Packed {
+            ty,
+            p: row.as_ptr(),
+            cb,
+        },
+        prods: prods.as_ptr(),
+    };
+    // SAFETY: forwarded; `row` holds `chunks` whole chunks and `prods`
+    // sixteen floats for each (the caller checked both).
+    unsafe {
+        match ty {
+            GgmlType::Q4_K => many::<false>(GgmlType::Q4_K, chunks, r(GgmlType::Q4_K), &[], acts, out),
+            GgmlType::Q5_K => many::<false>(GgmlType::Q5_K, chunks, r(GgmlType::Q5_K), &[], acts, out),
+            _ => unreachable!("products formed ahead for Q4_K and Q5_K only"),
         }
     }
 }
@@ -1118,12 +1229,15 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                     }
                 }
             }
-            let dw = row.scales(c);
-            let (sc, mn, dmin) = if k_quant || min_type {
-                row.k_scales(c)
+            let z = _mm256_setzero_ps();
+            let (dw, dmin) = if min_type {
+                (row.scales(c), row.k_scales(c).2)
+            } else if k_quant {
+                (z, z)
             } else {
-                (_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_ps())
+                (row.scales(c), z)
             };
+            let kp = if k_quant { row.k_products(c) } else { (z, z) };
             for (((a, acc), s), t) in acts.iter().zip(acc.iter_mut()).zip(s).zip(t) {
                 let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
                 let i = if SIGNED || per_half {
@@ -1137,7 +1251,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                     continue;
                 }
                 if k_quant {
-                    *acc = _mm256_add_ps(*acc, k_term(sc, mn, dw, dmin, dx, i, tot()));
+                    *acc = _mm256_add_ps(*acc, k_term_of(kp, dx, i, tot()));
                     continue;
                 }
                 let i = if SIGNED {
