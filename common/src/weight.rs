@@ -337,10 +337,10 @@ thread_local! {
     /// A matrix product's tile outputs before they are stored token-major
     /// (taken while in use, as [`Q8_SCRATCH`]).
     static TILE_OUT: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    /// A tile's packed Q4_K / Q5_K rows' scale products, formed once for
-    /// all the passes of activation rows (`qdot::tiled::products_ahead`;
-    /// taken while in use, as [`TILE_OUT`]).
-    static TILE_K: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// A tile's packed rows' scale factors, formed once for all the passes
+    /// of activation rows (`qdot::tiled::scales_ahead_pay`; taken while in
+    /// use, as [`TILE_OUT`]).
+    static TILE_SCALES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 impl Weight {
@@ -787,17 +787,17 @@ impl Weight {
                     let tile_bytes = tile_rows * rb;
                     let next = packed.as_ptr().wrapping_add((r0 + tile_rows) * rb);
                     let share = tile_bytes.div_ceil(n.div_ceil(ACT_BLOCK)).next_multiple_of(64);
-                    // Q4_K / Q5_K on AVX2 with more than a pass of four
-                    // activation rows per weight row: the rows' scale
-                    // products once for the tile, not once per pass.
-                    let mut k_prods = TILE_K.take();
-                    k_prods.clear();
-                    if n > 4 && qdot::tiled::products_ahead(*ty, self.cols) {
-                        let per = 16 * (self.cols / qdot::tiled::CHUNK);
-                        k_prods.resize(tile_rows * per, 0.0);
-                        for (i, p) in k_prods.chunks_exact_mut(per).enumerate() {
+                    // Q4_K, Q5_K and IQ4_XS on AVX2 with more than a pass
+                    // of four activation rows per weight row: the rows'
+                    // scale factors once for the tile, not once per pass.
+                    let mut scales = TILE_SCALES.take();
+                    scales.clear();
+                    if n > 4 && qdot::tiled::scales_ahead_pay(*ty, self.cols) {
+                        let per = qdot::tiled::scales_per_chunk(*ty) * (self.cols / qdot::tiled::CHUNK);
+                        scales.resize(tile_rows * per, 0.0);
+                        for (i, s) in scales.chunks_exact_mut(per).enumerate() {
                             let r = r0 + i;
-                            qdot::tiled::k_products(*ty, &packed[r * rb..(r + 1) * rb], p);
+                            qdot::tiled::scales_ahead(*ty, &packed[r * rb..(r + 1) * rb], s);
                         }
                     }
                     for b in blocks {
@@ -808,14 +808,14 @@ impl Weight {
                         // activation step loaded once for both).
                         let step = if qdot::tiled::pairs_pay(*ty, self.cols) { 2 } else { 1 };
                         let row = |r: usize| &packed[r * rb..(r + 1) * rb];
-                        if !k_prods.is_empty() {
-                            let per = k_prods.len() / tile_rows;
+                        if !scales.is_empty() {
+                            let per = scales.len() / tile_rows;
                             for i in 0..tile_rows {
                                 crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i, tile_rows);
-                                qdot::tiled::dot_many_packed_k(
+                                qdot::tiled::dot_many_packed_ahead(
                                     *ty,
                                     row(r0 + i),
-                                    &k_prods[i * per..(i + 1) * per],
+                                    &scales[i * per..(i + 1) * per],
                                     &acts,
                                     &mut o[i * n + b.start..i * n + b.end],
                                 );
@@ -846,7 +846,7 @@ impl Weight {
                             }
                         }
                     }
-                    TILE_K.set(k_prods);
+                    TILE_SCALES.set(scales);
                     t = n;
                 } else if arranged {
                     // The next tile's rows into L2 while this one is
@@ -999,6 +999,7 @@ mod tests {
             (GgmlType::Q6_K, 512),
             (GgmlType::Q4_K, 512),
             (GgmlType::Q5_K, 512),
+            (GgmlType::IQ4_XS, 512),
             (GgmlType::MXFP4, 512),
             (GgmlType::MXFP4, 2880),
             (GgmlType::Q8_0, 2880),

@@ -574,59 +574,74 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
     }
 }
 
-/// Whether a product of packed Q4_K or Q5_K rows with several passes of
-/// activation rows pays for forming each row's [`k_products`] once and
-/// multiplying through [`dot_many_packed_k`]: on AVX2 (VNNI takes rows in
-/// pairs instead, [`pairs_pay`]), whose loop otherwise decodes a chunk's
-/// 6-bit scales and mins again for every four activation rows.
-pub fn products_ahead(ty: GgmlType, cols: usize) -> bool {
-    products_ahead_on(Isa::active(), ty, cols)
+/// Whether a product of packed rows of `ty` with several passes of
+/// activation rows pays for forming each row's [`scales_ahead`] once and
+/// multiplying through [`dot_many_packed_ahead`]: Q4_K, Q5_K and IQ4_XS on
+/// AVX2 (VNNI takes rows in pairs instead, [`pairs_pay`]), whose loop
+/// otherwise decodes a chunk's 6-bit scales (and mins) again for every
+/// four activation rows.
+pub fn scales_ahead_pay(ty: GgmlType, cols: usize) -> bool {
+    scales_ahead_pay_on(Isa::active(), ty, cols)
 }
 
-/// [`products_ahead`] for a chosen instruction set.
-pub fn products_ahead_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
-    isa == Isa::Avx2 && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && packable_on(isa, ty, cols)
+/// [`scales_ahead_pay`] for a chosen instruction set.
+pub fn scales_ahead_pay_on(isa: Isa, ty: GgmlType, cols: usize) -> bool {
+    isa == Isa::Avx2 && scales_per_chunk(ty) > 0 && packable_on(isa, ty, cols)
 }
 
-/// One packed Q4_K or Q5_K row's ([`q4k`], [`q5k`]) per-chunk products
-/// into `out`: eight `d · sc`, then eight `dmin · mn`, per chunk (exact: an
-/// f16 times a 6-bit integer fits an f32's significand, so the bits of the
-/// kernels' own), decoded as the AVX2 loops decode them where the CPU
-/// runs AVX2, else by [`k_products_scalar`].
-///
-/// # Panics
-/// If `ty` is neither, `row` is not whole chunks, or `out` is not sixteen
-/// floats per chunk.
-pub fn k_products(ty: GgmlType, row: &[u8], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && Isa::Avx2.runs() {
-        let cb = chunk_bytes(ty);
-        assert!(row.len().is_multiple_of(cb), "{ty} row of whole chunks");
-        assert_eq!(out.len(), 16 * (row.len() / cb), "16 products per chunk");
-        // SAFETY: the CPU runs AVX2 (and F16C with it, `Isa::runs`); the
-        // row is whole chunks of `ty` and `out` sixteen floats for each.
-        unsafe { x86::k_products_avx2(ty, row, out) };
-        return;
+/// Floats per chunk of [`scales_ahead`]: 16 for Q4_K and Q5_K, 8 for
+/// IQ4_XS, 0 for the other types.
+pub fn scales_per_chunk(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => 16,
+        GgmlType::IQ4_XS => 8,
+        _ => 0,
     }
-    k_products_scalar(ty, row, out)
 }
 
-/// [`k_products`] in scalar code: the reference of the vector decoding.
+/// One packed row's per-chunk scale factors into `out`: for Q4_K and Q5_K
+/// ([`q4k`], [`q5k`]) eight `d · sc`, then eight `dmin · mn`; for IQ4_XS
+/// ([`iq4xs`]) eight `d · (ls - 32)` (each exact: an f16 times an integer
+/// of at most 6 bits fits an f32's significand, so the bits of the
+/// kernels' own), decoded as the AVX2 loops decode them where the CPU runs
+/// AVX2, else by [`scales_ahead_scalar`].
 ///
 /// # Panics
-/// As [`k_products`].
-pub fn k_products_scalar(ty: GgmlType, row: &[u8], out: &mut [f32]) {
-    // A packed Q5_K block reads as a Q4_K one from byte 32.
-    let at = match ty {
-        GgmlType::Q4_K => 0,
-        GgmlType::Q5_K => 32,
-        _ => panic!("{ty} has no sub-block scales and mins"),
-    };
-    let cb = chunk_bytes(ty);
+/// If `ty` has none ([`scales_per_chunk`]), `row` is not whole chunks, or
+/// `out` is not [`scales_per_chunk`] floats per chunk.
+pub fn scales_ahead(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    let (cb, per) = (chunk_bytes(ty), scales_per_chunk(ty));
+    assert!(per > 0, "{ty} has no sub-block scales");
     assert!(row.len().is_multiple_of(cb), "{ty} row of whole chunks");
-    assert_eq!(out.len(), 16 * (row.len() / cb), "16 products per chunk");
-    for (block, o) in row.chunks_exact(cb).zip(out.chunks_exact_mut(16)) {
-        let b = &block[at..];
+    assert_eq!(out.len(), per * (row.len() / cb), "{per} floats per chunk");
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx2.runs() {
+        // SAFETY: the CPU runs AVX2 (and F16C with it, `Isa::runs`); the
+        // row is whole chunks of `ty` and `out` holds `per` floats for each.
+        return unsafe { x86::scales_ahead_avx2(ty, row, out) };
+    }
+    scales_ahead_scalar(ty, row, out)
+}
+
+/// [`scales_ahead`] in scalar code: the reference of the vector decoding.
+///
+/// # Panics
+/// As [`scales_ahead`].
+pub fn scales_ahead_scalar(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    let (cb, per) = (chunk_bytes(ty), scales_per_chunk(ty));
+    assert!(per > 0, "{ty} has no sub-block scales");
+    assert!(row.len().is_multiple_of(cb), "{ty} row of whole chunks");
+    assert_eq!(out.len(), per * (row.len() / cb), "{per} floats per chunk");
+    for (block, o) in row.chunks_exact(cb).zip(out.chunks_exact_mut(per)) {
+        if ty == GgmlType::IQ4_XS {
+            let d = f16_le([block[128], block[129]]);
+            for (o, ls) in o.iter_mut().zip(iq4xs::scales_scalar(block)) {
+                *o = d * ls as f32;
+            }
+            continue;
+        }
+        // A packed Q5_K block reads as a Q4_K one from byte 32.
+        let b = &block[if ty == GgmlType::Q5_K { 32 } else { 0 }..];
         let (sc, mn) = q4k::scales_scalar(b);
         let (d, dmin) = (f16_le([b[140], b[141]]), f16_le([b[142], b[143]]));
         for i in 0..8 {
@@ -635,25 +650,26 @@ pub fn k_products_scalar(ty: GgmlType, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// [`dot_many_packed`] of a packed Q4_K or Q5_K row with its
-/// [`k_products`] formed ahead: the same bits.
+/// [`dot_many_packed`] of a packed Q4_K, Q5_K or IQ4_XS row with its
+/// [`scales_ahead`] formed ahead (`scales`): the same bits.
 ///
 /// # Panics
-/// As [`dot_many_packed`], if [`products_ahead`] is false, or `prods` is
-/// not the row's products' length.
-pub fn dot_many_packed_k(ty: GgmlType, row: &[u8], prods: &[f32], acts: &ArrangedActs<'_>, out: &mut [f32]) {
-    dot_many_packed_k_on(Isa::active(), ty, row, prods, acts, out)
+/// As [`dot_many_packed`], if [`scales_ahead_pay`] is false, or `scales`
+/// is not the row's [`scales_ahead`] length.
+pub fn dot_many_packed_ahead(ty: GgmlType, row: &[u8], scales: &[f32], acts: &ArrangedActs<'_>, out: &mut [f32]) {
+    dot_many_packed_ahead_on(Isa::active(), ty, row, scales, acts, out)
 }
 
-/// [`dot_many_packed_k`] on a chosen instruction set (tests, benchmarks).
+/// [`dot_many_packed_ahead`] on a chosen instruction set (tests,
+/// benchmarks).
 ///
 /// # Panics
-/// As [`dot_many_packed_k`], for `isa`.
-pub fn dot_many_packed_k_on(
+/// As [`dot_many_packed_ahead`], for `isa`.
+pub fn dot_many_packed_ahead_on(
     isa: Isa,
     ty: GgmlType,
     row: &[u8],
-    prods: &[f32],
+    scales: &[f32],
     acts: &ArrangedActs<'_>,
     out: &mut [f32],
 ) {
@@ -662,8 +678,8 @@ pub fn dot_many_packed_k_on(
         return;
     }
     assert!(
-        products_ahead_on(isa, ty, acts.width),
-        "{ty} rows of {} take no products formed ahead here",
+        scales_ahead_pay_on(isa, ty, acts.width),
+        "{ty} rows of {} take no scales formed ahead here",
         acts.width
     );
     assert_eq!(
@@ -671,12 +687,13 @@ pub fn dot_many_packed_k_on(
         ty.row_bytes(acts.width),
         "{ty} packed row does not match the activations"
     );
-    assert_eq!(prods.len(), 16 * (acts.width / CHUNK), "16 products per chunk");
+    let per = scales_per_chunk(ty);
+    assert_eq!(scales.len(), per * (acts.width / CHUNK), "{per} floats per chunk");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `products_ahead_on` checked that the CPU runs AVX2 and the
+    // SAFETY: `scales_ahead_pay_on` checked that the CPU runs AVX2 and the
     // type; the lengths were checked above.
     unsafe {
-        x86::many_packed_k_avx2(ty, row, prods, acts.acts, out)
+        x86::many_packed_ahead_avx2(ty, row, scales, acts.acts, out)
     }
 }
 

@@ -872,34 +872,40 @@ fn the_q4_k_layout_holds_every_code_and_scale_once() {
 }
 
 #[test]
-fn q4_k_and_q5_k_products_formed_ahead_give_the_row_dot_bits() {
+fn scales_formed_ahead_give_the_row_dot_bits() {
     let mut rng = ChaCha8Rng::seed_from_u64(23);
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::IQ4_XS] {
         for (case, &chunks) in [1usize, 3, 8].iter().enumerate() {
             let cols = CHUNK * chunks;
             let rows = 3;
             let mut data: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, ty, cols)).collect();
-            // Row 0: every code, 6-bit scale and min at its largest.
+            // Row 0: every code, 6-bit scale and min at its largest (IQ4_XS:
+            // every nibble 0, level -127, with every scale 63).
             for sb in data[..ty.row_bytes(cols).unwrap()].chunks_exact_mut(ty.block_bytes()) {
-                sb[4..].fill(0xff);
+                if ty == GgmlType::IQ4_XS {
+                    sb[2..8].fill(0xff);
+                    sb[8..].fill(0);
+                } else {
+                    sb[4..].fill(0xff);
+                }
             }
             let rb = data.len() / rows;
-            // The products decoded as the vector loops decode them equal the
+            // The factors decoded as the vector loops decode them equal the
             // scalar reference's, bit for bit.
             let packed = pack_rows(ty, &data, rows, cols);
-            let per = 16 * chunks;
+            let per = scales_per_chunk(ty) * chunks;
             for r in 0..rows {
                 let row = &packed[r * rb..(r + 1) * rb];
                 let (mut got, mut want) = (vec![0.0f32; per], vec![0.0f32; per]);
-                k_products(ty, row, &mut got);
-                k_products_scalar(ty, row, &mut want);
+                scales_ahead(ty, row, &mut got);
+                scales_ahead_scalar(ty, row, &mut want);
                 assert_eq!(
                     got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     "{ty} row {r}"
                 );
             }
-            if !products_ahead_on(Isa::Avx2, ty, cols) {
+            if !scales_ahead_pay_on(Isa::Avx2, ty, cols) {
                 continue;
             }
             // One to nine activation rows (a pass of four, the rest), the
@@ -930,10 +936,10 @@ fn q4_k_and_q5_k_products_formed_ahead_give_the_row_dot_bits() {
                 let batch = ArrangedActs::new(&refs[..n]);
                 for r in 0..rows {
                     let row = &packed[r * rb..(r + 1) * rb];
-                    let mut prods = vec![0.0f32; per];
-                    k_products(ty, row, &mut prods);
+                    let mut scales = vec![0.0f32; per];
+                    scales_ahead(ty, row, &mut scales);
                     let mut got = vec![0.0f32; n];
-                    dot_many_packed_k_on(Isa::Avx2, ty, row, &prods, &batch, &mut got);
+                    dot_many_packed_ahead_on(Isa::Avx2, ty, row, &scales, &batch, &mut got);
                     for (t, g) in got.iter().enumerate() {
                         let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &acts[t]);
                         assert_eq!(g.to_bits(), want.to_bits(), "{ty} {cols} row {r}, {n} rows, row {t}");

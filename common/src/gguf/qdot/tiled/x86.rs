@@ -832,17 +832,20 @@ unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Act
     }
 }
 
-/// A packed Q4_K / Q5_K row with its chunks' [`k_products`] formed ahead
-/// ([`super::k_products`]: per chunk eight `d · sc`, then eight `dmin ·
-/// mn`): the codes from the packed row, the products loaded instead of
-/// decoded from the 6-bit scales for every pass of activation rows.
+/// A packed Q4_K, Q5_K or IQ4_XS row with its chunks' scale factors
+/// formed ahead ([`super::scales_ahead`]: per chunk Q4_K's and Q5_K's eight
+/// `d · sc`, then eight `dmin · mn` ([`k_products`]), or IQ4_XS's eight `d
+/// · (ls - 32)` (its `scales`)): the codes from the packed row, the factors
+/// loaded instead of decoded from the 6-bit scales for every pass of
+/// activation rows.
 #[derive(Clone, Copy)]
-struct PackedK {
-    row: Packed,
-    prods: *const f32,
+struct Ahead<R> {
+    row: R,
+    iq4: bool,
+    scales: *const f32,
 }
 
-impl Row for PackedK {
+impl<R: Row> Row for Ahead<R> {
     #[inline(always)]
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
         // SAFETY: forwarded.
@@ -851,8 +854,14 @@ impl Row for PackedK {
 
     #[inline(always)]
     unsafe fn scales(self, c: usize) -> __m256 {
-        // SAFETY: forwarded.
-        unsafe { self.row.scales(c) }
+        // SAFETY: forwarded, or the factors hold eight floats per chunk.
+        unsafe {
+            if self.iq4 {
+                _mm256_loadu_ps(self.scales.add(8 * c))
+            } else {
+                self.row.scales(c)
+            }
+        }
     }
 
     #[inline(always)]
@@ -863,27 +872,31 @@ impl Row for PackedK {
 
     #[inline(always)]
     unsafe fn k_products(self, c: usize) -> (__m256, __m256) {
-        // SAFETY: the products hold sixteen floats per chunk of the row.
+        // SAFETY: the factors hold sixteen floats per chunk of the row.
         unsafe {
-            let p = self.prods.add(16 * c);
+            let p = self.scales.add(16 * c);
             (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
         }
     }
 }
 
-/// [`super::k_products`] with the loops' own decoding of the scales.
+/// [`super::scales_ahead`] with the loops' own decoding of the scales.
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn k_products_avx2(ty: GgmlType, row: &[u8], out: &mut [f32]) {
-    let cb = chunk_bytes(ty);
-    let r = Packed {
-        ty,
-        p: row.as_ptr(),
-        cb,
-    };
-    // SAFETY: `row` holds whole chunks and `out` sixteen floats for each
+pub(super) unsafe fn scales_ahead_avx2(ty: GgmlType, row: &[u8], out: &mut [f32]) {
+    let (p, cb) = (row.as_ptr(), chunk_bytes(ty));
+    let chunks = row.len() / cb;
+    // SAFETY: `row` holds whole chunks and `out` the type's floats for each
     // (the caller's sizes).
     unsafe {
-        for (c, o) in out.chunks_exact_mut(16).enumerate().take(row.len() / cb) {
+        if ty == GgmlType::IQ4_XS {
+            let r = lut::<LUT_IQ4_XS>(p, false);
+            for (c, o) in out.chunks_exact_mut(8).enumerate().take(chunks) {
+                _mm256_storeu_ps(o.as_mut_ptr(), r.scales(c));
+            }
+            return;
+        }
+        let r = Packed { ty, p, cb };
+        for (c, o) in out.chunks_exact_mut(16).enumerate().take(chunks) {
             let (ds, dm) = r.k_products(c);
             _mm256_storeu_ps(o.as_mut_ptr(), ds);
             _mm256_storeu_ps(o.as_mut_ptr().add(8), dm);
@@ -891,27 +904,38 @@ pub(super) unsafe fn k_products_avx2(ty: GgmlType, row: &[u8], out: &mut [f32]) 
     }
 }
 
-/// [`many_packed_avx2`] of a packed Q4_K or Q5_K row whose chunks'
-/// products `prods` are formed ahead (16 floats per chunk).
+/// [`many_packed_avx2`] of a packed Q4_K, Q5_K or IQ4_XS row whose chunks'
+/// scale factors `scales` are formed ahead ([`super::scales_ahead`]).
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn many_packed_k_avx2(ty: GgmlType, row: &[u8], prods: &[f32], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = chunk_bytes(ty);
+pub(super) unsafe fn many_packed_ahead_avx2(
+    ty: GgmlType,
+    row: &[u8],
+    scales: &[f32],
+    acts: &[&Q8Acts],
+    out: &mut [f32],
+) {
+    let (p, cb) = (row.as_ptr(), chunk_bytes(ty));
     let chunks = row.len() / cb;
-    let r = |ty| PackedK {
-        row: Packed {
-            ty,
-            p: row.as_ptr(),
-            cb,
-        },
-        prods: prods.as_ptr(),
+    let k = |ty| Ahead {
+        row: Packed { ty, p, cb },
+        iq4: false,
+        scales: scales.as_ptr(),
     };
-    // SAFETY: forwarded; `row` holds `chunks` whole chunks and `prods`
-    // sixteen floats for each (the caller checked both).
+    // SAFETY: forwarded; `row` holds `chunks` whole chunks and `scales`
+    // the type's floats for each (the caller checked both).
     unsafe {
         match ty {
-            GgmlType::Q4_K => many::<false>(GgmlType::Q4_K, chunks, r(GgmlType::Q4_K), &[], acts, out),
-            GgmlType::Q5_K => many::<false>(GgmlType::Q5_K, chunks, r(GgmlType::Q5_K), &[], acts, out),
-            _ => unreachable!("products formed ahead for Q4_K and Q5_K only"),
+            GgmlType::Q4_K => many::<false>(GgmlType::Q4_K, chunks, k(GgmlType::Q4_K), &[], acts, out),
+            GgmlType::Q5_K => many::<false>(GgmlType::Q5_K, chunks, k(GgmlType::Q5_K), &[], acts, out),
+            GgmlType::IQ4_XS => {
+                let r = Ahead {
+                    row: lut::<LUT_IQ4_XS>(p, false),
+                    iq4: true,
+                    scales: scales.as_ptr(),
+                };
+                many::<false>(GgmlType::IQ4_XS, chunks, r, &[], acts, out)
+            }
+            _ => unreachable!("scales formed ahead for Q4_K, Q5_K and IQ4_XS only"),
         }
     }
 }
