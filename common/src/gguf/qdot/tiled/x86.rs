@@ -839,13 +839,12 @@ unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Act
 /// loaded instead of decoded from the 6-bit scales for every pass of
 /// activation rows.
 #[derive(Clone, Copy)]
-struct Ahead<R> {
+struct Ahead<R, const IQ4: bool> {
     row: R,
-    iq4: bool,
     scales: *const f32,
 }
 
-impl<R: Row> Row for Ahead<R> {
+impl<R: Row, const IQ4: bool> Row for Ahead<R, IQ4> {
     #[inline(always)]
     unsafe fn pair(self, c: usize, j: usize) -> (__m256i, __m256i) {
         // SAFETY: forwarded.
@@ -856,7 +855,7 @@ impl<R: Row> Row for Ahead<R> {
     unsafe fn scales(self, c: usize) -> __m256 {
         // SAFETY: forwarded, or the factors hold eight floats per chunk.
         unsafe {
-            if self.iq4 {
+            if IQ4 {
                 _mm256_loadu_ps(self.scales.add(8 * c))
             } else {
                 self.row.scales(c)
@@ -916,9 +915,8 @@ pub(super) unsafe fn many_packed_ahead_avx2(
 ) {
     let (p, cb) = (row.as_ptr(), chunk_bytes(ty));
     let chunks = row.len() / cb;
-    let k = |ty| Ahead {
+    let k = |ty| Ahead::<_, false> {
         row: Packed { ty, p, cb },
-        iq4: false,
         scales: scales.as_ptr(),
     };
     // SAFETY: forwarded; `row` holds `chunks` whole chunks and `scales`
@@ -928,9 +926,8 @@ pub(super) unsafe fn many_packed_ahead_avx2(
             GgmlType::Q4_K => many::<false>(GgmlType::Q4_K, chunks, k(GgmlType::Q4_K), &[], acts, out),
             GgmlType::Q5_K => many::<false>(GgmlType::Q5_K, chunks, k(GgmlType::Q5_K), &[], acts, out),
             GgmlType::IQ4_XS => {
-                let r = Ahead {
+                let r = Ahead::<_, true> {
                     row: lut::<LUT_IQ4_XS>(p, false),
-                    iq4: true,
                     scales: scales.as_ptr(),
                 };
                 many::<false>(GgmlType::IQ4_XS, chunks, r, &[], acts, out)
