@@ -23,7 +23,9 @@
 //!   row it meets.
 //! - [`dot_many_arranged`]: one arranged row with any number of activation
 //!   rows ([`ArrangedActs`], checked once), four at a time;
-//!   [`dot_many_packed`] the same from a row of a packed copy. A Q6_K row
+//!   [`dot_many_packed`] the same from a row of a packed copy;
+//!   [`dot_many_packed_ahead`] (AVX2: Q4_K, Q5_K, IQ4_XS) with the row's
+//!   scale factors formed once ([`scales_ahead`]) for all its passes. A Q6_K row
 //!   is arranged by packing it ([`q6k`]'s layout is already transposed:
 //!   lane `b` of the first four steps holds sub-block `b`'s first half,
 //!   of the last four its second half, each with its own scale).
