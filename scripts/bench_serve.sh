@@ -30,6 +30,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=lib/wait_idle.sh
+source "$ROOT/scripts/lib/wait_idle.sh"
 BENCH="${CHARM_BENCH_DIR:-/work/charm-bench}"
 RUNS="${RUNS:-5}"
 CLIENTS="${CLIENTS:-4}"
@@ -119,6 +121,8 @@ wait_up() { # url log
 }
 measure() { # engine round
   local url="http://127.0.0.1:$PORT"
+  # No server is timed beside a build.
+  wait_idle
   case "$1" in
     charm)
       "$CHARM" --local --model "$GGUF" --threads "$THREADS" --kv-cache f16 \
