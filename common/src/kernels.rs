@@ -24,7 +24,10 @@
 //! `add_weighted_rows` / `_f16`) have explicit AVX2 lanes (`float_x86`)
 //! that perform the portable body's operations in its order; attention's
 //! four also have AVX-512 bodies (`attention_x512`: a 128-wide head's
-//! values in one pass) with the same bits. Prefill's float-row products
+//! values in one pass) with the same bits, and the weighted sums of
+//! several heads over the same rows (prefill's blocks of queries, a KV
+//! head's query heads) explicit AVX2 passes (`weighted_heads_x86`: each
+//! row widened once for up to four heads). Prefill's float-row products
 //! (`dots_tile_*`: a tile of weight rows against many activation rows)
 //! run register-blocked on AVX-512 (`float_tile_x512`: three rows by four
 //! activation rows per block), each pair with the one-row dot's bits;
@@ -47,6 +50,8 @@ mod attention_x512;
 mod float_tile_x512;
 #[cfg(target_arch = "x86_64")]
 mod int_x86;
+#[cfg(target_arch = "x86_64")]
+mod weighted_heads_x86;
 
 /// Lanes of the float dots: four 8-wide (or two 16-wide, or eight 4-wide)
 /// vectors of independent sums, enough to hide the add latency on every
@@ -325,6 +330,83 @@ mod float_x86 {
         }
     }
 
+    /// The three-row part of a float tile (`float_tile!`) in one call:
+    /// each run of three activation rows meets every weight row in turn
+    /// ([`lane_sums3`]), `out[r * n + t]` for weight row `r` and activation
+    /// row `t` of `n`, each the one-row dot's bits; returns how many
+    /// activation rows it took (a multiple of three). Prefill attention's
+    /// scores are such tiles of 128-wide keys, where a call and a dispatch
+    /// per key and three queries cost as much as the products.
+    #[inline(always)]
+    unsafe fn tile3<T: Copy>(
+        rows: &[T],
+        cols: usize,
+        xs: &[&[f32]],
+        out: &mut [f32],
+        load8: impl Fn(*const T, usize) -> __m256,
+        cvt: impl Fn(T) -> f32 + Copy,
+    ) -> usize {
+        let n = xs.len();
+        let nrows = out.len() / n;
+        assert!(rows.len() >= nrows * cols && xs.iter().all(|x| x.len() == cols));
+        let mut t = 0;
+        while t + 3 <= n {
+            let x3 = [xs[t], xs[t + 1], xs[t + 2]];
+            for r in 0..nrows {
+                let w = &rows[r * cols..(r + 1) * cols];
+                // SAFETY: `w` and every `x3[k]` hold `cols` elements.
+                let acc = unsafe { lane_sums3(cols, x3, w.as_ptr(), |i| load8(w.as_ptr(), i)) };
+                for (k, (a, x)) in acc.iter().zip(x3).enumerate() {
+                    out[r * n + t + k] = a + tail(w, x, cvt);
+                }
+            }
+            t += 3;
+        }
+        t
+    }
+
+    /// [`tile3`] of f32 rows.
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub(super) fn tile3_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32]) -> usize {
+        // SAFETY: AVX2 is enabled; `tile3` reads 8 elements at `i < cols` of a row.
+        unsafe { tile3(rows, cols, xs, out, |w, i| _mm256_loadu_ps(w.add(i)), |v| v) }
+    }
+
+    /// [`tile3`] of bf16 rows.
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub(super) fn tile3_bf16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) -> usize {
+        // SAFETY: as above; a bf16 is the top half of its f32.
+        unsafe {
+            tile3(
+                rows,
+                cols,
+                xs,
+                out,
+                |w, i| {
+                    let h = _mm_loadu_si128(w.add(i) as *const __m128i);
+                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                },
+                bf16_to_f32,
+            )
+        }
+    }
+
+    /// [`tile3`] of f16 rows.
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub(super) fn tile3_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) -> usize {
+        // SAFETY: as above; F16C widens exactly.
+        unsafe {
+            tile3(
+                rows,
+                cols,
+                xs,
+                out,
+                |w, i| _mm256_cvtph_ps(_mm_loadu_si128(w.add(i) as *const __m128i)),
+                f16_to_f32,
+            )
+        }
+    }
+
     #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn dot3_f32(w: &[f32], xs: [&[f32]; 3]) -> [f32; 3] {
         assert!(xs.iter().all(|x| x.len() == w.len()));
@@ -560,6 +642,14 @@ fn many_on(isa: Isa, rows: &[f32], stride: usize, weights: &[&[f32]], outs: &mut
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if float_x86_runs(isa) && outs.len() > 1 {
+        for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
+            // SAFETY: the CPU runs AVX2, F16C and FMA; the shapes were checked.
+            unsafe { weighted_heads_x86::weighted_rows_many(rows, stride, w, o, zero) };
+        }
+        return;
+    }
     let keys = weights.first().map_or(0, |w| w.len());
     one_head_at_a_time(weights, outs, stride, zero, |w, sum| {
         add_weighted_rows_on(isa, sum, w, &rows[..keys * stride])
@@ -600,6 +690,14 @@ fn many_f16_on(isa: Isa, rows: &[u16], stride: usize, weights: &[&[f32]], outs: 
         for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
             // SAFETY: as in `many_on`.
             unsafe { attention_x512::weighted_rows_many_f16(rows, stride, w, o, zero) };
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if float_x86_runs(isa) && outs.len() > 1 {
+        for (w, o) in weights.chunks(4).zip(outs.chunks_mut(4)) {
+            // SAFETY: the CPU runs AVX2, F16C and FMA; the shapes were checked.
+            unsafe { weighted_heads_x86::weighted_rows_many_f16(rows, stride, w, o, zero) };
         }
         return;
     }
@@ -752,10 +850,11 @@ float_dot!(
 /// wide) against many activation rows, `out[r * xs.len() + t]` the bits of
 /// the one-row `$one_on(rows[r], xs[t])` (prefill's products). AVX-512
 /// CPUs run the register-blocked [`float_tile_x512`] from four activation
-/// rows on; fewer rows, and AVX2 CPUs, take the three-row `$three_on` in
-/// turn; elsewhere one-row dots.
+/// rows on; fewer rows, and AVX2 CPUs, take three activation rows at a
+/// time against every weight row (AVX2: `float_x86::$tile3`, the whole
+/// loop in one call; elsewhere `$three_on`), then one-row dots.
 macro_rules! float_tile {
-    ($(#[$doc:meta])* $name:ident, $name_on:ident, $x512:ident, $ahead:expr, $three_on:ident, $one_on:ident, $t:ty) => {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $x512:ident, $ahead:expr, $tile3:ident, $three_on:ident, $one_on:ident, $t:ty) => {
         $(#[$doc])*
         #[inline]
         pub fn $name(rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
@@ -782,6 +881,11 @@ macro_rules! float_tile {
             let nrows = out.len() / n;
             let row = |r: usize| &rows[r * cols..(r + 1) * cols];
             let mut t = 0;
+            #[cfg(target_arch = "x86_64")]
+            if float_x86_runs(isa) {
+                // SAFETY: the CPU runs AVX2, F16C and FMA.
+                t = unsafe { float_x86::$tile3(rows, cols, xs, out) };
+            }
             while t + 3 <= n {
                 for r in 0..nrows {
                     let v = $three_on(isa, row(r), [xs[t], xs[t + 1], xs[t + 2]]);
@@ -800,26 +904,26 @@ macro_rules! float_tile {
 
 float_tile!(
     /// [`dot_f32`] of a tile of rows with many activation rows.
-    dots_tile_f32, dots_tile_f32_on, dots_tile_f32, true, dot3_f32_on, dot_f32_on, f32
+    dots_tile_f32, dots_tile_f32_on, dots_tile_f32, true, tile3_f32, dot3_f32_on, dot_f32_on, f32
 );
 float_tile!(
     /// [`dot_bf16`] of a tile of rows with many activation rows.
-    dots_tile_bf16, dots_tile_bf16_on, dots_tile_bf16, true, dot3_bf16_on, dot_bf16_on, u16
+    dots_tile_bf16, dots_tile_bf16_on, dots_tile_bf16, true, tile3_bf16, dot3_bf16_on, dot_bf16_on, u16
 );
 float_tile!(
     /// [`dot_f16`] of a tile of rows with many activation rows.
-    dots_tile_f16, dots_tile_f16_on, dots_tile_f16, true, dot3_f16_on, dot_f16_on, u16
+    dots_tile_f16, dots_tile_f16_on, dots_tile_f16, true, tile3_f16, dot3_f16_on, dot_f16_on, u16
 );
 float_tile!(
     /// [`dots_tile_f32`] for attention's scores against cached keys: the
     /// same bits, without asking for the bytes after the keys (a weight
     /// matrix's next tile is read next; a KV cache's neighbour is not).
-    scores_tile_f32, scores_tile_f32_on, dots_tile_f32, false, dot3_f32_on, dot_f32_on, f32
+    scores_tile_f32, scores_tile_f32_on, dots_tile_f32, false, tile3_f32, dot3_f32_on, dot_f32_on, f32
 );
 float_tile!(
     /// [`dots_tile_f16`] for attention's scores against an f16 cache's
     /// keys, as [`scores_tile_f32`].
-    scores_tile_f16, scores_tile_f16_on, dots_tile_f16, false, dot3_f16_on, dot_f16_on, u16
+    scores_tile_f16, scores_tile_f16_on, dots_tile_f16, false, tile3_f16, dot3_f16_on, dot_f16_on, u16
 );
 
 #[inline(always)]

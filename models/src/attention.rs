@@ -359,19 +359,33 @@ impl Attention {
                 let from = start + b * KEYS_PER_BLOCK;
                 kv.keys(h0 / group, from, from + out.len() / m).dots_many(hd, &qs, out);
             }
-            // Query `j` = row `j / k`, head `h0 + j % k`.
-            let probs: Vec<Vec<f32>> = (0..m)
-                .map(|j| {
-                    let mut scores: Vec<f32> = (0..seen(j / k)).map(|x| all[x * m + j] * scale).collect();
-                    match &self.sinks {
-                        // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
-                        // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
-                        Some(sinks) => softmax_with_sink(&mut scores, sinks[h0 + j % k]),
-                        None => softmax(&mut scores),
+            // Query `j` = row `j / k`, head `h0 + j % k`: its scaled scores
+            // in row `j` of `probs` (the tile wrote them key-major; one
+            // pass turns them query-major, each query's keys contiguous),
+            // then its softmax over the keys it sees.
+            // Rows `stride` floats apart, whole lines, never a multiple of
+            // 4 KiB (the query rows of one pass would share a set of L1).
+            let stride = keys.next_multiple_of(16) + if keys.next_multiple_of(16) % 1024 == 0 { 16 } else { 0 };
+            let mut probs = vec![0.0f32; m * stride];
+            // Sixteen keys (a line of each query's row) at a time.
+            for (b, block) in all.chunks(16 * m).enumerate() {
+                for j in 0..m {
+                    let row = &mut probs[j * stride + 16 * b..];
+                    for (p, s) in row.iter_mut().zip(block.chunks_exact(m)) {
+                        *p = s[j] * scale;
                     }
-                    scores
-                })
-                .collect();
+                }
+            }
+            let mut probs: Vec<&mut [f32]> = probs.chunks_exact_mut(stride).collect();
+            for (j, p) in probs.iter_mut().enumerate() {
+                let scores = &mut p[..seen(j / k)];
+                match &self.sinks {
+                    // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
+                    // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]
+                    Some(sinks) => softmax_with_sink(scores, sinks[h0 + j % k]),
+                    None => softmax(scores),
+                }
+            }
             // The keys every row sees, their values in blocks (each
             // block's rows read once for every query, the sums continued
             // in order from block to block).
@@ -394,7 +408,7 @@ impl Attention {
                 let n = seen(j / k);
                 if n > shared {
                     kv.values(h0 / group, start + shared, start + n)
-                        .add_weighted(&probs[j][shared..], o);
+                        .add_weighted(&probs[j][shared..n], o);
                 }
             }
         });
