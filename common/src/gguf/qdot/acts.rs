@@ -30,10 +30,6 @@ pub struct Q8Acts {
     /// pair loop starts a block's integer sum for codes stored offset by
     /// 128 (`tiled::dot_pair_packed`; Q4_0's `-8 tot` is it shifted by 4).
     pub toff: Vec<i32>,
-    /// Each block's `d · f32(tot)`, set with `qt`: the activation factor of
-    /// Q4_K's and Q5_K's min terms (`tiled::x86::k_term_of`), formed once
-    /// per activation row rather than once per weight row it meets.
-    pub xtot: Vec<f32>,
 }
 
 impl Q8Acts {
@@ -75,7 +71,6 @@ impl Q8Acts {
         self.tot.clear();
         self.off6.clear();
         self.toff.clear();
-        self.xtot.clear();
         #[cfg(target_arch = "x86_64")]
         if matches!(crate::Isa::active(), crate::Isa::Avx2 | crate::Isa::Avx512Vnni) {
             // SAFETY: the active instruction set is one this CPU runs, and

@@ -215,9 +215,6 @@ impl Q8Acts {
         self.tot.extend(self.s16.chunks_exact(2).map(|h| h[0] + h[1]));
         self.toff.clear();
         self.toff.extend(self.tot.iter().map(|t| -128 * t));
-        self.xtot.clear();
-        self.xtot
-            .extend(self.d.iter().zip(&self.tot).map(|(d, &t)| d * t as f32));
         q6k::half_offsets(&self.s16, &mut self.off6);
     }
 

@@ -366,8 +366,7 @@ unsafe fn packed<const VNNI: bool, const SIGNED: bool, const MX: bool, const TAI
                 let dx = _mm256_loadu_ps(acts.d.as_ptr().add(8 * c));
                 if k4 {
                     let (sc, mn, d, dmin) = super::q4k::scales(p);
-                    let xs = _mm256_loadu_ps(acts.xtot.as_ptr().add(8 * c));
-                    acc = _mm256_add_ps(acc, k_term(sc, mn, d, dmin, dx, i, xs));
+                    acc = _mm256_add_ps(acc, k_term(sc, mn, d, dmin, dx, i, tot));
                     continue;
                 }
                 if !SIGNED {
@@ -712,13 +711,13 @@ impl Row for Packed {
 /// `((d · sc) * dx) * f32(i) - (dmin · mn) * (dx * f32(S))`, from the
 /// super-block's scales and mins (`Row::k_scales`, read once per chunk).
 /// Inlined into the loops, `d · sc` and `dmin · mn` are formed once per
-/// weight chunk, and `xs = dx * f32(S)` is loaded (`Q8Acts::xtot`: formed
-/// once per activation row when it is arranged, not once per weight row),
-/// so a term is three multiplies, a conversion and a subtraction.
+/// weight chunk and `dx * f32(S)` once per activation chunk (the compiler
+/// shares them across the rows that use them), so a term is three
+/// multiplies, a conversion and a subtraction.
 #[inline(always)]
-unsafe fn k_term(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256, dx: __m256, i: __m256i, xs: __m256) -> __m256 {
+unsafe fn k_term(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256, dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
     // SAFETY: register arithmetic only (the caller's target runs AVX2).
-    unsafe { k_term_of(k_products(sc, mn, dw, dmin), dx, i, xs) }
+    unsafe { k_term_of(k_products(sc, mn, dw, dmin), dx, i, tot) }
 }
 
 /// A Q4_K / Q5_K chunk's `d · sc` and `dmin · mn` per lane (exact: an f16
@@ -734,12 +733,12 @@ unsafe fn k_products(sc: __m256i, mn: __m256i, dw: __m256, dmin: __m256) -> (__m
     }
 }
 
-/// [`k_term`] from the chunk's [`k_products`] `(ds, dm)`; `xs` is the
-/// activation blocks' `dx · f32(S)` (`Q8Acts::xtot`, formed at arranging).
+/// [`k_term`] from the chunk's [`k_products`] `(ds, dm)`.
 #[inline(always)]
-unsafe fn k_term_of((ds, dm): (__m256, __m256), dx: __m256, i: __m256i, xs: __m256) -> __m256 {
+unsafe fn k_term_of((ds, dm): (__m256, __m256), dx: __m256, i: __m256i, tot: __m256i) -> __m256 {
     // SAFETY: register arithmetic only (the caller's target runs AVX2).
     unsafe {
+        let xs = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(tot));
         _mm256_sub_ps(
             _mm256_mul_ps(_mm256_mul_ps(ds, dx), _mm256_cvtepi32_ps(i)),
             _mm256_mul_ps(dm, xs),
@@ -1273,8 +1272,7 @@ unsafe fn body_avx2<const SIGNED: bool, const N: usize>(
                     continue;
                 }
                 if k_quant {
-                    let xs = _mm256_loadu_ps(a.xtot.as_ptr().add(8 * c));
-                    *acc = _mm256_add_ps(*acc, k_term_of(kp, dx, i, xs));
+                    *acc = _mm256_add_ps(*acc, k_term_of(kp, dx, i, tot()));
                     continue;
                 }
                 let i = if SIGNED {
@@ -1433,7 +1431,7 @@ unsafe fn whole_term(
         let tot = || _mm256_loadu_si256(a.tot.as_ptr().add(8 * c) as *const __m256i);
         let dx = _mm256_loadu_ps(a.d.as_ptr().add(8 * c));
         if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
-            return k_term(sc, mn, dw, dmin, dx, i, _mm256_loadu_ps(a.xtot.as_ptr().add(8 * c)));
+            return k_term(sc, mn, dw, dmin, dx, i, tot());
         }
         if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             // Unsigned codes, no offset; `dmin` holds the blocks' mins.
