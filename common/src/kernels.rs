@@ -309,6 +309,15 @@ mod float_x86 {
     /// operations in its order.
     #[inline(always)]
     unsafe fn lane_sums3<T>(n: usize, xs: [&[f32]; 3], row: *const T, load8: impl Fn(usize) -> __m256) -> [f32; 3] {
+        // SAFETY: forwarded.
+        let a = unsafe { lanes3(n, xs, row, load8) };
+        // SAFETY: register arithmetic (the callers enable AVX2).
+        unsafe { [reduce(a[0]), reduce(a[1]), reduce(a[2])] }
+    }
+
+    /// [`lane_sums3`]'s lane sums before their reduction.
+    #[inline(always)]
+    unsafe fn lanes3<T>(n: usize, xs: [&[f32]; 3], row: *const T, load8: impl Fn(usize) -> __m256) -> [[__m256; 4]; 3] {
         let size = std::mem::size_of::<T>();
         let pf = crate::prefetch::distance();
         let mut a = [[_mm256_setzero_ps(); 4]; 3];
@@ -326,7 +335,112 @@ mod float_x86 {
                 }
                 i += LANES;
             }
-            [reduce(a[0]), reduce(a[1]), reduce(a[2])]
+            a
+        }
+    }
+
+    /// [`reduce`] of eight dots at once, from each one's first step
+    /// `(a0 + a2) + (a1 + a3)`: lane `i` of the result is dot `i`'s sum,
+    /// the same values added in the same pairs as [`reduce`] adds them
+    /// (`h = lo + hi`, then `(h0 + h1) + (h2 + h3)`).
+    #[inline(always)]
+    unsafe fn reduce8(v: [__m256; 8]) -> __m256 {
+        // [lo(a) + hi(a) | lo(b) + hi(b)]: two dots' `h` in one register.
+        let h = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        // Per 128-bit half, `hadd` gives [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
+        let p0 = _mm256_hadd_ps(h(v[0], v[1]), h(v[2], v[3]));
+        let p1 = _mm256_hadd_ps(h(v[4], v[5]), h(v[6], v[7]));
+        // [d0, d2, d4, d6 | d1, d3, d5, d7], then in order.
+        let r = _mm256_hadd_ps(p0, p1);
+        _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// Attention's scores query-major for the first `xs.len() / 3 * 3`
+    /// queries (returned): `out[t * stride + r]` is row `r` (of
+    /// `rows.len() / cols`) dotted with query `t`, the one-row dot's bits.
+    /// Three queries meet each row ([`lanes3`]); eight rows' dots are
+    /// reduced together ([`reduce8`]) and stored as one vector of a
+    /// query's row of scores.
+    #[inline(always)]
+    unsafe fn scores3<T: Copy>(
+        rows: &[T],
+        cols: usize,
+        xs: &[&[f32]],
+        (out, stride): (&mut [f32], usize),
+        load8: impl Fn(*const T, usize) -> __m256,
+        cvt: impl Fn(T) -> f32 + Copy,
+    ) -> usize {
+        let n = xs.len();
+        let nrows = rows.len() / cols.max(1);
+        assert!(xs.iter().all(|x| x.len() == cols));
+        assert!(
+            n == 0 || (n - 1) * stride + nrows <= out.len(),
+            "scores out of the output"
+        );
+        let mut t = 0;
+        while t + 3 <= n {
+            let x3 = [xs[t], xs[t + 1], xs[t + 2]];
+            let mut r0 = 0;
+            while r0 < nrows {
+                let k = (nrows - r0).min(8);
+                // SAFETY: register arithmetic and loads inside each row and
+                // query (AVX2 enabled by the callers).
+                unsafe {
+                    let mut v = [[_mm256_setzero_ps(); 8]; 3];
+                    let mut tails = [[0.0f32; 8]; 3];
+                    for i in 0..k {
+                        let w = &rows[(r0 + i) * cols..(r0 + i + 1) * cols];
+                        let a = lanes3(cols, x3, w.as_ptr(), |c| load8(w.as_ptr(), c));
+                        for q in 0..3 {
+                            let [a0, a1, a2, a3] = a[q];
+                            v[q][i] = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+                            tails[q][i] = tail(w, x3[q], cvt);
+                        }
+                    }
+                    for q in 0..3 {
+                        let sums = _mm256_add_ps(reduce8(v[q]), _mm256_loadu_ps(tails[q].as_ptr()));
+                        let o = &mut out[(t + q) * stride + r0..(t + q) * stride + r0 + k];
+                        if k == 8 {
+                            _mm256_storeu_ps(o.as_mut_ptr(), sums);
+                        } else {
+                            let mut all = [0.0f32; 8];
+                            _mm256_storeu_ps(all.as_mut_ptr(), sums);
+                            o.copy_from_slice(&all[..k]);
+                        }
+                    }
+                }
+                r0 += k;
+            }
+            t += 3;
+        }
+        t
+    }
+
+    /// [`scores3`] over f32 rows.
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub(super) fn scores3_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: (&mut [f32], usize)) -> usize {
+        // SAFETY: AVX2 is enabled; `scores3` reads 8 elements at `i < cols` of a row.
+        unsafe { scores3(rows, cols, xs, out, |w, i| _mm256_loadu_ps(w.add(i)), |v| v) }
+    }
+
+    /// [`scores3`] over f16 rows.
+    #[target_feature(enable = "avx2,f16c,fma")]
+    pub(super) fn scores3_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: (&mut [f32], usize)) -> usize {
+        // SAFETY: as above; F16C widens exactly.
+        unsafe {
+            scores3(
+                rows,
+                cols,
+                xs,
+                out,
+                |w, i| _mm256_cvtph_ps(_mm_loadu_si128(w.add(i) as *const __m128i)),
+                f16_to_f32,
+            )
         }
     }
 
@@ -924,6 +1038,74 @@ float_tile!(
     /// [`dots_tile_f16`] for attention's scores against an f16 cache's
     /// keys, as [`scores_tile_f32`].
     scores_tile_f16, scores_tile_f16_on, dots_tile_f16, false, tile3_f16, dot3_f16_on, dot_f16_on, u16
+);
+
+thread_local! {
+    /// The key-major scores [`scores_by_query_f32`] turns query-major
+    /// where the key-major tile runs (taken while in use).
+    static KEY_MAJOR: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Defines `$name(rows, cols, xs, out, stride)` (on [`Isa::active`]) and
+/// `$name_on(isa, …)`: attention's scores of a block of cached rows
+/// (`cols` wide) against many queries, query-major: `out[t * stride + r]`
+/// the bits of the one-row `$one_on(rows[r], xs[t])`, so each query's
+/// scores lie in one row for its softmax. AVX2 CPUs run the whole block
+/// in `float_x86::$scores3` (three queries a row, eight rows' dots reduced
+/// together); elsewhere the key-major score tile `$tile_on`, then each
+/// query's row.
+macro_rules! scores_by_query {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $tile_on:ident, $scores3:ident, $one_on:ident, $t:ty) => {
+        $(#[$doc])*
+        #[inline]
+        pub fn $name(rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32], stride: usize) {
+            $name_on(Isa::active(), rows, cols, xs, out, stride)
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] on a chosen instruction set.")]
+        pub fn $name_on(isa: Isa, rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32], stride: usize) {
+            assert!(cols > 0 && rows.len() % cols == 0, "rows are not {cols} wide");
+            assert!(xs.iter().all(|x| x.len() == cols), "queries are not {cols} wide");
+            let (n, nrows) = (xs.len(), rows.len() / cols);
+            assert!(
+                nrows <= stride && (n == 0 || (n - 1) * stride + nrows <= out.len()),
+                "scores out of the output"
+            );
+            if n == 0 || nrows == 0 {
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if float_x86_runs(isa) && !attention_x512_runs(isa) {
+                // SAFETY: the CPU runs AVX2, F16C and FMA; shapes checked.
+                let t = unsafe { float_x86::$scores3(rows, cols, xs, (&mut *out, stride)) };
+                for (t, x) in xs.iter().enumerate().skip(t) {
+                    for r in 0..nrows {
+                        out[t * stride + r] = $one_on(isa, &rows[r * cols..(r + 1) * cols], x);
+                    }
+                }
+                return;
+            }
+            let mut km = KEY_MAJOR.take();
+            km.clear();
+            km.resize(nrows * n, 0.0);
+            $tile_on(isa, rows, cols, xs, &mut km);
+            for (r, s) in km.chunks_exact(n).enumerate() {
+                for (t, &v) in s.iter().enumerate() {
+                    out[t * stride + r] = v;
+                }
+            }
+            KEY_MAJOR.set(km);
+        }
+    };
+}
+
+scores_by_query!(
+    /// [`scores_tile_f32`] query-major, for attention's softmax.
+    scores_by_query_f32, scores_by_query_f32_on, scores_tile_f32_on, scores3_f32, dot_f32_on, f32
+);
+scores_by_query!(
+    /// [`scores_tile_f16`] query-major, over an f16 cache's keys.
+    scores_by_query_f16, scores_by_query_f16_on, scores_tile_f16_on, scores3_f16, dot_f16_on, u16
 );
 
 #[inline(always)]
@@ -1726,6 +1908,54 @@ mod tests {
                         want_on(&widened),
                         "f16 {isa:?} continued, {heads} heads {keys}x{stride}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scores_by_query_give_each_pair_the_scalar_dot_bits() {
+        // Blocks of 1..48 keys (whole and partial groups of eight), 1..16
+        // queries (whole and partial triples), widths with and without a
+        // tail, rows `stride` apart with a gap that must stay untouched.
+        for cols in [1usize, 31, 32, 100, 128] {
+            for nrows in [1usize, 7, 8, 9, 17, 48] {
+                for n in [1usize, 2, 3, 4, 7, 16] {
+                    let xs: Vec<Vec<f32>> = (0..n)
+                        .map(|t| {
+                            (0..cols)
+                                .map(|i| ((i * 7919 + 31 * t) % 1013) as f32 / 1013.0 - 0.5)
+                                .map(|v| if t == 1 { 0.0 } else { v * 10f32.powi(t as i32 % 3 - 1) })
+                                .collect()
+                        })
+                        .collect();
+                    let xs: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+                    let w: Vec<f32> = (0..nrows * cols)
+                        .map(|i| ((i * 104729 % 997) as f32 / 997.0 - 0.5) * 0.1)
+                        .collect();
+                    let w16: Vec<u16> = w.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+                    let stride = nrows + 5;
+                    let want = |one: &dyn Fn(usize, &[f32]) -> f32| {
+                        let mut o = vec![f32::NAN; n * stride];
+                        for (t, x) in xs.iter().enumerate() {
+                            for r in 0..nrows {
+                                o[t * stride + r] = one(r, x);
+                            }
+                        }
+                        o.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    };
+                    let f32_want = want(&|r, x| dot_f32_on(Isa::Scalar, &w[r * cols..(r + 1) * cols], x));
+                    let f16_want = want(&|r, x| dot_f16_on(Isa::Scalar, &w16[r * cols..(r + 1) * cols], x));
+                    for &isa in Isa::available() {
+                        let mut o = vec![f32::NAN; n * stride];
+                        scores_by_query_f32_on(isa, &w, cols, &xs, &mut o, stride);
+                        let got: Vec<u32> = o.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(got, f32_want, "f32 {isa:?} {nrows} keys, {n} queries, {cols} wide");
+                        let mut o = vec![f32::NAN; n * stride];
+                        scores_by_query_f16_on(isa, &w16, cols, &xs, &mut o, stride);
+                        let got: Vec<u32> = o.iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(got, f16_want, "f16 {isa:?} {nrows} keys, {n} queries, {cols} wide");
+                    }
                 }
             }
         }

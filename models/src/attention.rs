@@ -353,32 +353,26 @@ impl Attention {
                 .map(|(t, h)| &q[t * qd + h * hd..t * qd + (h + 1) * hd])
                 .collect();
             let m = qs.len();
-            let mut all = vec![0.0f32; keys * m];
-            // Keys in blocks that stay in L1 while every query meets them.
-            for (b, out) in all.chunks_mut(KEYS_PER_BLOCK * m).enumerate() {
-                let from = start + b * KEYS_PER_BLOCK;
-                kv.keys(h0 / group, from, from + out.len() / m).dots_many(hd, &qs, out);
-            }
-            // Query `j` = row `j / k`, head `h0 + j % k`: its scaled scores
-            // in row `j` of `probs` (the tile wrote them key-major; one
-            // pass turns them query-major, each query's keys contiguous),
-            // then its softmax over the keys it sees.
-            // Rows `stride` floats apart, whole lines, never a multiple of
-            // 4 KiB (the query rows of one pass would share a set of L1).
+            // Query `j` = row `j / k`, head `h0 + j % k`: its scores in row
+            // `j` of `probs` (rows a whole number of lines, never a
+            // multiple of 4 KiB apart), scaled, then its softmax over the
+            // keys it sees.
             let stride = keys.next_multiple_of(16) + if keys.next_multiple_of(16) % 1024 == 0 { 16 } else { 0 };
             let mut probs = vec![0.0f32; m * stride];
-            // Sixteen keys (a line of each query's row) at a time.
-            for (b, block) in all.chunks(16 * m).enumerate() {
-                for j in 0..m {
-                    let row = &mut probs[j * stride + 16 * b..];
-                    for (p, s) in row.iter_mut().zip(block.chunks_exact(m)) {
-                        *p = s[j] * scale;
-                    }
-                }
+            // Keys in blocks that stay in L1 while every query meets them.
+            let mut from = 0;
+            while from < keys {
+                let to = (from + KEYS_PER_BLOCK).min(keys);
+                kv.keys(h0 / group, start + from, start + to)
+                    .dots_by_query(hd, &qs, &mut probs[from..], stride);
+                from = to;
             }
             let mut probs: Vec<&mut [f32]> = probs.chunks_exact_mut(stride).collect();
             for (j, p) in probs.iter_mut().enumerate() {
                 let scores = &mut p[..seen(j / k)];
+                for s in scores.iter_mut() {
+                    *s *= scale;
+                }
                 match &self.sinks {
                     // combined_logits = torch.cat([attn_weights, sinks], dim=-1)
                     // probs = F.softmax(combined_logits, dim=-1); scores = probs[..., :-1]

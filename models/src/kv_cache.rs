@@ -10,7 +10,8 @@ use std::str::FromStr;
 
 use charm_common::kernels::{
     add_weighted_rows, add_weighted_rows_f16, add_weighted_rows_many, add_weighted_rows_many_f16, dots_f16, dots_f32,
-    scores_tile_f16, scores_tile_f32, weighted_rows_many, weighted_rows_many_f16,
+    scores_by_query_f16, scores_by_query_f32, scores_tile_f16, scores_tile_f32, weighted_rows_many,
+    weighted_rows_many_f16,
 };
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use serde::{Deserialize, Serialize};
@@ -146,6 +147,15 @@ impl CachedRows<'_> {
         match self {
             CachedRows::F32(r) => scores_tile_f32(r, width, qs, out),
             CachedRows::F16(r) => scores_tile_f16(r, width, qs, out),
+        }
+    }
+
+    /// `out[h * stride + j] = rows[j] · qs[h]`: [`CachedRows::dots_many`]
+    /// query-major, each query's scores in a row of its own.
+    pub fn dots_by_query(self, width: usize, qs: &[&[f32]], out: &mut [f32], stride: usize) {
+        match self {
+            CachedRows::F32(r) => scores_by_query_f32(r, width, qs, out, stride),
+            CachedRows::F16(r) => scores_by_query_f16(r, width, qs, out, stride),
         }
     }
 
