@@ -289,7 +289,7 @@ impl Attention {
     /// [`HEADS_PER_TASK`] query heads that share a KV head, and (layers
     /// without a window) per block of up to [`TOKENS_PER_TASK`] rows: the
     /// block's queries are scored against the keys the last row sees, in
-    /// runs of [`KEYS_PER_BLOCK`] keys (`dots_many`: each score the bits
+    /// runs of [`KEYS_PER_BLOCK`] keys (`dots_by_query`: each score the bits
     /// of a one-query pass; an earlier row's scores past its own position
     /// are dropped), each query's softmax over its own keys, then the
     /// weighted values of the keys every row sees, run by run
@@ -357,7 +357,8 @@ impl Attention {
             // `j` of `probs` (rows a whole number of lines, never a
             // multiple of 4 KiB apart), scaled, then its softmax over the
             // keys it sees.
-            let stride = keys.next_multiple_of(16) + if keys.next_multiple_of(16) % 1024 == 0 { 16 } else { 0 };
+            let line = keys.next_multiple_of(16);
+            let stride = if line % 1024 == 0 { line + 16 } else { line };
             let mut probs = vec![0.0f32; m * stride];
             // Keys in blocks that stay in L1 while every query meets them.
             let mut from = 0;
