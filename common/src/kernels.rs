@@ -520,39 +520,6 @@ mod float_x86 {
             )
         }
     }
-
-    #[target_feature(enable = "avx2,f16c,fma")]
-    pub(super) fn dot3_f32(w: &[f32], xs: [&[f32]; 3]) -> [f32; 3] {
-        assert!(xs.iter().all(|x| x.len() == w.len()));
-        // SAFETY: AVX2 is enabled; loads stay within `w` and every `x`.
-        let acc = unsafe { lane_sums3(w.len(), xs, w.as_ptr(), |i| _mm256_loadu_ps(w.as_ptr().add(i))) };
-        std::array::from_fn(|t| acc[t] + tail(w, xs[t], |v| v))
-    }
-
-    #[target_feature(enable = "avx2,f16c,fma")]
-    pub(super) fn dot3_bf16(w: &[u16], xs: [&[f32]; 3]) -> [f32; 3] {
-        assert!(xs.iter().all(|x| x.len() == w.len()));
-        // SAFETY: as above; a bf16 is the top half of its f32.
-        let acc = unsafe {
-            lane_sums3(w.len(), xs, w.as_ptr(), |i| {
-                let h = _mm_loadu_si128(w.as_ptr().add(i) as *const __m128i);
-                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-            })
-        };
-        std::array::from_fn(|t| acc[t] + tail(w, xs[t], bf16_to_f32))
-    }
-
-    #[target_feature(enable = "avx2,f16c,fma")]
-    pub(super) fn dot3_f16(w: &[u16], xs: [&[f32]; 3]) -> [f32; 3] {
-        assert!(xs.iter().all(|x| x.len() == w.len()));
-        // SAFETY: as above; F16C widens exactly.
-        let acc = unsafe {
-            lane_sums3(w.len(), xs, w.as_ptr(), |i| {
-                _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i) as *const __m128i))
-            })
-        };
-        std::array::from_fn(|t| acc[t] + tail(w, xs[t], f16_to_f32))
-    }
 }
 
 /// Whether `isa` takes the explicit AVX2 + F16C + FMA kernels of [`float_x86`]
@@ -922,7 +889,7 @@ float_dot!(
 /// the one-row `$one_on` (prefill's products: the row is widened once
 /// for three rows on AVX2 / AVX-512 CPUs; elsewhere three one-row dots).
 macro_rules! float_dot3 {
-    ($(#[$doc:meta])* $name:ident, $name_on:ident, $one_on:ident, $t:ty) => {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $tile3:ident, $one_on:ident, $t:ty) => {
         $(#[$doc])*
         #[inline]
         pub fn $name(w: &[$t], xs: [&[f32]; 3]) -> [f32; 3] {
@@ -934,8 +901,11 @@ macro_rules! float_dot3 {
         pub fn $name_on(isa: Isa, w: &[$t], xs: [&[f32]; 3]) -> [f32; 3] {
             #[cfg(target_arch = "x86_64")]
             if float_x86_runs(isa) {
+                // A tile of one row: the AVX2 three-row loop.
+                let mut out = [0.0f32; 3];
                 // SAFETY: the CPU runs AVX2, F16C and FMA (part of both sets).
-                return unsafe { float_x86::$name(w, xs) };
+                unsafe { float_x86::$tile3(w, w.len(), &xs, &mut out) };
+                return out;
             }
             xs.map(|x| $one_on(isa, w, x))
         }
@@ -944,15 +914,15 @@ macro_rules! float_dot3 {
 
 float_dot3!(
     /// [`dot_f32`] of one row with three activation rows.
-    dot3_f32, dot3_f32_on, dot_f32_on, f32
+    dot3_f32, dot3_f32_on, tile3_f32, dot_f32_on, f32
 );
 float_dot3!(
     /// [`dot_bf16`] of one row with three activation rows.
-    dot3_bf16, dot3_bf16_on, dot_bf16_on, u16
+    dot3_bf16, dot3_bf16_on, tile3_bf16, dot_bf16_on, u16
 );
 float_dot3!(
     /// [`dot_f16`] of one row with three activation rows.
-    dot3_f16, dot3_f16_on, dot_f16_on, u16
+    dot3_f16, dot3_f16_on, tile3_f16, dot_f16_on, u16
 );
 float_dot!(
     /// `Σ w[i] x[i]` for an f16 weight row, accumulated in f32.
