@@ -623,22 +623,11 @@ pub(crate) unsafe fn partial<const VNNI: bool, const N: usize>(
 /// The reference's lane reduction of each accumulator (a loop, not
 /// `array::map`: a closure called from a generic function would not be
 /// compiled with this function's target features, and every intrinsic in
-/// it would become a call): four accumulators at a time through
-/// [`lane_sums4`], the rest one by one.
+/// it would become a call).
 #[inline(always)]
 pub(crate) unsafe fn lane_sums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
     let mut out = [0.0f32; N];
-    let mut k = 0;
-    while k + 4 <= N {
-        // SAFETY: AVX is enabled wherever the kernels inline this; `out`
-        // holds four floats from `k`.
-        unsafe {
-            let v = lane_sums4([acc[k], acc[k + 1], acc[k + 2], acc[k + 3]]);
-            _mm_storeu_ps(out.as_mut_ptr().add(k), v);
-        }
-        k += 4;
-    }
-    for (o, v) in out.iter_mut().zip(acc).skip(k) {
+    for (o, v) in out.iter_mut().zip(acc) {
         // ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), in registers.
         // SAFETY: AVX is enabled wherever the kernels inline this.
         unsafe {
@@ -650,29 +639,4 @@ pub(crate) unsafe fn lane_sums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
         }
     }
     out
-}
-
-/// [`lane_sums`] of four accumulators in one register, each the same
-/// additions of the same operands: `t = [l0 + l4, l1 + l5, l2 + l6, l3 +
-/// l7]` of two accumulators a register, then `vhaddps` twice, `(t0 + t1)
-/// + (t2 + t3)`.
-#[inline(always)]
-unsafe fn lane_sums4([a, b, c, d]: [__m256; 4]) -> __m128 {
-    // SAFETY: register arithmetic only (AVX where the kernels inline this).
-    unsafe {
-        // [t(a) | t(b)] and [t(c) | t(d)]
-        let ab = _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(a, b),
-            _mm256_permute2f128_ps::<0x31>(a, b),
-        );
-        let cd = _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(c, d),
-            _mm256_permute2f128_ps::<0x31>(c, d),
-        );
-        // [t0 + t1, t2 + t3] of a, then of c; of b, then of d in the high half
-        let u = _mm256_hadd_ps(ab, cd);
-        // [a, c, a, c | b, d, b, d]
-        let w = _mm256_hadd_ps(u, u);
-        _mm_unpacklo_ps(_mm256_castps256_ps128(w), _mm256_extractf128_ps::<1>(w))
-    }
 }
