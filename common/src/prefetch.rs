@@ -91,6 +91,34 @@ pub fn slice_to_l2<T>(p: *const T, len: usize, i: usize, parts: usize) {
     span_to_l2((p as *const u8).wrapping_add(lo), hi.saturating_sub(lo));
 }
 
+/// [`slice_to_l2`]'s slices of one span with their size reckoned once
+/// (whole lines, the last slice shorter or empty), for loops that ask
+/// for one slice a step: no division a step.
+#[derive(Clone, Copy)]
+pub struct Slices {
+    p: *const u8,
+    len: usize,
+    part: usize,
+}
+
+impl Slices {
+    /// `parts` slices of the `len` bytes at `p`.
+    pub fn new<T>(p: *const T, len: usize, parts: usize) -> Self {
+        Slices {
+            p: p as *const u8,
+            len,
+            part: len.div_ceil(parts.max(1)).next_multiple_of(64),
+        }
+    }
+
+    /// [`span_to_l2`] of slice `i`.
+    #[inline(always)]
+    pub fn to_l2(self, i: usize) {
+        let lo = i.saturating_mul(self.part).min(self.len);
+        span_to_l2(self.p.wrapping_add(lo), self.part.min(self.len - lo));
+    }
+}
+
 /// [`ahead`] for every cache line of the `len` bytes at `p`: a loop step
 /// that reads more than one line (a chunk of quantized blocks).
 #[inline(always)]

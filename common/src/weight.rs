@@ -808,26 +808,26 @@ impl Weight {
                         // activation step loaded once for both).
                         let step = if qdot::tiled::pairs_pay(*ty, self.cols) { 2 } else { 1 };
                         let row = |r: usize| &packed[r * rb..(r + 1) * rb];
+                        // The block's share a slice per weight row; the
+                        // tile's rows in one call (one dispatch a tile).
+                        let pf = crate::prefetch::Slices::new(next.wrapping_add(from), len, tile_rows);
+                        let rows = &packed[r0 * rb..(r0 + tile_rows) * rb];
                         if !scales.is_empty() {
-                            let per = scales.len() / tile_rows;
-                            for i in 0..tile_rows {
-                                crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i, tile_rows);
-                                qdot::tiled::dot_many_packed_ahead(
-                                    *ty,
-                                    row(r0 + i),
-                                    &scales[i * per..(i + 1) * per],
-                                    &acts,
-                                    &mut o[i * n + b.start..i * n + b.end],
-                                );
-                            }
+                            let out = &mut o[b.start..];
+                            let each = &mut |i| pf.to_l2(i);
+                            qdot::tiled::dot_many_packed_ahead_rows(*ty, rows, &scales, &acts, out, n, each);
                             continue;
                         }
-                        for i in (0..tile_rows).step_by(step) {
-                            // The block's share a slice per weight row.
-                            crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i, tile_rows);
+                        if step == 1 {
+                            let each = &mut |i| pf.to_l2(i);
+                            qdot::tiled::dot_many_packed_rows(*ty, rows, &acts, &mut o[b.start..], n, each);
+                            continue;
+                        }
+                        for i in (0..tile_rows).step_by(2) {
+                            pf.to_l2(i);
                             let r = r0 + i;
-                            if i + 1 < tile_rows && step == 2 {
-                                crate::prefetch::slice_to_l2(next.wrapping_add(from), len, i + 1, tile_rows);
+                            if i + 1 < tile_rows {
+                                pf.to_l2(i + 1);
                                 let (first, second) = o[i * n..(i + 2) * n].split_at_mut(n);
                                 qdot::tiled::dot_pair_packed(
                                     *ty,

@@ -513,9 +513,10 @@ pub fn dot_many_arranged(row: &ArrangedRow, acts: &ArrangedActs<'_>, out: &mut [
     if arranged_by_packing(ty) {
         // SAFETY: as below; the codes are one packed row of the width.
         return unsafe {
+            let (rb, out) = (row.codes.len(), x86::OutRows::one(out));
             match row.isa {
-                Some(Isa::Avx512Vnni) => x86::many_packed_vnni(ty, &row.codes, acts.acts, out),
-                _ => x86::many_packed_avx2(ty, &row.codes, acts.acts, out),
+                Some(Isa::Avx512Vnni) => x86::many_packed_vnni(ty, &row.codes, rb, acts.acts, out),
+                _ => x86::many_packed_avx2(ty, &row.codes, rb, acts.acts, out),
             }
         };
     }
@@ -551,6 +552,50 @@ pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &
 /// As [`dot_many_packed`], and if [`usable_on`] is false for `isa`.
 pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &mut [f32]) {
     assert_eq!(acts.len(), out.len(), "one output per activation row");
+    if !acts.is_empty() {
+        assert_eq!(
+            Some(row.len()),
+            ty.row_bytes(acts.width),
+            "{ty} packed row does not match the activations"
+        );
+    }
+    dot_many_packed_rows_on(isa, ty, row, acts, out, 0, &mut |_| {})
+}
+
+/// [`dot_many_packed`] for consecutive packed rows (`rows`, whole rows of
+/// the activations' width), row `i`'s outputs at `out[i * stride..][..n]`
+/// (`n` activation rows), `before(i)` run before row `i` (a tile's
+/// prefetch of the next): one check and one dispatch for all the rows, the
+/// same bits as one call a row.
+///
+/// # Panics
+/// As [`dot_many_packed`], if `rows` is not whole packed rows, or `out`
+/// does not reach the last row's outputs.
+pub fn dot_many_packed_rows(
+    ty: GgmlType,
+    rows: &[u8],
+    acts: &ArrangedActs<'_>,
+    out: &mut [f32],
+    stride: usize,
+    before: &mut dyn FnMut(usize),
+) {
+    dot_many_packed_rows_on(Isa::active(), ty, rows, acts, out, stride, before)
+}
+
+/// [`dot_many_packed_rows`] on a chosen instruction set, for rows packed
+/// on it ([`pack_rows_on`]; tests and benchmarks).
+///
+/// # Panics
+/// As [`dot_many_packed_rows`], and if [`usable_on`] is false for `isa`.
+pub fn dot_many_packed_rows_on(
+    isa: Isa,
+    ty: GgmlType,
+    rows: &[u8],
+    acts: &ArrangedActs<'_>,
+    out: &mut [f32],
+    stride: usize,
+    before: &mut dyn FnMut(usize),
+) {
     if acts.is_empty() {
         return;
     }
@@ -559,21 +604,44 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
         "{ty} rows of {} are not packed here",
         acts.width
     );
-    assert_eq!(
-        Some(row.len()),
-        ty.row_bytes(acts.width),
-        "{ty} packed row does not match the activations"
-    );
+    let rb = row_bytes_for(ty, rows, acts, out, stride);
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `usable_on` checked that the CPU runs `isa`; the widths were
-    // checked above.
+    // SAFETY: `usable_on` checked that the CPU runs `isa`; the widths and
+    // the outputs' reach were checked above.
     unsafe {
+        let out = x86::OutRows {
+            out,
+            stride,
+            before: Some(before),
+        };
         if isa == Isa::Avx512Vnni {
-            x86::many_packed_vnni(ty, row, acts.acts, out)
+            x86::many_packed_vnni(ty, rows, rb, acts.acts, out)
         } else {
-            x86::many_packed_avx2(ty, row, acts.acts, out)
+            x86::many_packed_avx2(ty, rows, rb, acts.acts, out)
         }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (rb, before);
+}
+
+/// The bytes of one packed row of `ty` at the activations' width, after
+/// checking that `rows` holds whole rows and that `out` reaches row `i`'s
+/// outputs at `i * stride` for every row.
+fn row_bytes_for(ty: GgmlType, rows: &[u8], acts: &ArrangedActs<'_>, out: &[f32], stride: usize) -> usize {
+    let rb = ty.row_bytes(acts.width).filter(|&rb| rb > 0);
+    let rb = rb.unwrap_or_else(|| panic!("{ty} rows of {} are not packed here", acts.width));
+    assert!(
+        !rows.is_empty() && rows.len().is_multiple_of(rb),
+        "{ty} packed rows do not match the activations"
+    );
+    let last = (rows.len() / rb - 1) * stride + acts.len();
+    assert!(
+        out.len() >= last,
+        "{} outputs do not reach the last row's {last}",
+        out.len()
+    );
+    assert!(rows.len() / rb == 1 || stride >= acts.len(), "rows' outputs overlap");
+    rb
 }
 
 /// Whether a product of packed rows of `ty` with several passes of
@@ -676,6 +744,51 @@ pub fn dot_many_packed_ahead_on(
     out: &mut [f32],
 ) {
     assert_eq!(acts.len(), out.len(), "one output per activation row");
+    if !acts.is_empty() {
+        assert_eq!(
+            Some(row.len()),
+            ty.row_bytes(acts.width),
+            "{ty} packed row does not match the activations"
+        );
+    }
+    dot_many_packed_ahead_rows_on(isa, ty, row, scales, acts, out, 0, &mut |_| {})
+}
+
+/// [`dot_many_packed_ahead`] for consecutive packed rows, as
+/// [`dot_many_packed_rows`]: `scales` holds each row's [`scales_ahead`]
+/// in turn.
+///
+/// # Panics
+/// As [`dot_many_packed_ahead`] and [`dot_many_packed_rows`], and if
+/// `scales` is not every row's [`scales_ahead`] length.
+pub fn dot_many_packed_ahead_rows(
+    ty: GgmlType,
+    rows: &[u8],
+    scales: &[f32],
+    acts: &ArrangedActs<'_>,
+    out: &mut [f32],
+    stride: usize,
+    before: &mut dyn FnMut(usize),
+) {
+    dot_many_packed_ahead_rows_on(Isa::active(), ty, rows, scales, acts, out, stride, before)
+}
+
+/// [`dot_many_packed_ahead_rows`] on a chosen instruction set (tests,
+/// benchmarks).
+///
+/// # Panics
+/// As [`dot_many_packed_ahead_rows`], for `isa`.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_many_packed_ahead_rows_on(
+    isa: Isa,
+    ty: GgmlType,
+    rows: &[u8],
+    scales: &[f32],
+    acts: &ArrangedActs<'_>,
+    out: &mut [f32],
+    stride: usize,
+    before: &mut dyn FnMut(usize),
+) {
     if acts.is_empty() {
         return;
     }
@@ -684,19 +797,22 @@ pub fn dot_many_packed_ahead_on(
         "{ty} rows of {} take no scales formed ahead here",
         acts.width
     );
-    assert_eq!(
-        Some(row.len()),
-        ty.row_bytes(acts.width),
-        "{ty} packed row does not match the activations"
-    );
-    let per = scales_per_chunk(ty);
-    assert_eq!(scales.len(), per * (acts.width / CHUNK), "{per} floats per chunk");
+    let rb = row_bytes_for(ty, rows, acts, out, stride);
+    let per = scales_per_chunk(ty) * (acts.width / CHUNK);
+    assert_eq!(scales.len(), per * (rows.len() / rb), "{} floats a row", per);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `scales_ahead_pay_on` checked that the CPU runs AVX2 and the
     // type; the lengths were checked above.
     unsafe {
-        x86::many_packed_ahead_avx2(ty, row, scales, acts.acts, out)
+        let out = x86::OutRows {
+            out,
+            stride,
+            before: Some(before),
+        };
+        x86::many_packed_ahead_avx2(ty, rows, rb, (scales, per), acts.acts, out)
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (rb, per, before);
 }
 
 /// Whether [`dot_pair_packed`] multiplies two packed rows of `ty` × `cols`

@@ -149,6 +149,28 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                             assert_eq!(a.to_bits(), got[i].to_bits(), "{ty} pair, first row, {len} rows");
                             assert_eq!(b.to_bits(), want2[i], "{ty} pair, second row, {len} rows");
                         }
+                        // Both rows in one call, outputs `len + 3` apart:
+                        // each row's bits, the gaps untouched, `before`
+                        // once a row, in order.
+                        let both: Vec<u8> = packed.iter().chain(packed2.iter()).copied().collect();
+                        let stride = len + 3;
+                        let mut tile = vec![-7.0f32; 2 * stride];
+                        let mut seen = Vec::new();
+                        let acts = ArrangedActs::new(&many);
+                        dot_many_packed_rows(ty, &both, &acts, &mut tile, stride, &mut |i| seen.push(i));
+                        assert_eq!(seen, [0, 1], "{ty} tile, {len} rows");
+                        for (k, &i) in idx.iter().enumerate() {
+                            assert_eq!(tile[k].to_bits(), got[i].to_bits(), "{ty} tile, first row, {len} rows");
+                            assert_eq!(
+                                tile[stride + k].to_bits(),
+                                want2[i],
+                                "{ty} tile, second row, {len} rows"
+                            );
+                        }
+                        assert!(tile[len..stride]
+                            .iter()
+                            .chain(&tile[stride + len..])
+                            .all(|&v| v == -7.0));
                     }
                 }
                 ran = true;
@@ -935,16 +957,36 @@ fn scales_formed_ahead_give_the_row_dot_bits() {
             let refs: Vec<&Q8Acts> = acts.iter().collect();
             for n in 1..=refs.len() {
                 let batch = ArrangedActs::new(&refs[..n]);
+                let mut all_scales = vec![0.0f32; rows * per];
                 for r in 0..rows {
                     let row = &packed[r * rb..(r + 1) * rb];
-                    let mut scales = vec![0.0f32; per];
-                    scales_ahead(ty, row, &mut scales);
+                    let scales = &mut all_scales[r * per..(r + 1) * per];
+                    scales_ahead(ty, row, scales);
                     let mut got = vec![0.0f32; n];
-                    dot_many_packed_ahead_on(Isa::Avx2, ty, row, &scales, &batch, &mut got);
+                    dot_many_packed_ahead_on(Isa::Avx2, ty, row, scales, &batch, &mut got);
                     for (t, g) in got.iter().enumerate() {
                         let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &acts[t]);
                         assert_eq!(g.to_bits(), want.to_bits(), "{ty} {cols} row {r}, {n} rows, row {t}");
                     }
+                }
+                // Every row in one call, outputs `n + 1` apart: the same
+                // bits, the gaps untouched, `before` once a row.
+                let stride = n + 1;
+                let mut tile = vec![-7.0f32; rows * stride];
+                let mut seen = Vec::new();
+                let each = &mut |i| seen.push(i);
+                dot_many_packed_ahead_rows_on(Isa::Avx2, ty, &packed, &all_scales, &batch, &mut tile, stride, each);
+                assert_eq!(seen, (0..rows).collect::<Vec<_>>());
+                for r in 0..rows {
+                    for t in 0..n {
+                        let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], &acts[t]);
+                        assert_eq!(
+                            tile[r * stride + t].to_bits(),
+                            want.to_bits(),
+                            "{ty} tile row {r}, {n} rows"
+                        );
+                    }
+                    assert_eq!(tile[r * stride + n], -7.0, "{ty} gap after row {r}");
                 }
             }
         }

@@ -800,35 +800,81 @@ pub(super) unsafe fn many_avx2(ty: GgmlType, row: &ArrangedRow, tail: &[u8], act
 }
 
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn many_packed_vnni(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
+pub(super) unsafe fn many_packed_vnni(ty: GgmlType, rows: &[u8], rb: usize, acts: &[&Q8Acts], out: OutRows<'_>) {
     // SAFETY: forwarded.
-    unsafe { many_packed::<true>(ty, row, acts, out) }
+    unsafe { many_packed::<true>(ty, rows, rb, acts, out) }
 }
 
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn many_packed_avx2(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
+pub(super) unsafe fn many_packed_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts: &[&Q8Acts], out: OutRows<'_>) {
     // SAFETY: forwarded.
-    unsafe { many_packed::<false>(ty, row, acts, out) }
+    unsafe { many_packed::<false>(ty, rows, rb, acts, out) }
 }
 
-/// One packed row against the activation rows: the table-looked-up types
-/// through their [`PackedLut`] (offset by 128 on VNNI), the others
-/// through [`Packed`].
-#[inline(always)]
-unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, row: &[u8], acts: &[&Q8Acts], out: &mut [f32]) {
-    let cb = chunk_bytes(ty);
-    let chunks = row.len() / cb;
-    let tail = &row[chunks * cb..];
-    let (p, flip) = (row.as_ptr(), VNNI);
-    // SAFETY (all): forwarded; `row` holds `chunks` whole chunks of `cb`
-    // bytes, then fewer than eight blocks.
-    unsafe {
-        match ty {
-            GgmlType::MXFP4 => many::<VNNI>(GgmlType::MXFP4, chunks, lut::<LUT_MXFP4>(p, flip), tail, acts, out),
-            GgmlType::IQ4_XS => many::<VNNI>(GgmlType::IQ4_XS, chunks, lut::<LUT_IQ4_XS>(p, flip), tail, acts, out),
-            GgmlType::IQ4_NL => many::<VNNI>(GgmlType::IQ4_NL, chunks, lut::<LUT_IQ4_NL>(p, flip), tail, acts, out),
-            _ => each_type!(ty, t => many::<VNNI>(t, chunks, Packed { ty: t, p, cb }, tail, acts, out)),
+/// Where a product of several weight rows puts row `i`'s outputs
+/// (`out[i * stride..][..n]`, `n` the activation rows), and what runs
+/// before each row (a tile's prefetch of the next, `super::super::super::
+/// weight`): the rows' loop inside the instruction set's function, so a
+/// tile pays one dispatch, not one a row.
+pub(in crate::gguf::qdot) struct OutRows<'a> {
+    pub out: &'a mut [f32],
+    pub stride: usize,
+    pub before: Option<&'a mut dyn FnMut(usize)>,
+}
+
+impl<'a> OutRows<'a> {
+    /// One row's outputs, nothing run before it.
+    pub fn one(out: &'a mut [f32]) -> Self {
+        OutRows {
+            out,
+            stride: 0,
+            before: None,
         }
+    }
+
+    /// Row `i`'s `n` outputs, after its `before`.
+    #[inline(always)]
+    fn row(&mut self, i: usize, n: usize) -> &mut [f32] {
+        if let Some(before) = self.before.as_mut() {
+            before(i);
+        }
+        &mut self.out[i * self.stride..i * self.stride + n]
+    }
+}
+
+/// Packed rows (each `rb` bytes) against the activation rows: the
+/// table-looked-up types through their [`PackedLut`] (offset by 128 on
+/// VNNI), the others through [`Packed`].
+#[inline(always)]
+unsafe fn many_packed<const VNNI: bool>(ty: GgmlType, rows: &[u8], rb: usize, acts: &[&Q8Acts], mut out: OutRows<'_>) {
+    let cb = chunk_bytes(ty);
+    let chunks = rb / cb;
+    let (n, flip) = (acts.len(), VNNI);
+    // Each row: its whole chunks of `cb` bytes, then fewer than eight blocks.
+    macro_rules! each_row {
+        ($t:expr, $row:expr) => {
+            for i in 0..rows.len() / rb {
+                let r = &rows[i * rb..(i + 1) * rb];
+                // SAFETY: forwarded; `r` holds `chunks` whole chunks, then
+                // its tail.
+                unsafe {
+                    many::<VNNI>(
+                        $t,
+                        chunks,
+                        $row(r.as_ptr()),
+                        &r[chunks * cb..],
+                        acts,
+                        out.row(i, n),
+                    )
+                }
+            }
+        };
+    }
+    match ty {
+        GgmlType::MXFP4 => each_row!(GgmlType::MXFP4, |p| lut::<LUT_MXFP4>(p, flip)),
+        GgmlType::IQ4_XS => each_row!(GgmlType::IQ4_XS, |p| lut::<LUT_IQ4_XS>(p, flip)),
+        GgmlType::IQ4_NL => each_row!(GgmlType::IQ4_NL, |p| lut::<LUT_IQ4_NL>(p, flip)),
+        _ => each_type!(ty, t => each_row!(t, |p| Packed { ty: t, p, cb })),
     }
 }
 
@@ -903,34 +949,45 @@ pub(super) unsafe fn scales_ahead_avx2(ty: GgmlType, row: &[u8], out: &mut [f32]
     }
 }
 
-/// [`many_packed_avx2`] of a packed Q4_K, Q5_K or IQ4_XS row whose chunks'
-/// scale factors `scales` are formed ahead ([`super::scales_ahead`]).
+/// [`many_packed_avx2`] of packed Q4_K, Q5_K or IQ4_XS rows whose chunks'
+/// scale factors are formed ahead ([`super::scales_ahead`]: `per` floats
+/// a row in `scales`).
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn many_packed_ahead_avx2(
     ty: GgmlType,
-    row: &[u8],
-    scales: &[f32],
+    rows: &[u8],
+    rb: usize,
+    (scales, per): (&[f32], usize),
     acts: &[&Q8Acts],
-    out: &mut [f32],
+    mut out: OutRows<'_>,
 ) {
-    let (p, cb) = (row.as_ptr(), chunk_bytes(ty));
-    let chunks = row.len() / cb;
-    let k = |ty| Ahead::<_, false> {
-        row: Packed { ty, p, cb },
-        scales: scales.as_ptr(),
-    };
-    // SAFETY: forwarded; `row` holds `chunks` whole chunks and `scales`
-    // the type's floats for each (the caller checked both).
-    unsafe {
+    let cb = chunk_bytes(ty);
+    let chunks = rb / cb;
+    let n = acts.len();
+    // SAFETY (all): forwarded; each row holds `chunks` whole chunks and its
+    // `per` floats of `scales` the type's factors for each (the caller
+    // checked both).
+    for i in 0..rows.len() / rb {
+        let (p, scales) = (rows[i * rb..].as_ptr(), scales[i * per..].as_ptr());
+        let out = out.row(i, n);
         match ty {
-            GgmlType::Q4_K => many::<false>(GgmlType::Q4_K, chunks, k(GgmlType::Q4_K), &[], acts, out),
-            GgmlType::Q5_K => many::<false>(GgmlType::Q5_K, chunks, k(GgmlType::Q5_K), &[], acts, out),
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let k = |ty| Ahead::<_, false> {
+                    row: Packed { ty, p, cb },
+                    scales,
+                };
+                if ty == GgmlType::Q4_K {
+                    unsafe { many::<false>(GgmlType::Q4_K, chunks, k(GgmlType::Q4_K), &[], acts, out) }
+                } else {
+                    unsafe { many::<false>(GgmlType::Q5_K, chunks, k(GgmlType::Q5_K), &[], acts, out) }
+                }
+            }
             GgmlType::IQ4_XS => {
                 let r = Ahead::<_, true> {
                     row: lut::<LUT_IQ4_XS>(p, false),
-                    scales: scales.as_ptr(),
+                    scales,
                 };
-                many::<false>(GgmlType::IQ4_XS, chunks, r, &[], acts, out)
+                unsafe { many::<false>(GgmlType::IQ4_XS, chunks, r, &[], acts, out) }
             }
             _ => unreachable!("scales formed ahead for Q4_K, Q5_K and IQ4_XS only"),
         }
