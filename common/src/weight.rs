@@ -812,15 +812,21 @@ impl Weight {
                         // tile's rows in one call (one dispatch a tile).
                         let pf = crate::prefetch::Slices::new(next.wrapping_add(from), len, tile_rows);
                         let rows = &packed[r0 * rb..(r0 + tile_rows) * rb];
+                        let mut each = |i: usize| pf.to_l2(i);
                         if !scales.is_empty() {
-                            let out = &mut o[b.start..];
-                            let each = &mut |i| pf.to_l2(i);
-                            qdot::tiled::dot_many_packed_ahead_rows(*ty, rows, &scales, &acts, out, n, each);
+                            let (out, stride, before) = (&mut o[b.start..], n, &mut each);
+                            let tile = qdot::tiled::TileOut { out, stride, before };
+                            qdot::tiled::dot_many_packed_ahead_rows(*ty, rows, &scales, &acts, tile);
                             continue;
                         }
                         if step == 1 {
-                            let each = &mut |i| pf.to_l2(i);
-                            qdot::tiled::dot_many_packed_rows(*ty, rows, &acts, &mut o[b.start..], n, each);
+                            let (out, stride, before) = (&mut o[b.start..], n, &mut each);
+                            qdot::tiled::dot_many_packed_rows(
+                                *ty,
+                                rows,
+                                &acts,
+                                qdot::tiled::TileOut { out, stride, before },
+                            );
                             continue;
                         }
                         for i in (0..tile_rows).step_by(2) {

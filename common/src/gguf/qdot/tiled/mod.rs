@@ -559,27 +559,28 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
             "{ty} packed row does not match the activations"
         );
     }
-    dot_many_packed_rows_on(isa, ty, row, acts, out, 0, &mut |_| {})
+    let (stride, before) = (0, &mut |_| {});
+    dot_many_packed_rows_on(isa, ty, row, acts, TileOut { out, stride, before })
+}
+
+/// Where a product of consecutive weight rows puts its outputs: row `i`'s
+/// at `out[i * stride..][..n]` (`n` activation rows), `before(i)` run
+/// before row `i` (a tile's prefetch of the next tile).
+pub struct TileOut<'a> {
+    pub out: &'a mut [f32],
+    pub stride: usize,
+    pub before: &'a mut dyn FnMut(usize),
 }
 
 /// [`dot_many_packed`] for consecutive packed rows (`rows`, whole rows of
-/// the activations' width), row `i`'s outputs at `out[i * stride..][..n]`
-/// (`n` activation rows), `before(i)` run before row `i` (a tile's
-/// prefetch of the next): one check and one dispatch for all the rows, the
-/// same bits as one call a row.
+/// the activations' width), the outputs where `tile` says: one check and
+/// one dispatch for all the rows, the same bits as one call a row.
 ///
 /// # Panics
 /// As [`dot_many_packed`], if `rows` is not whole packed rows, or `out`
 /// does not reach the last row's outputs.
-pub fn dot_many_packed_rows(
-    ty: GgmlType,
-    rows: &[u8],
-    acts: &ArrangedActs<'_>,
-    out: &mut [f32],
-    stride: usize,
-    before: &mut dyn FnMut(usize),
-) {
-    dot_many_packed_rows_on(Isa::active(), ty, rows, acts, out, stride, before)
+pub fn dot_many_packed_rows(ty: GgmlType, rows: &[u8], acts: &ArrangedActs<'_>, tile: TileOut<'_>) {
+    dot_many_packed_rows_on(Isa::active(), ty, rows, acts, tile)
 }
 
 /// [`dot_many_packed_rows`] on a chosen instruction set, for rows packed
@@ -587,15 +588,7 @@ pub fn dot_many_packed_rows(
 ///
 /// # Panics
 /// As [`dot_many_packed_rows`], and if [`usable_on`] is false for `isa`.
-pub fn dot_many_packed_rows_on(
-    isa: Isa,
-    ty: GgmlType,
-    rows: &[u8],
-    acts: &ArrangedActs<'_>,
-    out: &mut [f32],
-    stride: usize,
-    before: &mut dyn FnMut(usize),
-) {
+pub fn dot_many_packed_rows_on(isa: Isa, ty: GgmlType, rows: &[u8], acts: &ArrangedActs<'_>, tile: TileOut<'_>) {
     if acts.is_empty() {
         return;
     }
@@ -604,16 +597,12 @@ pub fn dot_many_packed_rows_on(
         "{ty} rows of {} are not packed here",
         acts.width
     );
-    let rb = row_bytes_for(ty, rows, acts, out, stride);
+    let rb = row_bytes_for(ty, rows, acts, &tile);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `usable_on` checked that the CPU runs `isa`; the widths and
     // the outputs' reach were checked above.
     unsafe {
-        let out = x86::OutRows {
-            out,
-            stride,
-            before: Some(before),
-        };
+        let out = x86::OutRows::of(tile);
         if isa == Isa::Avx512Vnni {
             x86::many_packed_vnni(ty, rows, rb, acts.acts, out)
         } else {
@@ -621,13 +610,14 @@ pub fn dot_many_packed_rows_on(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (rb, before);
+    let _ = (rb, tile);
 }
 
 /// The bytes of one packed row of `ty` at the activations' width, after
 /// checking that `rows` holds whole rows and that `out` reaches row `i`'s
-/// outputs at `i * stride` for every row.
-fn row_bytes_for(ty: GgmlType, rows: &[u8], acts: &ArrangedActs<'_>, out: &[f32], stride: usize) -> usize {
+/// outputs at `i * stride` for every row (`tile`).
+fn row_bytes_for(ty: GgmlType, rows: &[u8], acts: &ArrangedActs<'_>, tile: &TileOut<'_>) -> usize {
+    let (out, stride) = (&tile.out, tile.stride);
     let rb = ty.row_bytes(acts.width).filter(|&rb| rb > 0);
     let rb = rb.unwrap_or_else(|| panic!("{ty} rows of {} are not packed here", acts.width));
     assert!(
@@ -751,7 +741,8 @@ pub fn dot_many_packed_ahead_on(
             "{ty} packed row does not match the activations"
         );
     }
-    dot_many_packed_ahead_rows_on(isa, ty, row, scales, acts, out, 0, &mut |_| {})
+    let (stride, before) = (0, &mut |_| {});
+    dot_many_packed_ahead_rows_on(isa, ty, row, scales, acts, TileOut { out, stride, before })
 }
 
 /// [`dot_many_packed_ahead`] for consecutive packed rows, as
@@ -766,11 +757,9 @@ pub fn dot_many_packed_ahead_rows(
     rows: &[u8],
     scales: &[f32],
     acts: &ArrangedActs<'_>,
-    out: &mut [f32],
-    stride: usize,
-    before: &mut dyn FnMut(usize),
+    tile: TileOut<'_>,
 ) {
-    dot_many_packed_ahead_rows_on(Isa::active(), ty, rows, scales, acts, out, stride, before)
+    dot_many_packed_ahead_rows_on(Isa::active(), ty, rows, scales, acts, tile)
 }
 
 /// [`dot_many_packed_ahead_rows`] on a chosen instruction set (tests,
@@ -778,16 +767,13 @@ pub fn dot_many_packed_ahead_rows(
 ///
 /// # Panics
 /// As [`dot_many_packed_ahead_rows`], for `isa`.
-#[allow(clippy::too_many_arguments)]
 pub fn dot_many_packed_ahead_rows_on(
     isa: Isa,
     ty: GgmlType,
     rows: &[u8],
     scales: &[f32],
     acts: &ArrangedActs<'_>,
-    out: &mut [f32],
-    stride: usize,
-    before: &mut dyn FnMut(usize),
+    tile: TileOut<'_>,
 ) {
     if acts.is_empty() {
         return;
@@ -797,22 +783,17 @@ pub fn dot_many_packed_ahead_rows_on(
         "{ty} rows of {} take no scales formed ahead here",
         acts.width
     );
-    let rb = row_bytes_for(ty, rows, acts, out, stride);
+    let rb = row_bytes_for(ty, rows, acts, &tile);
     let per = scales_per_chunk(ty) * (acts.width / CHUNK);
     assert_eq!(scales.len(), per * (rows.len() / rb), "{} floats a row", per);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `scales_ahead_pay_on` checked that the CPU runs AVX2 and the
     // type; the lengths were checked above.
     unsafe {
-        let out = x86::OutRows {
-            out,
-            stride,
-            before: Some(before),
-        };
-        x86::many_packed_ahead_avx2(ty, rows, rb, (scales, per), acts.acts, out)
+        x86::many_packed_ahead_avx2(ty, rows, rb, (scales, per), acts.acts, x86::OutRows::of(tile))
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (rb, per, before);
+    let _ = (rb, per, tile);
 }
 
 /// Whether [`dot_pair_packed`] multiplies two packed rows of `ty` × `cols`

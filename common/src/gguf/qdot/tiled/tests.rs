@@ -157,7 +157,17 @@ fn arranged_products_equal_the_row_dot_bit_for_bit() {
                         let mut tile = vec![-7.0f32; 2 * stride];
                         let mut seen = Vec::new();
                         let acts = ArrangedActs::new(&many);
-                        dot_many_packed_rows(ty, &both, &acts, &mut tile, stride, &mut |i| seen.push(i));
+                        let before = &mut |i| seen.push(i);
+                        dot_many_packed_rows(
+                            ty,
+                            &both,
+                            &acts,
+                            TileOut {
+                                out: &mut tile,
+                                stride,
+                                before,
+                            },
+                        );
                         assert_eq!(seen, [0, 1], "{ty} tile, {len} rows");
                         for (k, &i) in idx.iter().enumerate() {
                             assert_eq!(tile[k].to_bits(), got[i].to_bits(), "{ty} tile, first row, {len} rows");
@@ -974,8 +984,9 @@ fn scales_formed_ahead_give_the_row_dot_bits() {
                 let stride = n + 1;
                 let mut tile = vec![-7.0f32; rows * stride];
                 let mut seen = Vec::new();
-                let each = &mut |i| seen.push(i);
-                dot_many_packed_ahead_rows_on(Isa::Avx2, ty, &packed, &all_scales, &batch, &mut tile, stride, each);
+                let (out, before) = (&mut tile[..], &mut |i| seen.push(i));
+                let to = TileOut { out, stride, before };
+                dot_many_packed_ahead_rows_on(Isa::Avx2, ty, &packed, &all_scales, &batch, to);
                 assert_eq!(seen, (0..rows).collect::<Vec<_>>());
                 for r in 0..rows {
                     for t in 0..n {

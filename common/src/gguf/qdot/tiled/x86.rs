@@ -832,6 +832,15 @@ impl<'a> OutRows<'a> {
         }
     }
 
+    /// A tile's outputs ([`super::TileOut`]).
+    pub fn of(tile: super::TileOut<'a>) -> Self {
+        OutRows {
+            out: tile.out,
+            stride: tile.stride,
+            before: Some(tile.before),
+        }
+    }
+
     /// Row `i`'s `n` outputs, after its `before`.
     #[inline(always)]
     fn row(&mut self, i: usize, n: usize) -> &mut [f32] {
