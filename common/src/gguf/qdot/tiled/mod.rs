@@ -551,6 +551,14 @@ pub fn dot_many_packed(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &
 /// # Panics
 /// As [`dot_many_packed`], and if [`usable_on`] is false for `isa`.
 pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &mut [f32]) {
+    check_one_row(ty, row, acts, out);
+    let (stride, before) = (0, &mut |_| {});
+    dot_many_packed_rows_on(isa, ty, row, acts, TileOut { out, stride, before })
+}
+
+/// The one-row products' checks: an output per activation row, and `row`
+/// one packed row of their width.
+fn check_one_row(ty: GgmlType, row: &[u8], acts: &ArrangedActs<'_>, out: &[f32]) {
     assert_eq!(acts.len(), out.len(), "one output per activation row");
     if !acts.is_empty() {
         assert_eq!(
@@ -559,8 +567,6 @@ pub fn dot_many_packed_on(isa: Isa, ty: GgmlType, row: &[u8], acts: &ArrangedAct
             "{ty} packed row does not match the activations"
         );
     }
-    let (stride, before) = (0, &mut |_| {});
-    dot_many_packed_rows_on(isa, ty, row, acts, TileOut { out, stride, before })
 }
 
 /// Where a product of consecutive weight rows puts its outputs: row `i`'s
@@ -733,14 +739,7 @@ pub fn dot_many_packed_ahead_on(
     acts: &ArrangedActs<'_>,
     out: &mut [f32],
 ) {
-    assert_eq!(acts.len(), out.len(), "one output per activation row");
-    if !acts.is_empty() {
-        assert_eq!(
-            Some(row.len()),
-            ty.row_bytes(acts.width),
-            "{ty} packed row does not match the activations"
-        );
-    }
+    check_one_row(ty, row, acts, out);
     let (stride, before) = (0, &mut |_| {});
     dot_many_packed_ahead_rows_on(isa, ty, row, scales, acts, TileOut { out, stride, before })
 }
