@@ -813,9 +813,9 @@ pub(super) unsafe fn many_packed_avx2(ty: GgmlType, rows: &[u8], rb: usize, acts
 
 /// Where a product of several weight rows puts row `i`'s outputs
 /// (`out[i * stride..][..n]`, `n` the activation rows), and what runs
-/// before each row (a tile's prefetch of the next, `super::super::super::
-/// weight`): the rows' loop inside the instruction set's function, so a
-/// tile pays one dispatch, not one a row.
+/// before each row ([`super::TileOut`]; none for a single row): the rows'
+/// loop inside the instruction set's function, so a tile pays one
+/// dispatch, not one a row.
 pub(in crate::gguf::qdot) struct OutRows<'a> {
     pub out: &'a mut [f32],
     pub stride: usize,
@@ -980,16 +980,28 @@ pub(super) unsafe fn many_packed_ahead_avx2(
         let (p, scales) = (rows[i * rb..].as_ptr(), scales[i * per..].as_ptr());
         let out = out.row(i, n);
         match ty {
-            GgmlType::Q4_K | GgmlType::Q5_K => {
-                let k = |ty| Ahead::<_, false> {
-                    row: Packed { ty, p, cb },
+            GgmlType::Q4_K => {
+                // The type a constant in the row, as in its loop.
+                let r = Ahead::<_, false> {
+                    row: Packed {
+                        ty: GgmlType::Q4_K,
+                        p,
+                        cb,
+                    },
                     scales,
                 };
-                if ty == GgmlType::Q4_K {
-                    unsafe { many::<false>(GgmlType::Q4_K, chunks, k(GgmlType::Q4_K), &[], acts, out) }
-                } else {
-                    unsafe { many::<false>(GgmlType::Q5_K, chunks, k(GgmlType::Q5_K), &[], acts, out) }
-                }
+                unsafe { many::<false>(GgmlType::Q4_K, chunks, r, &[], acts, out) }
+            }
+            GgmlType::Q5_K => {
+                let r = Ahead::<_, false> {
+                    row: Packed {
+                        ty: GgmlType::Q5_K,
+                        p,
+                        cb,
+                    },
+                    scales,
+                };
+                unsafe { many::<false>(GgmlType::Q5_K, chunks, r, &[], acts, out) }
             }
             GgmlType::IQ4_XS => {
                 let r = Ahead::<_, true> {
