@@ -77,23 +77,14 @@ pub fn span_to_l2<T>(p: *const T, len: usize) {
     let _ = (p, len);
 }
 
-/// [`span_to_l2`] for slice `i` of `parts` equal slices of the `len`
-/// bytes at `p`: a tile's prefetch of the next tile spread over the loop
-/// steps that use the current one. Asked for all at once, a span of
-/// hundreds of lines queues behind the core's few outstanding misses and
-/// the loop waits with it (a 4-row Q6_K output head ran at half the speed
-/// of its bytes and its multiplies side by side); a slice per step keeps
-/// both going.
-#[inline(always)]
-pub fn slice_to_l2<T>(p: *const T, len: usize, i: usize, parts: usize) {
-    let parts = parts.max(1);
-    let (lo, hi) = (len * i / parts, len * (i + 1) / parts);
-    span_to_l2((p as *const u8).wrapping_add(lo), hi.saturating_sub(lo));
-}
-
-/// [`slice_to_l2`]'s slices of one span with their size reckoned once
-/// (whole lines, the last slice shorter or empty), for loops that ask
-/// for one slice a step: no division a step.
+/// [`span_to_l2`] a slice at a time: `parts` equal slices of one span
+/// (whole lines, the last slice shorter or empty), their size reckoned
+/// once, for a tile's prefetch of the next tile spread over the loop steps
+/// that use the current one. Asked for all at once, a span of hundreds of
+/// lines queues behind the core's few outstanding misses and the loop
+/// waits with it (a 4-row Q6_K output head ran at half the speed of its
+/// bytes and its multiplies side by side); a slice per step keeps both
+/// going.
 #[derive(Clone, Copy)]
 pub struct Slices {
     p: *const u8,
@@ -148,9 +139,9 @@ mod tests {
             ahead_span(p, 300, DISTANCE);
             ahead_span(p, 300, 0);
             for i in 0..4 {
-                slice_to_l2(p, 300, i, 3);
+                Slices::new(p, 300, 3).to_l2(i);
             }
-            slice_to_l2(p, 300, 0, 0);
+            Slices::new(p, 300, 0).to_l2(0);
         }
         assert_eq!(v, [1u8; 100]);
     }

@@ -860,10 +860,11 @@ impl Weight {
                     let tile_bytes = tile_rows * rb;
                     let next = data.as_slice().as_ptr().wrapping_add((r0 + tile_rows) * rb);
                     // The tile's rows arranged once, then met by every block.
+                    let pf = crate::prefetch::Slices::new(next, tile_bytes, tile_rows);
                     ARRANGED.with_borrow_mut(|rows| {
                         rows.resize_with(tile_rows.max(rows.len()), Default::default);
                         for (i, row) in rows.iter_mut().enumerate().take(tile_rows) {
-                            crate::prefetch::slice_to_l2(next, tile_bytes, i, tile_rows);
+                            pf.to_l2(i);
                             let r = r0 + i;
                             qdot::tiled::arrange_row(*ty, &data.as_slice()[r * rb..(r + 1) * rb], row);
                         }

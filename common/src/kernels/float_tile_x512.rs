@@ -116,11 +116,12 @@ unsafe fn tile(
         let tn = (n - t0).min(ACTS);
         let from = (t0 / ACTS * share).min(tile_bytes);
         let len = share.min(tile_bytes - from);
+        // The block's share a slice per block of rows.
+        let pf = prefetch::Slices::new(next.wrapping_add(from), len, nrows.div_ceil(ROWS));
         let mut r0 = 0;
         while r0 < nrows {
             let rn = (nrows - r0).min(ROWS);
-            // The block's share a slice per block of rows.
-            prefetch::slice_to_l2(next.wrapping_add(from), len, r0 / ROWS, nrows.div_ceil(ROWS));
+            pf.to_l2(r0 / ROWS);
             let at = move |r: usize, i: usize| load16(r0 + r, i);
             // SAFETY: the caller's closure reads rows below `nrows` and
             // columns below `full`; every `xs[t]` holds `cols` elements.
