@@ -1022,10 +1022,11 @@ thread_local! {
 /// the bits of the one-row `$one_on(rows[r], xs[t])`, so each query's
 /// scores lie in one row for its softmax. AVX2 CPUs run the whole block
 /// in `float_x86::$scores3` (three queries a row, eight rows' dots reduced
-/// together); elsewhere the key-major score tile `$tile_on`, then each
-/// query's row.
+/// together) and the one or two queries past the last three with
+/// `$dots_on` (one call a query, as decode scores its keys); elsewhere the
+/// key-major score tile `$tile_on`, then each query's row.
 macro_rules! scores_by_query {
-    ($(#[$doc:meta])* $name:ident, $name_on:ident, $tile_on:ident, $scores3:ident, $one_on:ident, $t:ty) => {
+    ($(#[$doc:meta])* $name:ident, $name_on:ident, $tile_on:ident, $scores3:ident, $dots_on:ident, $one_on:ident, $t:ty) => {
         $(#[$doc])*
         #[inline]
         pub fn $name(rows: &[$t], cols: usize, xs: &[&[f32]], out: &mut [f32], stride: usize) {
@@ -1049,9 +1050,7 @@ macro_rules! scores_by_query {
                 // SAFETY: the CPU runs AVX2, F16C and FMA; shapes checked.
                 let t = unsafe { float_x86::$scores3(rows, cols, xs, (&mut *out, stride)) };
                 for (t, x) in xs.iter().enumerate().skip(t) {
-                    for r in 0..nrows {
-                        out[t * stride + r] = $one_on(isa, &rows[r * cols..(r + 1) * cols], x);
-                    }
+                    $dots_on(isa, rows, x, &mut out[t * stride..t * stride + nrows]);
                 }
                 return;
             }
@@ -1071,11 +1070,11 @@ macro_rules! scores_by_query {
 
 scores_by_query!(
     /// [`scores_tile_f32`] query-major, for attention's softmax.
-    scores_by_query_f32, scores_by_query_f32_on, scores_tile_f32_on, scores3_f32, dot_f32_on, f32
+    scores_by_query_f32, scores_by_query_f32_on, scores_tile_f32_on, scores3_f32, dots_f32_on, dot_f32_on, f32
 );
 scores_by_query!(
     /// [`scores_tile_f16`] query-major, over an f16 cache's keys.
-    scores_by_query_f16, scores_by_query_f16_on, scores_tile_f16_on, scores3_f16, dot_f16_on, u16
+    scores_by_query_f16, scores_by_query_f16_on, scores_tile_f16_on, scores3_f16, dots_f16_on, dot_f16_on, u16
 );
 
 #[inline(always)]
