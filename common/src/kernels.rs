@@ -425,7 +425,15 @@ mod float_x86 {
     #[target_feature(enable = "avx2,f16c,fma")]
     pub(super) fn scores3_f32(rows: &[f32], cols: usize, xs: &[&[f32]], out: (&mut [f32], usize)) -> usize {
         // SAFETY: AVX2 is enabled; `scores3` reads 8 elements at `i < cols` of a row.
-        unsafe { scores3(rows, cols, xs, out, |w, i| _mm256_loadu_ps(w.add(i)), |v| v) }
+        unsafe {
+            let load8 = |w: *const f32, i| _mm256_loadu_ps(w.add(i));
+            match cols {
+                // The usual head widths as constants: each key's loop unrolled.
+                128 => scores3(rows, 128, xs, out, load8, |v| v),
+                64 => scores3(rows, 64, xs, out, load8, |v| v),
+                _ => scores3(rows, cols, xs, out, load8, |v| v),
+            }
+        }
     }
 
     /// [`scores3`] over f16 rows.
@@ -433,14 +441,12 @@ mod float_x86 {
     pub(super) fn scores3_f16(rows: &[u16], cols: usize, xs: &[&[f32]], out: (&mut [f32], usize)) -> usize {
         // SAFETY: as above; F16C widens exactly.
         unsafe {
-            scores3(
-                rows,
-                cols,
-                xs,
-                out,
-                |w, i| _mm256_cvtph_ps(_mm_loadu_si128(w.add(i) as *const __m128i)),
-                f16_to_f32,
-            )
+            let load8 = |w: *const u16, i| _mm256_cvtph_ps(_mm_loadu_si128(w.add(i) as *const __m128i));
+            match cols {
+                128 => scores3(rows, 128, xs, out, load8, f16_to_f32),
+                64 => scores3(rows, 64, xs, out, load8, f16_to_f32),
+                _ => scores3(rows, cols, xs, out, load8, f16_to_f32),
+            }
         }
     }
 
@@ -1886,8 +1892,9 @@ mod tests {
     fn scores_by_query_give_each_pair_the_scalar_dot_bits() {
         // Blocks of 1..48 keys (whole and partial groups of eight), 1..16
         // queries (whole and partial triples), widths with and without a
-        // tail, rows `stride` apart with a gap that must stay untouched.
-        for cols in [1usize, 31, 32, 100, 128] {
+        // tail (64 and 128: the unrolled head widths), rows `stride` apart
+        // with a gap that must stay untouched.
+        for cols in [1usize, 31, 32, 64, 100, 128] {
             for nrows in [1usize, 7, 8, 9, 17, 48] {
                 for n in [1usize, 2, 3, 4, 7, 16] {
                     let xs: Vec<Vec<f32>> = (0..n)
