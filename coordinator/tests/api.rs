@@ -538,6 +538,21 @@ fn errors_come_in_each_apis_shape() {
         400,
         "invalid_request_error",
     );
+    // A text part without its text is named as such, not as unsupported.
+    let no_text = raw(
+        CHAT,
+        br#"{"messages": [{"role": "user", "content": [{"type": "text"}]}]}"#,
+    );
+    openai_err(&no_text, 400, "invalid_request_error");
+    let said = no_text.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(said.contains("messages[0]") && said.contains("has no `text`"), "{said}");
+    let no_text = raw(
+        "/v1/messages",
+        br#"{"max_tokens": 4, "system": [{"type": "text"}], "messages": [{"role": "user", "content": "hi"}]}"#,
+    );
+    anthropic_err(&no_text, 400, "invalid_request_error");
+    let said = no_text.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(said.contains("has no `text`"), "{said}");
     let mut b = chat_body("hi", 0);
     openai_err(&post(addr, CHAT, &b), 400, "invalid_request_error");
     b["max_tokens"] = json!(4);

@@ -136,6 +136,12 @@ impl Content {
                 for b in blocks {
                     match (b.kind.as_str(), b.text) {
                         ("text", Some(t)) => out.push_str(&t),
+                        ("text", None) => {
+                            return Err(ApiError::invalid_param(
+                                field,
+                                "a content block of type \"text\" has no `text`".to_string(),
+                            ))
+                        }
                         (kind, _) => {
                             return Err(ApiError::invalid_param(
                                 field,
@@ -212,6 +218,12 @@ fn result_text(content: Option<Value>, is_error: bool, at: &str) -> Result<Strin
                     b.get("text").and_then(Value::as_str),
                 ) {
                     (Some("text"), Some(t)) => out.push_str(t),
+                    (Some("text"), None) => {
+                        return Err(ApiError::invalid_param(
+                            "messages",
+                            format!("{at}.content: a block of type \"text\" has no `text`"),
+                        ))
+                    }
                     (kind, _) => {
                         return Err(ApiError::invalid_param(
                             "messages",

@@ -383,6 +383,12 @@ pub(crate) fn chat_ask(st: &AppState, req: ChatRequest) -> Result<(Ask, Option<t
                 for p in parts {
                     match (p.kind.as_str(), p.text) {
                         ("text", Some(t)) => text.push_str(&t),
+                        ("text", None) => {
+                            return Err(ApiError::invalid_param(
+                                "messages",
+                                format!("messages[{i}]: a content part of type \"text\" has no `text`"),
+                            ))
+                        }
                         (kind, _) => {
                             return Err(ApiError::invalid_param(
                                 "messages",
