@@ -213,6 +213,10 @@ fn a_json_schema_format_and_bad_requests() {
             "input",
         ),
         (
+            json!({"model": "qwen3moe-chat", "input": "x", "max_output_tokens": 0}),
+            "max_output_tokens",
+        ),
+        (
             json!({"model": "qwen3moe-chat", "input": "x", "tools": [{"type": "web_search"}]}),
             "tools",
         ),

@@ -188,6 +188,11 @@ fn item_text(content: Option<Value>, at: &str) -> Result<String, ApiError> {
                     p.get("text").and_then(Value::as_str),
                 ) {
                     (Some("input_text" | "output_text" | "text"), Some(t)) => text.push_str(t),
+                    (Some(k @ ("input_text" | "output_text" | "text")), None) => {
+                        return Err(bad_input(format!(
+                            "{at}.content[{j}]: a part of type {k:?} has no `text`"
+                        )))
+                    }
                     (Some(k), _) => {
                         return Err(bad_input(format!(
                             "{at}.content[{j}]: a part of type {k:?} is not supported (input_text, output_text)"
@@ -415,6 +420,12 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
     tools::check_history(syntax, &messages, "input")?;
     let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
+    if req.max_output_tokens == Some(0) {
+        return Err(ApiError::invalid_param(
+            "max_output_tokens",
+            "max_output_tokens must be at least 1",
+        ));
+    }
     let id = new_id("resp_");
     let ticket = submit(
         &st,
@@ -923,6 +934,10 @@ mod tests {
             (
                 json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
                 "input_image",
+            ),
+            (
+                json!([{"role": "user", "content": [{"type": "input_text"}]}]),
+                "input[0].content[0]: a part of type \"input_text\" has no `text`",
             ),
         ];
         for (input, want) in cases {
