@@ -553,6 +553,10 @@ fn errors_come_in_each_apis_shape() {
     anthropic_err(&no_text, 400, "invalid_request_error");
     let said = no_text.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(said.contains("has no `text`"), "{said}");
+    // Several candidates are refused, not silently dropped.
+    let best_of = raw("/v1/completions", br#"{"prompt": "hi", "best_of": 3}"#);
+    openai_err(&best_of, 400, "invalid_request_error");
+    assert_eq!(best_of.json()["error"]["param"], "best_of");
     let mut b = chat_body("hi", 0);
     openai_err(&post(addr, CHAT, &b), 400, "invalid_request_error");
     b["max_tokens"] = json!(4);

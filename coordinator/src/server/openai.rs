@@ -172,6 +172,9 @@ struct CompletionRequest {
     n: Option<u32>,
     #[serde(default)]
     suffix: Option<String>,
+    /// Candidates generated to return the best: only 1 (as `n`).
+    #[serde(default)]
+    best_of: Option<u32>,
     #[serde(default)]
     response_format: Option<Value>,
     /// A Lark grammar (an extension, see [`super::structured`]).
@@ -496,6 +499,9 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
     }
     if req.suffix.is_some() {
         return Err(ApiError::invalid_param("suffix", "suffix is not supported"));
+    }
+    if req.best_of.unwrap_or(1) != 1 {
+        return Err(ApiError::invalid_param("best_of", "only best_of = 1 is supported"));
     }
     if let Some(n) = req.logprobs.filter(|n| *n > MAX_COMPLETION_LOGPROBS) {
         return Err(ApiError::invalid_param(
