@@ -42,3 +42,70 @@ pub enum LoadError {
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
 }
+
+/// An error and its causes as the one line a binary prints: each cause
+/// after a `: `, except a cause whose text the line already holds (most
+/// errors here name their source in their own message, and a chain
+/// printer would repeat it), and without a cause's leading `NAME:` where
+/// the line already ends with that name (`loading m.gguf` then
+/// `m.gguf: …`).
+pub fn one_line<'a>(chain: impl IntoIterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
+    let mut line = String::new();
+    for cause in chain {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+            continue;
+        }
+        if line.contains(&text) {
+            continue;
+        }
+        let last = line.rsplit(' ').next().unwrap_or_default();
+        let rest = match text.strip_prefix(last).and_then(|r| r.strip_prefix(':')) {
+            Some(rest) if !last.is_empty() => rest.trim_start(),
+            _ => &text,
+        };
+        line.push_str(": ");
+        line.push_str(rest);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("binding 127.0.0.1:80: {source}")]
+        Named { source: std::io::Error },
+        #[error("loading the model")]
+        Bare(#[source] std::io::Error),
+    }
+
+    fn chain<'a>(e: &'a (dyn std::error::Error + 'static)) -> Vec<&'a (dyn std::error::Error + 'static)> {
+        std::iter::successors(Some(e), |e| e.source()).collect()
+    }
+
+    #[test]
+    fn a_cause_is_printed_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use");
+        let named = Outer::Named { source: io() };
+        assert_eq!(one_line(chain(&named)), "binding 127.0.0.1:80: address in use");
+        let bare = Outer::Bare(io());
+        assert_eq!(one_line(chain(&bare)), "loading the model: address in use");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("loading /m/x.gguf")]
+    struct Loading(#[source] Named);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("/m/x.gguf: truncated")]
+    struct Named;
+
+    #[test]
+    fn a_name_the_line_ends_with_is_not_repeated() {
+        assert_eq!(one_line(chain(&Loading(Named))), "loading /m/x.gguf: truncated");
+    }
+}

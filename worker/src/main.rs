@@ -80,7 +80,7 @@ enum IoChoice {
 fn main() {
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", charm_common::error::one_line(e.chain()));
         std::process::exit(1);
     }
 }
