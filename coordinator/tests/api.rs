@@ -558,7 +558,15 @@ fn errors_come_in_each_apis_shape() {
     openai_err(&best_of, 400, "invalid_request_error");
     assert_eq!(best_of.json()["error"]["param"], "best_of");
     let mut b = chat_body("hi", 0);
-    openai_err(&post(addr, CHAT, &b), 400, "invalid_request_error");
+    let zero = post(addr, CHAT, &b);
+    openai_err(&zero, 400, "invalid_request_error");
+    assert_eq!(zero.json()["error"]["param"], "max_tokens");
+    let zero = raw(
+        CHAT,
+        br#"{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}"#,
+    );
+    openai_err(&zero, 400, "invalid_request_error");
+    assert_eq!(zero.json()["error"]["param"], "max_completion_tokens");
     b["max_tokens"] = json!(4);
     b["temperature"] = json!(-1);
     openai_err(&post(addr, CHAT, &b), 400, "invalid_request_error");

@@ -445,6 +445,7 @@ fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPl
         seed: None,
         stop: req.stop_sequences.unwrap_or_default(),
         stop_param: "stop_sequences",
+        max_tokens_param: "max_tokens",
         logprobs: None,
         tools: template_tools,
         template_kwargs,

@@ -1033,6 +1033,8 @@ pub(crate) struct Ask {
     pub model: Option<String>,
     pub prompt: PromptInput,
     pub max_tokens: Option<u64>,
+    /// The length field's name in this API (`max_tokens`, `max_output_tokens`).
+    pub max_tokens_param: &'static str,
     pub sampling: sampling::SamplingFields,
     /// Generate `max_tokens` whatever end-of-sequence tokens come (an
     /// extension of the OpenAI routes, for benchmarks).
@@ -1099,7 +1101,8 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     check_target(st, ask.model.as_deref(), &ask.prompt)?;
     check_stops(&ask.stop, ask.stop_param)?;
     if ask.max_tokens == Some(0) {
-        return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1"));
+        let name = ask.max_tokens_param;
+        return Err(ApiError::invalid_param(name, format!("{name} must be at least 1")));
     }
     let sampling = ask.sampling.resolve(
         &st.model.sampling,

@@ -472,6 +472,11 @@ pub(crate) fn chat_ask(st: &AppState, req: ChatRequest) -> Result<(Ask, Option<t
         seed: req.seed,
         stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
         stop_param: "stop",
+        max_tokens_param: if req.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        },
         logprobs: want_logprobs.then_some(top),
         tools: template_tools,
         template_kwargs,
@@ -552,6 +557,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             seed: req.seed,
             stop: req.stop.map(StopField::into_vec).unwrap_or_default(),
             stop_param: "stop",
+            max_tokens_param: "max_tokens",
             logprobs: req.logprobs,
             tools: Vec::new(),
             template_kwargs: Vec::new(),

@@ -420,12 +420,6 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
     tools::check_history(syntax, &messages, "input")?;
     let (prompt_messages, template_tools) = tools::prepare(syntax, plan.as_ref(), messages.clone());
     let grammar = structured::pick(plan.as_ref().and_then(|p| p.grammar.clone()), grammar, format)?;
-    if req.max_output_tokens == Some(0) {
-        return Err(ApiError::invalid_param(
-            "max_output_tokens",
-            "max_output_tokens must be at least 1",
-        ));
-    }
     let id = new_id("resp_");
     let ticket = submit(
         &st,
@@ -444,6 +438,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
             seed: None,
             stop: Vec::new(),
             stop_param: "stop",
+            max_tokens_param: "max_output_tokens",
             logprobs: None,
             tools: template_tools,
             template_kwargs,
