@@ -1,5 +1,5 @@
 //! Prefill attention's scores in cache: a task's queries (16, as
-//! `models::kv_cache` hands them out) against blocks of cached keys,
+//! `models::attention` hands them out) against blocks of cached keys,
 //! query-major, in G multiply-adds/s on one thread:
 //!
 //!     cargo run --release -p charm-common --example bench_scores [-- HEAD_DIM [KEYS [BLOCK]]]
@@ -15,7 +15,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let d: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(128);
     let keys: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4000);
-    let block: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(48);
+    let block: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(48).max(1);
     let queries = 16;
     let k32: Vec<f32> = (0..keys * d)
         .map(|i| ((i * 7919 % 1000) as f32) / 1000.0 - 0.5)
