@@ -170,6 +170,14 @@ impl Sampler {
         id
     }
 
+    /// Remembers a token that was written without being sampled (for the
+    /// penalties, as if it had been).
+    pub fn note(&mut self, id: u32) {
+        if let Some(seen) = self.seen.as_mut() {
+            *seen.generated.entry(id).or_insert(0) += 1;
+        }
+    }
+
     /// Applies the logit bias and the penalties (the module's list, in order).
     fn adjust(&self, logits: &mut [f32]) {
         let p = &self.params;

@@ -10,6 +10,7 @@ mod api_support;
 
 use api_support::*;
 use charm_coordinator::chat_template::Message;
+use charm_coordinator::server::{Server, ServerConfig};
 use charm_coordinator::TextCodec;
 use serde_json::{json, Value};
 
@@ -62,7 +63,7 @@ fn thinking_switches_reach_the_template() {
         prompt_tokens(&r.json())
     };
     assert_eq!(msgs_api(json!({"type": "disabled"})), off as u64);
-    assert_eq!(msgs_api(json!({"type": "enabled", "budget_tokens": 1024})), on as u64);
+    assert_eq!(msgs_api(json!({"type": "enabled"})), on as u64);
 
     for (path, extra, param) in [
         (
@@ -130,4 +131,102 @@ fn earlier_reasoning_reaches_the_template() {
     let r = post(srv.addr(), "/v1/messages", &anthropic);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(prompt_tokens(&r.json()), want);
+}
+
+/// A reasoning budget: the first `budget` tokens of the reasoning are the
+/// uncapped answer's, then the server writes the end of the reasoning
+/// (`\n</think>\n\n`) and the model answers after it. Qwen3.5's template
+/// opens the block in the prompt, so the reasoning starts at once.
+#[test]
+fn a_thinking_budget_closes_the_reasoning_and_the_answer_follows() {
+    let (engine, info) = engine();
+    let mut config = ServerConfig::new(&chat_fixture());
+    config.chat_template = Some(repo().join("tests/material/templates/Qwen3.5-4B.jinja"));
+    let srv = Server::start(engine, &info, config).unwrap();
+    let user = json!([{"role": "user", "content": "Why is the sky blue?"}]);
+    let chat = |budget: Option<u64>| {
+        let mut b = json!({"messages": user, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+                           "logprobs": true});
+        if let Some(n) = budget {
+            b["thinking_token_budget"] = json!(n);
+        }
+        let r = post(srv.addr(), "/v1/chat/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let tokens: Vec<String> = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["token"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+        assert_eq!(tokens.len(), 24, "{v}");
+        (v["choices"][0]["message"].clone(), tokens)
+    };
+    let (free, free_tokens) = chat(None);
+    assert!(
+        !free_tokens.iter().any(|t| t == "</think>"),
+        "the random model does not close its reasoning by itself: {free}"
+    );
+    assert_eq!(free["content"], "", "all reasoning: {free}");
+    for budget in [0usize, 1, 8] {
+        let (capped, tokens) = chat(Some(budget as u64));
+        assert_eq!(tokens[..budget], free_tokens[..budget], "budget {budget}");
+        assert_eq!(
+            tokens[budget..budget + 3],
+            ["\n", "</think>", "\n\n"],
+            "budget {budget}"
+        );
+        let reasoning = free_tokens[..budget].concat();
+        assert_eq!(
+            capped["reasoning_content"].as_str().unwrap_or(""),
+            reasoning.trim(),
+            "budget {budget}: {capped}"
+        );
+        let answer = tokens[budget + 3..].concat();
+        assert!(!answer.trim().is_empty(), "budget {budget}: {capped}");
+        assert_eq!(capped["content"], answer.trim_start(), "budget {budget}: {capped}");
+    }
+
+    // Anthropic's `budget_tokens`: a thinking block of the same reasoning,
+    // then the answer's text.
+    let body = json!({"messages": user, "max_tokens": 24, "temperature": 0,
+                      "thinking": {"type": "enabled", "budget_tokens": 8}});
+    let r = post(srv.addr(), "/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["content"][0]["type"], "thinking", "{v}");
+    assert_eq!(v["content"][0]["thinking"], free_tokens[..8].concat().trim(), "{v}");
+    assert_eq!(v["content"][1]["type"], "text", "{v}");
+
+    // Bad budgets are refused, naming the field.
+    for (path, extra, param) in [
+        ("/v1/chat/completions", json!({"thinking_token_budget": -1}), None),
+        ("/v1/chat/completions", json!({"thinking_token_budget": "many"}), None),
+        (
+            "/v1/messages",
+            json!({"thinking": {"type": "enabled", "budget_tokens": -5}}),
+            Some("thinking"),
+        ),
+        (
+            "/v1/messages",
+            json!({"thinking": {"type": "enabled", "budget_tokens": 24}}),
+            Some("max_tokens"),
+        ),
+    ] {
+        let mut b = json!({"messages": user, "max_tokens": 24});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = post(srv.addr(), path, &b);
+        assert_eq!(r.status, 400, "{extra}: {}", r.text());
+        let text = r.text();
+        assert!(
+            text.contains("thinking_token_budget") || text.contains("budget_tokens"),
+            "{extra}: {text}"
+        );
+        if let Some(p) = param {
+            assert!(text.contains(p), "{extra}: {text}");
+        }
+    }
 }

@@ -11,7 +11,10 @@
 //!
 //! Thinking: `thinking` (`enabled` / `disabled`) sets the template's
 //! `enable_thinking` (a harmony template, which cannot turn reasoning off,
-//! gets `reasoning_effort: low` for `disabled`); the model's reasoning
+//! gets `reasoning_effort: low` for `disabled`); `enabled`'s
+//! `budget_tokens` caps the reasoning (the server closes it after that
+//! many tokens, [`super::think_budget`]; any non-negative count below
+//! `max_tokens`, where Anthropic asks at least 1,024); the model's reasoning
 //! comes back as a `thinking` block (streamed as `thinking_delta`s and a
 //! `signature_delta`), and `thinking` blocks of earlier turns reach the
 //! template as the turn's `reasoning_content` ([`super::reasoning`]).
@@ -43,6 +46,7 @@ use super::reasoning;
 use super::sampling::SamplingFields;
 use super::sse::SseWriter;
 use super::structured;
+use super::think_budget::budget_tokens;
 use super::tools::{self, CallIds, Choice, ToolDef};
 use super::{
     answer_shape, check_target, json_response, new_id, parse_body, prompt_ids, speaks_harmony, submit, tool_syntax,
@@ -352,6 +356,13 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
     };
     let stream = req.stream.unwrap_or(false);
     let (mut ask, plan) = ask(&st, req)?;
+    // Anthropic's rule: the reasoning's budget leaves room for an answer.
+    if ask.think_budget.is_some_and(|b| b as u64 >= max_tokens) {
+        return Err(ApiError::invalid_param(
+            "max_tokens",
+            "max_tokens must be greater than thinking.budget_tokens",
+        ));
+    }
     ask.max_tokens = Some(max_tokens);
     let id = ask.id.clone();
     let ticket = submit(&st, ask).await?;
@@ -406,6 +417,15 @@ fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPl
             ))
         }
     };
+    let think_budget = match req.thinking.as_ref().map(|t| t.get("budget_tokens")) {
+        Some(Some(b)) if thinking_on == Some(true) => Some(b.as_u64().map(budget_tokens).ok_or_else(|| {
+            ApiError::invalid_param(
+                "thinking",
+                format!("thinking.budget_tokens must be a non-negative integer, got {b}"),
+            )
+        })?),
+        _ => None,
+    };
     let mut template_kwargs = reasoning::template_kwargs(None, thinking_on, "thinking")?;
     // Harmony cannot turn reasoning off: `disabled` asks for the least.
     let effort = (thinking_on == Some(false)).then_some("low");
@@ -451,6 +471,7 @@ fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPl
         template_kwargs,
         prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
         grammar,
+        think_budget,
     };
     Ok((ask, plan))
 }

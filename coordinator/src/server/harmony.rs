@@ -151,6 +151,11 @@ impl HarmonySplit {
         s
     }
 
+    /// Whether the text so far ended inside an `analysis` message.
+    pub fn in_reasoning(&self) -> bool {
+        matches!(self.state, State::Body(Body::Reasoning))
+    }
+
     /// Calls parsed so far.
     pub fn calls(&self) -> usize {
         self.calls

@@ -27,6 +27,8 @@
 //!   (the tagged ones in `tools/tagged.rs`).
 //! - [`reasoning`], [`answer`], [`harmony`]: an answer split into reasoning,
 //!   text and calls (`<think>` blocks, or gpt-oss's harmony channels).
+//! - [`think_budget`]: a cap on the reasoning's tokens (the engine thread
+//!   writes the end of the reasoning once it is spent).
 //! - [`logprobs`]: log-probabilities of sampled tokens.
 //! - [`metrics`]: counters and histograms in the Prometheus text format.
 //! - [`dashboard`]: the page (from `coordinator/assets/`, inside the
@@ -57,6 +59,7 @@ pub mod sse;
 pub mod stop;
 pub mod structured;
 pub mod systemone;
+pub mod think_budget;
 pub mod tokenize;
 pub mod tools;
 
@@ -85,6 +88,7 @@ use self::error::{ApiError, ErrorKind, Flavor};
 use self::metrics::{Live, Metrics, Workers};
 use self::queue::{Event, Job, Queue, Slot};
 use self::scheduler::Shared;
+use self::think_budget::ThinkBudget;
 use crate::chat_template::Message;
 use crate::engine::{Engine, GenerateParams, LoadInfo};
 use crate::grammar::{Constraint, GrammarSpec, Grammars};
@@ -1054,6 +1058,8 @@ pub(crate) struct Ask {
     /// What the answer is constrained to (`grammar_param`: the field that
     /// asked, for errors).
     pub grammar: Option<(GrammarSpec, &'static str)>,
+    /// The most tokens the answer's reasoning may take ([`think_budget`]).
+    pub think_budget: Option<usize>,
 }
 
 /// A prompt as the client gave it.
@@ -1124,6 +1130,10 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         None => None,
         Some((spec, param)) => Some(constrain(st, spec, param).await?),
     };
+    let think_budget = match ask.think_budget {
+        Some(budget) if chat => budget_for(st, budget, opens_reasoning)?,
+        _ => None,
+    };
     let context = st.model.context;
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty (no tokens)"));
@@ -1152,6 +1162,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         stop: ask.stop,
         logprobs: ask.logprobs,
         constraint,
+        think_budget,
         keep_special,
         score: None,
         events: tx,
@@ -1163,6 +1174,35 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         created: unix_now(),
         opens_reasoning,
     })
+}
+
+/// A chat answer's reasoning cap, with the ids that close the reasoning
+/// as the model's template writes it; `None` for a model whose template
+/// writes no reasoning (there is nothing to cap).
+fn budget_for(st: &AppState, budget: usize, inside: bool) -> Result<Option<ThinkBudget>, ApiError> {
+    let Some(source) = st.codec.template().map(|t| t.source()) else {
+        return Ok(None);
+    };
+    let harmony = harmony::is_harmony(source);
+    if !harmony && !reasoning::template_thinks(source) {
+        return Ok(None);
+    }
+    let close = if harmony {
+        think_budget::HARMONY_CLOSE
+    } else {
+        think_budget::THINK_CLOSE
+    };
+    let ids = st.codec.encode_plain(close).map_err(|e| {
+        ApiError::new(
+            ErrorKind::Server,
+            format!("tokenizing the end of the reasoning {close:?}: {e}"),
+        )
+    })?;
+    Ok(Some(if harmony {
+        ThinkBudget::harmony(budget, ids)
+    } else {
+        ThinkBudget::think(budget, inside, ids)
+    }))
 }
 
 /// The request names this server's model (or none), and chat messages

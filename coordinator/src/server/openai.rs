@@ -22,6 +22,12 @@
 //! `tool_calls` and `tool` messages, rendered through the chat template;
 //! the model's calls come back as `message.tool_calls` (streamed as
 //! `delta.tool_calls`) with `finish_reason: "tool_calls"` (see [`super::tools`]).
+//!
+//! Reasoning (chat): `reasoning_effort` (`"none"` turns thinking off),
+//! `chat_template_kwargs`, and `thinking_token_budget` (an extension, as
+//! vLLM names it: the most tokens the reasoning may take before the
+//! server closes it, [`super::think_budget`]); the reasoning comes back as
+//! `reasoning_content`.
 
 use std::sync::Arc;
 
@@ -40,6 +46,7 @@ use super::reasoning;
 use super::sampling::SamplingFields;
 use super::sse::SseWriter;
 use super::structured;
+use super::think_budget::budget_tokens;
 use super::tools::{self, CallIds, Choice, ToolDef};
 use super::{
     answer_shape, json_response, new_id, parse_body, speaks_harmony, submit, tool_syntax, AppState, Ask, PromptInput,
@@ -113,6 +120,10 @@ pub(crate) struct ChatRequest {
     /// harmony template (gpt-oss) gets it as its `reasoning_effort`.
     #[serde(default)]
     reasoning_effort: Option<String>,
+    /// The most tokens the reasoning may take (vLLM's field; see
+    /// [`super::think_budget`]).
+    #[serde(default)]
+    thinking_token_budget: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -482,6 +493,7 @@ pub(crate) fn chat_ask(st: &AppState, req: ChatRequest) -> Result<(Ask, Option<t
         template_kwargs,
         prefill,
         grammar,
+        think_budget: req.thinking_token_budget.map(budget_tokens),
     };
     Ok((ask, plan))
 }
@@ -563,6 +575,7 @@ async fn completions_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection
             template_kwargs: Vec::new(),
             prefill: String::new(),
             grammar,
+            think_budget: None,
         },
     )
     .await?;

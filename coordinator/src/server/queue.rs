@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use super::logprobs::TokenLogprobs;
 use super::scheduler::{Scheduler, Shared};
 use super::systemone::ScoreJob;
+use super::think_budget::ThinkBudget;
 use crate::engine::{Engine, FinishReason, GenStats, GenerateParams};
 use crate::grammar::Constraint;
 use crate::prefix_cache::PrefixCache;
@@ -37,6 +38,8 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The grammar its answer follows, if any.
     pub constraint: Option<Constraint>,
+    /// The cap on its reasoning, if any.
+    pub think_budget: Option<ThinkBudget>,
     /// Decode the answer with special tokens kept (a harmony chat answer,
     /// whose channel markers are special tokens).
     pub keep_special: bool,

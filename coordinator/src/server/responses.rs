@@ -10,7 +10,9 @@
 //! "function", "name"}`), `max_output_tokens`, `temperature`, `top_p`,
 //! `text.format` (structured output, [`super::structured`]), `reasoning.
 //! effort` (`"none"` turns thinking off; gpt-oss's harmony template gets
-//! it as its `reasoning_effort`), `store` (default true),
+//! it as its `reasoning_effort`), `thinking_token_budget` (an extension:
+//! the most tokens the reasoning may take, [`super::think_budget`]),
+//! `store` (default true),
 //! `previous_response_id` (continue a stored response: its conversation,
 //! answer included, comes before `input`), `metadata`. Output items:
 //! `reasoning` (the model's `<think>` text, or harmony's analysis channel,
@@ -44,6 +46,7 @@ use super::error::{ApiError, ErrorKind};
 use super::queue::{Event, Summary};
 use super::sampling::SamplingFields;
 use super::sse::SseWriter;
+use super::think_budget::budget_tokens;
 use super::tools::{self, CallIds, Choice, ToolCall, ToolDef};
 use super::{answer_shape, json_response, new_id, parse_body, reasoning, speaks_harmony, structured, submit};
 use super::{tool_syntax, AppState, Ask};
@@ -112,6 +115,10 @@ struct ResponsesRequest {
     text: Option<Value>,
     #[serde(default)]
     reasoning: Option<Value>,
+    /// The most tokens the reasoning may take (an extension, as on chat
+    /// completions; [`super::think_budget`]).
+    #[serde(default)]
+    thinking_token_budget: Option<u64>,
     #[serde(default)]
     store: Option<bool>,
     #[serde(default)]
@@ -444,6 +451,7 @@ async fn create_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
             template_kwargs,
             prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
             grammar,
+            think_budget: req.thinking_token_budget.map(budget_tokens),
         },
     )
     .await?;

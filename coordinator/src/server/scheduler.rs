@@ -36,6 +36,7 @@ use super::metrics::{Finished, Metrics, Outcome};
 use super::queue::{Event, Job, Summary, Token};
 use super::stop::StopMatcher;
 use super::systemone;
+use super::think_budget::ThinkBudget;
 use crate::engine::{Engine, FinishReason, GenStats, PhaseTimes};
 use crate::prefix_cache::{PrefixCache, PrefixStats};
 use crate::sampler::Sampler;
@@ -495,11 +496,21 @@ impl<'c> Scheduler<'c> {
 fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
     let cfg = engine.config();
     let t = Instant::now();
-    // A grammar samples from the logits it allows; the model's own logits
-    // are kept (log-probabilities, the prefix cache's checkpoints).
-    let picked = match s.job.constraint.as_mut() {
-        None => Ok(s.sampler.sample(&logits)),
-        Some(c) => {
+    // A spent reasoning budget writes its closing instead of sampling
+    // (the grammar, if any, takes it as it takes a sampled id). A grammar
+    // samples from the logits it allows; the model's own logits are kept
+    // (log-probabilities, the prefix cache's checkpoints).
+    let forced = s.job.think_budget.as_mut().and_then(ThinkBudget::forced);
+    let picked = match (forced, s.job.constraint.as_mut()) {
+        (Some(id), c) => {
+            s.sampler.note(id);
+            match c {
+                Some(c) if !cfg.eos_token_ids.contains(&id) => c.accept(id).map(|()| id),
+                _ => Ok(id),
+            }
+        }
+        (None, None) => Ok(s.sampler.sample(&logits)),
+        (None, Some(c)) => {
             let allowed = &mut s.masked;
             allowed.clear();
             allowed.extend_from_slice(&logits);
@@ -536,7 +547,11 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
             false
         }
         Ok(piece) => {
-            let release = s.stop.push(&piece.unwrap_or_default());
+            let piece = piece.unwrap_or_default();
+            if let Some(b) = s.job.think_budget.as_mut() {
+                b.push(&piece);
+            }
+            let release = s.stop.push(&piece);
             let sent = s.job.events.send(Event::Delta {
                 text: release.text,
                 tokens: vec![Token { id, logprobs: lp }],

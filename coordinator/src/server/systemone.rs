@@ -366,6 +366,7 @@ async fn decide_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
         stop: Vec::new(),
         logprobs: None,
         constraint: None,
+        think_budget: None,
         keep_special: false,
         score: Some(job),
         events: tx,
