@@ -553,6 +553,22 @@ fn errors_come_in_each_apis_shape() {
     anthropic_err(&no_text, 400, "invalid_request_error");
     let said = no_text.json()["error"]["message"].as_str().unwrap().to_string();
     assert!(said.contains("has no `text`"), "{said}");
+    // A message without content: only an assistant turn (of calls) may.
+    for body in [
+        &br#"{"messages": [{"role": "user"}]}"#[..],
+        br#"{"messages": [{"role": "user", "content": null}]}"#,
+        br#"{"messages": [{"role": "system"}, {"role": "user", "content": "hi"}]}"#,
+    ] {
+        let r = raw(CHAT, body);
+        openai_err(&r, 400, "invalid_request_error");
+        let said = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(said.contains("has no content"), "{said}");
+    }
+    let r = raw(
+        CHAT,
+        br#"{"max_tokens": 1, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": null}, {"role": "user", "content": "and?"}]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
     // Several candidates are refused, not silently dropped.
     let best_of = raw("/v1/completions", br#"{"prompt": "hi", "best_of": 3}"#);
     openai_err(&best_of, 400, "invalid_request_error");

@@ -389,6 +389,7 @@ pub(crate) fn chat_ask(st: &AppState, req: ChatRequest) -> Result<(Ask, Option<t
     let mut messages = Vec::with_capacity(req.messages.len());
     let mut call_ids = CallIds::default();
     for (i, m) in req.messages.into_iter().enumerate() {
+        let has_content = m.content.is_some();
         let text = match m.content {
             None => String::new(),
             Some(Content::Text(t)) => t,
@@ -431,6 +432,13 @@ pub(crate) fn chat_ask(st: &AppState, req: ChatRequest) -> Result<(Ask, Option<t
                 ))
             }
         };
+        // Only an assistant turn may leave its content out (a turn of calls).
+        if !has_content && role != "assistant" {
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("messages[{i}] ({}) has no content", m.role),
+            ));
+        }
         let calls = match m.tool_calls {
             None | Some(Value::Null) => None,
             Some(Value::Array(a)) if a.is_empty() => None,
