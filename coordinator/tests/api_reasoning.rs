@@ -199,6 +199,32 @@ fn a_thinking_budget_closes_the_reasoning_and_the_answer_follows() {
     assert_eq!(v["content"][0]["thinking"], free_tokens[..8].concat().trim(), "{v}");
     assert_eq!(v["content"][1]["type"], "text", "{v}");
 
+    // The server's `--reasoning-budget` caps requests that set none.
+    let (engine, info) = api_support::engine();
+    let mut config = ServerConfig::new(&chat_fixture());
+    config.chat_template = Some(repo().join("tests/material/templates/Qwen3.5-4B.jinja"));
+    config.reasoning_budget = Some(4);
+    let capped_srv = Server::start(engine, &info, config).unwrap();
+    for (budget, want) in [(None, 4usize), (Some(8u64), 8)] {
+        let mut b = json!({"messages": user, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+                           "logprobs": true});
+        if let Some(n) = budget {
+            b["thinking_token_budget"] = json!(n);
+        }
+        let r = post(capped_srv.addr(), "/v1/chat/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let tokens: Vec<&str> = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(tokens[..want], free_tokens[..want], "{budget:?}");
+        assert_eq!(tokens[want + 1], "</think>", "{budget:?}: {v}");
+    }
+    drop(capped_srv);
+
     // Bad budgets are refused, naming the field.
     for (path, extra, param) in [
         ("/v1/chat/completions", json!({"thinking_token_budget": -1}), None),

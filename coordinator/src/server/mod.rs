@@ -184,6 +184,12 @@ pub struct ServeArgs {
     /// localhost are always answered; other origins get 403.
     #[arg(long = "cors-origin", value_name = "ORIGIN")]
     pub cors_origins: Vec<String>,
+    /// Close every chat answer's reasoning after this many tokens (the
+    /// model then answers); a request's own budget
+    /// (`thinking.budget_tokens`, `thinking_token_budget`) wins. Default:
+    /// no cap.
+    #[arg(long, value_name = "TOKENS")]
+    pub reasoning_budget: Option<usize>,
 }
 
 /// Why the server cannot start.
@@ -273,6 +279,8 @@ pub struct ServerConfig {
     pub origins: origin::Origins,
     /// A chat template file used instead of the model's (`--chat-template`).
     pub chat_template: Option<PathBuf>,
+    /// The reasoning budget of requests that set none (`--reasoning-budget`).
+    pub reasoning_budget: Option<usize>,
 }
 
 impl ServerConfig {
@@ -296,6 +304,7 @@ impl ServerConfig {
             prefix_cache_disk_bytes: DEFAULT_PREFIX_DISK_MB << 20,
             origins: origin::Origins::default(),
             chat_template: None,
+            reasoning_budget: None,
         }
     }
 
@@ -331,6 +340,7 @@ impl ServerConfig {
             prefix_cache_disk_bytes: args.prefix_cache_disk_mb.saturating_mul(1 << 20),
             origins: origin::Origins::parse(&args.cors_origins).map_err(ServeError::CorsOrigin)?,
             chat_template: None,
+            reasoning_budget: args.reasoning_budget,
         })
     }
 
@@ -1130,7 +1140,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         None => None,
         Some((spec, param)) => Some(constrain(st, spec, param).await?),
     };
-    let think_budget = match ask.think_budget {
+    let think_budget = match ask.think_budget.or(st.config.reasoning_budget) {
         Some(budget) if chat => budget_for(st, budget, opens_reasoning)?,
         _ => None,
     };
