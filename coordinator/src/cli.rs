@@ -26,8 +26,10 @@ use serde::Serialize;
 use crate::chat_template::Message;
 use crate::engine::{Engine, EngineOptions, FinishReason, GenStats, GenerateParams, LoadInfo};
 use crate::sampler::SamplingParams;
-use crate::server::answer::Out;
-use crate::server::harmony::{is_harmony, HarmonySplit};
+use crate::server::answer::{AnswerStream, Out, Shape};
+use crate::server::harmony::is_harmony;
+use crate::server::reasoning::{opens_inside, template_thinks};
+use crate::server::think_budget::{ThinkBudget, HARMONY_CLOSE, THINK_CLOSE};
 use crate::text::TextCodec;
 use charm_common::container::Quant;
 use charm_models::KvDtype;
@@ -251,6 +253,10 @@ pub struct ChatArgs {
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
+    /// Close the model's reasoning after this many tokens (it then
+    /// answers). Default: no cap.
+    #[arg(long, value_name = "TOKENS")]
+    pub reasoning_budget: Option<usize>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
 }
@@ -604,7 +610,12 @@ fn generate_once(
     let mut harmony = codec
         .and_then(TextCodec::template)
         .filter(|t| args.chat && !args.json && is_harmony(t.source()))
-        .map(|_| HarmonyPrint::default());
+        .map(|_| {
+            AnswerPrint::new(&Shape {
+                harmony: true,
+                ..Shape::default()
+            })
+        });
     let mut stream = codec.map(|c| match harmony {
         Some(_) => c.stream_keeping_special(),
         None => c.stream(),
@@ -811,24 +822,32 @@ fn summary(s: &GenStats) -> String {
     line
 }
 
-/// A harmony answer printed as it streams: the `analysis` channel on
-/// stderr, the answer on stdout (calls are not printed: the CLI offers no
-/// tools); both kept for the conversation.
-#[derive(Default)]
-struct HarmonyPrint {
-    split: Option<HarmonySplit>,
+/// An answer printed as it streams: the reasoning (a `<think>` block, or
+/// harmony's `analysis` channel) on stderr, the answer on stdout (calls
+/// are not printed: the CLI offers no tools); both kept for the
+/// conversation.
+struct AnswerPrint {
+    split: AnswerStream,
     reasoning: String,
     answer: String,
 }
 
-impl HarmonyPrint {
+impl AnswerPrint {
+    fn new(shape: &Shape) -> Self {
+        AnswerPrint {
+            split: AnswerStream::new(shape),
+            reasoning: String::new(),
+            answer: String::new(),
+        }
+    }
+
     fn push(&mut self, text: &str) {
-        let outs = self.split.get_or_insert_with(|| HarmonySplit::new(&[], "")).push(text);
+        let outs = self.split.push(text);
         self.show(outs);
     }
 
     fn finish(&mut self) {
-        let outs = self.split.as_mut().map(HarmonySplit::finish).unwrap_or_default();
+        let outs = self.split.finish();
         self.show(outs);
     }
 
@@ -856,8 +875,12 @@ fn chat(engine: &Engine, dir: &std::path::Path, template: Option<&std::path::Pat
         bail!("{}: no chat template; use `generate --prompt` instead", dir.display());
     }
     let params = params(&args.sampling)?;
-    // gpt-oss answers in harmony channels: reasoning apart from the answer.
-    let harmony = codec.template().is_some_and(|t| is_harmony(t.source()));
+    // Reasoning apart from the answer: `<think>` blocks, or gpt-oss's
+    // harmony channels.
+    let source = codec.template().map(|t| t.source()).unwrap_or_default();
+    let harmony = is_harmony(source);
+    let thinks = !harmony && template_thinks(source);
+    let close_ids = codec.encode_plain(if harmony { HARMONY_CLOSE } else { THINK_CLOSE })?;
     let mut messages = Vec::new();
     if let Some(sys) = &args.system {
         messages.push(Message::new("system", sys));
@@ -887,43 +910,52 @@ fn chat(engine: &Engine, dir: &std::path::Path, template: Option<&std::path::Pat
         }
         messages.push(Message::new("user", input));
         let prompt = codec.encode_chat(&messages, true, &[])?;
-        if harmony {
-            // The channel markers are special tokens: decode them, and show
-            // the `analysis` channel on stderr, the answer on stdout.
-            let mut stream = codec.stream_keeping_special();
-            let mut print = HarmonyPrint::default();
-            let gen = engine.generate(&mut session, &prompt, &params, |id| {
-                if let Ok(Some(p)) = stream.push(id) {
-                    print.push(&p);
+        let tail = codec.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
+        let shape = Shape {
+            think: thinks.then(|| opens_inside(&tail)),
+            harmony,
+            tools: None,
+        };
+        // A model that writes no reasoning has nothing to cap.
+        let budget = args
+            .reasoning_budget
+            .filter(|_| harmony || thinks)
+            .map(|n| match harmony {
+                true => ThinkBudget::harmony(n, close_ids.clone()),
+                false => ThinkBudget::think(n, shape.think == Some(true), close_ids.clone()),
+            });
+        let budget = std::cell::RefCell::new(budget);
+        // The channel markers are special tokens: a harmony answer is
+        // decoded with them.
+        let mut stream = if harmony {
+            codec.stream_keeping_special()
+        } else {
+            codec.stream()
+        };
+        let mut print = AnswerPrint::new(&shape);
+        let gen = engine.generate_steered(
+            &mut session,
+            &prompt,
+            &params,
+            || budget.borrow_mut().as_mut().and_then(ThinkBudget::forced),
+            |id, _| {
+                // Every token counts, one that completes no character too.
+                let piece = stream.push(id).ok().flatten().unwrap_or_default();
+                if let Some(b) = budget.borrow_mut().as_mut() {
+                    b.push(&piece);
                 }
+                print.push(&piece);
                 true
-            })?;
-            if let Some(rest) = stream.finish()? {
-                print.push(&rest);
-            }
-            print.finish();
-            println!();
-            let mut reply = Message::new("assistant", print.answer.trim());
-            reply.reasoning_content = (!print.reasoning.is_empty()).then_some(print.reasoning);
-            messages.push(reply);
-            eprintln!("{}", summary(&gen.stats));
-            continue;
-        }
-        let mut stream = codec.stream();
-        let mut out = std::io::stdout().lock();
-        let gen = engine.generate(&mut session, &prompt, &params, |id| {
-            if let Ok(Some(p)) = stream.push(id) {
-                let _ = out.write_all(p.as_bytes());
-                let _ = out.flush();
-            }
-            true
-        })?;
+            },
+        )?;
         if let Some(rest) = stream.finish()? {
-            out.write_all(rest.as_bytes())?;
+            print.push(&rest);
         }
-        writeln!(out)?;
-        let reply = codec.decode(&gen.ids, true)?;
-        messages.push(Message::new("assistant", &reply));
+        print.finish();
+        println!();
+        let mut reply = Message::new("assistant", print.answer.trim());
+        reply.reasoning_content = (!print.reasoning.is_empty()).then_some(print.reasoning);
+        messages.push(reply);
         eprintln!("{}", summary(&gen.stats));
     }
     Ok(())

@@ -490,6 +490,20 @@ impl Engine {
         session: &mut Session,
         prompt: &[u32],
         params: &GenerateParams,
+        on_token: impl FnMut(u32, &[f32]) -> bool,
+    ) -> Result<Generation, ModelError> {
+        self.generate_steered(session, prompt, params, || None, on_token)
+    }
+
+    /// [`Engine::generate_observed`] where `force` may name the next id
+    /// instead of the sampler (a reasoning budget writing the end of the
+    /// reasoning); a forced id counts for the penalties as a sampled one.
+    pub fn generate_steered(
+        &self,
+        session: &mut Session,
+        prompt: &[u32],
+        params: &GenerateParams,
+        mut force: impl FnMut() -> Option<u32>,
         mut on_token: impl FnMut(u32, &[f32]) -> bool,
     ) -> Result<Generation, ModelError> {
         if prompt.is_empty() {
@@ -529,7 +543,13 @@ impl Engine {
         let t_decode = Instant::now();
         while ids.len() < params.max_tokens {
             let t = Instant::now();
-            let next = sampler.sample(&logits);
+            let next = match force() {
+                Some(id) => {
+                    sampler.note(id);
+                    id
+                }
+                None => sampler.sample(&logits),
+            };
             prof.sample_ms += t.elapsed().as_secs_f64() * 1e3;
             if ids.is_empty() {
                 ttft_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -176,6 +176,55 @@ fn chat_flag_renders_the_template_and_generates_reference_ids() {
     assert!(!v["text"].as_str().unwrap().is_empty());
 }
 
+/// `chat` prints a reasoning model's reasoning on stderr and its answer
+/// on stdout; `--reasoning-budget` closes the reasoning after that many
+/// tokens so the model answers. Qwen3.5's template opens the `<think>`
+/// block in the prompt; the random fixture never closes it itself.
+#[test]
+fn chat_keeps_reasoning_apart_and_caps_it() {
+    use std::io::Write;
+    let template = repo().join("tests/material/templates/Qwen3.5-4B.jinja");
+    let run = |budget: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_coordinator"));
+        cmd.args(["--local", "--model"])
+            .arg(fixture("qwen3moe-chat"))
+            .arg("--chat-template")
+            .arg(&template)
+            .args(["chat", "--max-tokens", "12", "--ignore-eos"]);
+        if let Some(n) = budget {
+            cmd.args(["--reasoning-budget", n]);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"Why is the sky blue?\n/exit\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (answer, log) = run(None);
+    assert_eq!(answer.trim(), "", "all twelve tokens are reasoning: {answer:?}");
+    assert!(log.contains("12 generated"), "{log}");
+    let (capped, capped_log) = run(Some("3"));
+    assert!(
+        !capped.trim().is_empty(),
+        "the model answers after its reasoning: {capped_log}"
+    );
+    assert!(!capped.contains("think>"), "{capped:?}");
+    assert!(capped_log.contains("12 generated"), "{capped_log}");
+}
+
 #[test]
 fn chat_template_flag_replaces_the_models_template() {
     let dir = fixture("qwen3moe-chat");
