@@ -199,6 +199,21 @@ fn a_thinking_budget_closes_the_reasoning_and_the_answer_follows() {
     assert_eq!(v["content"][0]["thinking"], free_tokens[..8].concat().trim(), "{v}");
     assert_eq!(v["content"][1]["type"], "text", "{v}");
 
+    // The Responses API's `thinking_token_budget`: a reasoning item of the
+    // same reasoning, then the message.
+    let body = json!({"input": "Why is the sky blue?", "max_output_tokens": 24, "temperature": 0,
+                      "thinking_token_budget": 8});
+    let r = post(srv.addr(), "/v1/responses", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["output"][0]["type"], "reasoning", "{v}");
+    assert_eq!(
+        v["output"][0]["content"][0]["text"],
+        free_tokens[..8].concat().trim(),
+        "{v}"
+    );
+    assert_eq!(v["output"][1]["type"], "message", "{v}");
+
     // The server's `--reasoning-budget` caps requests that set none.
     let (engine, info) = api_support::engine();
     let mut config = ServerConfig::new(&chat_fixture());
