@@ -64,6 +64,7 @@ fn thinking_switches_reach_the_template() {
     };
     assert_eq!(msgs_api(json!({"type": "disabled"})), off as u64);
     assert_eq!(msgs_api(json!({"type": "enabled"})), on as u64);
+    assert_eq!(msgs_api(json!({"type": "adaptive"})), on as u64);
 
     for (path, extra, param) in [
         (

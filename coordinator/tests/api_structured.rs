@@ -3,7 +3,7 @@
 //! weights: left alone it writes no JSON at all).
 //!
 //! - `response_format` `json_schema` / `json_object`, Anthropic's
-//!   `output_format`, and the `grammar` extension (Lark, regex): the answer
+//!   `output_config.format` / `output_format`, and the `grammar` extension (Lark, regex): the answer
 //!   is exactly the engine's greedy answer under the grammar's mask
 //!   (computed here without the server), and it parses and validates.
 //! - A forced tool call (`tool_choice` required / named, Anthropic `any` /
@@ -159,6 +159,16 @@ fn anthropic_output_format_and_completions_json_object() {
     assert_eq!(text, want);
     assert_eq!(v["stop_reason"], "end_turn");
     assert_verdict(&serde_json::from_str(text).unwrap());
+    // The same schema as today's API sends it, `output_config.format`.
+    let mut current = body.clone();
+    current.as_object_mut().unwrap().remove("output_format");
+    current["output_config"] = json!({"format": {"type": "json_schema", "schema": verdict_schema()}});
+    let r = post(srv.addr(), MESSAGES, &current);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["content"][0]["text"], want.as_str());
+    // Both at once is ambiguous.
+    current["output_format"] = body["output_format"].clone();
+    assert_eq!(post(srv.addr(), MESSAGES, &current).status, 400);
 
     // /v1/completions with json_object: any JSON object, the masked answer.
     let codec = TextCodec::load(&chat_fixture()).unwrap();

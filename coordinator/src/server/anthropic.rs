@@ -9,9 +9,11 @@
 //! `content_block_stop`, `message_delta` (stop reason and output tokens)
 //! and `message_stop`.
 //!
-//! Thinking: `thinking` (`enabled` / `disabled`) sets the template's
-//! `enable_thinking` (a harmony template, which cannot turn reasoning off,
-//! gets `reasoning_effort: low` for `disabled`); `enabled`'s
+//! Thinking: `thinking` (`enabled` / `adaptive` / `disabled`) sets the
+//! template's `enable_thinking` (a harmony template, which cannot turn
+//! reasoning off, gets `reasoning_effort: low` for `disabled`, else
+//! `output_config.effort`, `max` as `high`); `display: "omitted"` returns
+//! thinking blocks without their text; `enabled`'s
 //! `budget_tokens` caps the reasoning (the server closes it after that
 //! many tokens, [`super::think_budget`]; any non-negative count below
 //! `max_tokens`, where Anthropic asks at least 1,024); the model's reasoning
@@ -19,8 +21,9 @@
 //! `signature_delta`), and `thinking` blocks of earlier turns reach the
 //! template as the turn's `reasoning_content` ([`super::reasoning`]).
 //!
-//! Structured output: `output_format` `{"type": "json_schema", "schema"}`
-//! and the `grammar` extension ([`super::structured`]).
+//! Structured output: `output_config.format` (or the beta's top-level
+//! `output_format`) `{"type": "json_schema", "schema"}` and the `grammar`
+//! extension ([`super::structured`]).
 //!
 //! Tools: `tools` (`name`, `description`, `input_schema`), `tool_choice`
 //! (`auto`, `any`, `tool` + `name`, `none`), assistant `tool_use` blocks and
@@ -80,16 +83,95 @@ struct MessagesRequest {
     tools: Option<Value>,
     #[serde(default)]
     tool_choice: Option<Value>,
-    /// `{"type": "json_schema", "schema"}`: the answer's text follows it.
+    /// `{"type": "json_schema", "schema"}`: the answer's text follows it
+    /// (the structured-outputs beta's field; `output_config.format` now).
     #[serde(default)]
     output_format: Option<Value>,
+    /// `{"format", "effort"}`: structured output, and how hard the model
+    /// works ([`Thinking`]).
+    #[serde(default)]
+    output_config: Option<Value>,
     /// A Lark grammar (an extension, see [`super::structured`]).
     #[serde(default)]
     grammar: Option<Value>,
-    /// `{"type": "enabled", "budget_tokens"}` or `{"type": "disabled"}`:
-    /// the template's `enable_thinking`.
+    /// `{"type": "enabled", "budget_tokens"}`, `{"type": "adaptive"}` or
+    /// `{"type": "disabled"}` ([`Thinking`]).
     #[serde(default)]
     thinking: Option<Value>,
+}
+
+/// What a request's `thinking` and `output_config.effort` ask.
+#[derive(Debug, Default, PartialEq)]
+struct Thinking {
+    /// The template's `enable_thinking`: `enabled` and `adaptive` on,
+    /// `disabled` off, none: the template's default.
+    on: Option<bool>,
+    /// `enabled`'s `budget_tokens` ([`super::think_budget`]).
+    budget: Option<usize>,
+    /// `display: "omitted"`: thinking blocks come back without their text.
+    omit: bool,
+    /// `output_config.effort` (`low`, `medium`, `high`, `max`), for a
+    /// harmony template's `reasoning_effort`.
+    effort: Option<&'static str>,
+}
+
+impl Thinking {
+    fn parse(thinking: Option<&Value>, output_config: Option<&Value>) -> Result<Self, ApiError> {
+        let mut t = Thinking::default();
+        if let Some(v) = thinking.filter(|v| !v.is_null()) {
+            let bad = |m: String| ApiError::invalid_param("thinking", m);
+            let budget = v.get("budget_tokens").filter(|b| !b.is_null());
+            match v.get("type").and_then(Value::as_str) {
+                Some("enabled") => {
+                    t.on = Some(true);
+                    if let Some(b) = budget {
+                        let n = b.as_u64().ok_or_else(|| {
+                            bad(format!(
+                                "thinking.budget_tokens must be a non-negative integer, got {b}"
+                            ))
+                        })?;
+                        t.budget = Some(budget_tokens(n));
+                    }
+                }
+                Some("adaptive") => {
+                    if budget.is_some() {
+                        return Err(bad(
+                            "thinking.budget_tokens is for type \"enabled\"; adaptive thinking takes none".into(),
+                        ));
+                    }
+                    t.on = Some(true);
+                }
+                Some("disabled") => t.on = Some(false),
+                _ => {
+                    return Err(bad(
+                        "thinking must be {\"type\": \"enabled\", ...}, {\"type\": \"adaptive\"} or \
+                         {\"type\": \"disabled\"}"
+                            .into(),
+                    ))
+                }
+            }
+            match v.get("display").filter(|d| !d.is_null()).map(Value::as_str) {
+                None | Some(Some("summarized")) => {}
+                Some(Some("omitted")) => t.omit = true,
+                Some(_) => return Err(bad("thinking.display must be \"summarized\" or \"omitted\"".into())),
+            }
+        }
+        if let Some(e) = output_config.and_then(|c| c.get("effort")).filter(|e| !e.is_null()) {
+            t.effort = Some(match e.as_str() {
+                Some("low") => "low",
+                Some("medium") => "medium",
+                Some("high") => "high",
+                Some("max") => "max",
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        "output_config",
+                        format!("output_config.effort must be low, medium, high or max, got {e}"),
+                    ))
+                }
+            });
+        }
+        Ok(t)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -355,7 +437,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
         return Err(ApiError::invalid_param("max_tokens", "max_tokens is required"));
     };
     let stream = req.stream.unwrap_or(false);
-    let (mut ask, plan) = ask(&st, req)?;
+    let (mut ask, plan, omit_thinking) = ask(&st, req)?;
     // Anthropic's rule: the reasoning's budget leaves room for an answer.
     if ask.think_budget.is_some_and(|b| b as u64 >= max_tokens) {
         return Err(ApiError::invalid_param(
@@ -370,6 +452,7 @@ async fn messages_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) 
         id,
         model: st.model.id.clone(),
         shape: answer_shape(&st, &ticket, plan),
+        omit_thinking,
     };
     if stream {
         Ok(reply.stream(ticket))
@@ -390,45 +473,50 @@ pub async fn count_tokens(State(st): State<Arc<AppState>>, body: Result<Bytes, B
 
 async fn count_tokens_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let req: MessagesRequest = parse_body(body, st.config.max_body_bytes)?;
-    let (ask, _) = ask(&st, req)?;
+    let (ask, _, _) = ask(&st, req)?;
     check_target(&st, ask.model.as_deref(), &ask.prompt)?;
     let ids = prompt_ids(&st, ask.prompt, ask.tools, ask.prefill, ask.template_kwargs).await?;
     Ok(json_response(StatusCode::OK, &json!({"input_tokens": ids.len()})))
 }
 
 /// What a Messages request asks of the engine (its `max_tokens` left to
-/// the caller), and its tool plan.
-fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPlan>), ApiError> {
+/// the caller), its tool plan, and whether thinking comes back without
+/// its text (`display: "omitted"`).
+fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPlan>, bool), ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages must not be empty"));
     }
     let tool_defs = parse_tools(req.tools)?;
     let choice = parse_choice(req.tool_choice)?;
-    let format = structured::output_format(req.output_format)?.map(|g| (g, "output_format"));
+    let config = req.output_config.filter(|c| !c.is_null());
+    if config.as_ref().is_some_and(|c| !c.is_object()) {
+        return Err(ApiError::invalid_param(
+            "output_config",
+            "output_config must be an object",
+        ));
+    }
+    let config_format = config.as_ref().and_then(|c| c.get("format")).cloned();
+    if config_format.as_ref().is_some_and(|f| !f.is_null()) && req.output_format.as_ref().is_some_and(|f| !f.is_null())
+    {
+        return Err(ApiError::invalid_param(
+            "output_config",
+            "give output_config.format or output_format, not both",
+        ));
+    }
+    let format = match structured::output_format(config_format, "output_config.format")? {
+        Some(g) => Some((g, "output_config.format")),
+        None => structured::output_format(req.output_format, "output_format")?.map(|g| (g, "output_format")),
+    };
     let grammar = structured::grammar(req.grammar)?;
-    let thinking_on = match req.thinking.as_ref().map(|t| t.get("type").and_then(Value::as_str)) {
-        None => None,
-        Some(Some("enabled")) => Some(true),
-        Some(Some("disabled")) => Some(false),
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "thinking",
-                "thinking must be {\"type\": \"enabled\", ...} or {\"type\": \"disabled\"}",
-            ))
-        }
+    let thinking = Thinking::parse(req.thinking.as_ref(), config.as_ref())?;
+    let mut template_kwargs = reasoning::template_kwargs(None, thinking.on, "thinking")?;
+    // Harmony cannot turn reasoning off: `disabled` asks for the least;
+    // otherwise the requested effort (`max`: gpt-oss's highest).
+    let effort = match (thinking.on, thinking.effort) {
+        (Some(false), _) => Some("low"),
+        (_, Some("max")) => Some("high"),
+        (_, e) => e,
     };
-    let think_budget = match req.thinking.as_ref().map(|t| t.get("budget_tokens")) {
-        Some(Some(b)) if thinking_on == Some(true) => Some(b.as_u64().map(budget_tokens).ok_or_else(|| {
-            ApiError::invalid_param(
-                "thinking",
-                format!("thinking.budget_tokens must be a non-negative integer, got {b}"),
-            )
-        })?),
-        _ => None,
-    };
-    let mut template_kwargs = reasoning::template_kwargs(None, thinking_on, "thinking")?;
-    // Harmony cannot turn reasoning off: `disabled` asks for the least.
-    let effort = (thinking_on == Some(false)).then_some("low");
     reasoning::harmony_effort(&mut template_kwargs, speaks_harmony(st), effort);
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if let Some(system) = req.system {
@@ -471,9 +559,9 @@ fn ask(st: &AppState, req: MessagesRequest) -> Result<(Ask, Option<tools::ToolPl
         template_kwargs,
         prefill: plan.as_ref().map(|p| p.prefill.clone()).unwrap_or_default(),
         grammar,
-        think_budget,
+        think_budget: thinking.budget,
     };
-    Ok((ask, plan))
+    Ok((ask, plan, thinking.omit))
 }
 
 struct Reply {
@@ -481,6 +569,9 @@ struct Reply {
     model: String,
     /// How the answer splits: thinking, text, tool calls.
     shape: Shape,
+    /// Thinking blocks without their text (`display: "omitted"`); the
+    /// signature is still the text's.
+    omit_thinking: bool,
 }
 
 /// Content blocks sent so far in a stream.
@@ -587,7 +678,8 @@ impl Reply {
         self.warn(&a.warnings);
         let mut blocks = Vec::new();
         if !a.reasoning.is_empty() {
-            blocks.push(json!({"type": "thinking", "thinking": a.reasoning, "signature": signature(&a.reasoning)}));
+            let shown = if self.omit_thinking { "" } else { a.reasoning.as_str() };
+            blocks.push(json!({"type": "thinking", "thinking": shown, "signature": signature(&a.reasoning)}));
         }
         // A plain answer always has its text block (empty or not).
         if a.calls.is_empty() || !a.content.is_empty() {
@@ -641,7 +733,7 @@ impl Reply {
                     };
                     let delta = json!({"type": "content_block_delta", "index": index,
                                        "delta": {"type": "thinking_delta", "thinking": r}});
-                    if !out.event("content_block_delta", &delta).await {
+                    if !self.omit_thinking && !out.event("content_block_delta", &delta).await {
                         return false;
                     }
                 }
@@ -806,6 +898,7 @@ mod tests {
         Reply {
             id: "msg_test".into(),
             model: "m".into(),
+            omit_thinking: false,
             shape: Shape {
                 tools,
                 ..Shape::default()
@@ -926,6 +1019,7 @@ mod tests {
         let shaped = || Reply {
             id: "msg_test".into(),
             model: "m".into(),
+            omit_thinking: false,
             shape: Shape {
                 think: Some(false),
                 harmony: false,
@@ -957,12 +1051,85 @@ mod tests {
         let shaped = || Reply {
             id: "msg_test".into(),
             model: "m".into(),
+            omit_thinking: false,
             shape: Shape {
                 harmony: true,
                 ..Shape::default()
             },
         };
         assert_thinking_then_paris(shaped, &pieces);
+    }
+
+    #[test]
+    fn omitted_thinking_comes_back_without_its_text_but_signed() {
+        let pieces = ["<think>\nweigh", " it up</think>\n\n", "Paris."];
+        let shaped = || Reply {
+            id: "msg_test".into(),
+            model: "m".into(),
+            omit_thinking: true,
+            shape: Shape {
+                think: Some(false),
+                ..Shape::default()
+            },
+        };
+        let v: Value = block_on(async {
+            let r = shaped().whole(ticket(&pieces, FinishReason::Stop)).await.unwrap();
+            serde_json::from_str(&body(r).await).unwrap()
+        });
+        assert_eq!(
+            v["content"],
+            json!([{"type": "thinking", "thinking": "", "signature": signature("weigh it up")},
+                   {"type": "text", "text": "Paris."}])
+        );
+        let events = block_on(async { sse(&body(shaped().stream(ticket(&pieces, FinishReason::Stop))).await) });
+        let data: Vec<&Value> = events.iter().map(|(_, v)| v).collect();
+        assert!(data.iter().all(|d| d["delta"]["type"] != "thinking_delta"), "{data:?}");
+        let sig: Vec<&Value> = data
+            .iter()
+            .filter(|d| d["delta"]["type"] == "signature_delta")
+            .copied()
+            .collect();
+        assert_eq!(sig.len(), 1);
+        assert_eq!(sig[0]["delta"]["signature"], signature("weigh it up"));
+        let text: String = data.iter().filter_map(|d| d["delta"]["text"].as_str()).collect();
+        assert_eq!(text, "Paris.");
+    }
+
+    #[test]
+    fn thinking_and_effort_read_as_anthropic_sends_them() {
+        let parse = |t: Value, c: Value| Thinking::parse(Some(&t).filter(|t| !t.is_null()), Some(&c));
+        let on = |budget, omit, effort| Thinking {
+            on: Some(true),
+            budget,
+            omit,
+            effort,
+        };
+        assert_eq!(
+            parse(json!({"type": "enabled", "budget_tokens": 2048}), json!({})).unwrap(),
+            on(Some(2048), false, None)
+        );
+        assert_eq!(
+            parse(json!({"type": "adaptive"}), json!({"effort": "max"})).unwrap(),
+            on(None, false, Some("max"))
+        );
+        assert_eq!(
+            parse(json!({"type": "adaptive", "display": "omitted"}), json!({})).unwrap(),
+            on(None, true, None)
+        );
+        assert_eq!(parse(json!({"type": "disabled"}), json!({})).unwrap().on, Some(false));
+        assert_eq!(
+            parse(Value::Null, json!({"effort": "low"})).unwrap().effort,
+            Some("low")
+        );
+        for (t, c) in [
+            (json!({"type": "sometimes"}), json!({})),
+            (json!({"type": "adaptive", "budget_tokens": 1024}), json!({})),
+            (json!({"type": "enabled", "budget_tokens": -1}), json!({})),
+            (json!({"type": "enabled", "display": "full"}), json!({})),
+            (json!({"type": "adaptive"}), json!({"effort": "extreme"})),
+        ] {
+            assert!(parse(t.clone(), c.clone()).is_err(), "{t} {c}");
+        }
     }
 
     /// `pieces` answered whole and streamed by `shaped()`: a thinking block

@@ -7,7 +7,8 @@
 //!   "schema", "strict"}}`.
 //! - OpenAI Responses: `text.format` `{"type": "json_schema", "name",
 //!   "schema", "strict"}` (flat), `json_object`, `text`.
-//! - Anthropic: `output_format` `{"type": "json_schema", "schema"}`.
+//! - Anthropic: `output_config.format` `{"type": "json_schema", "schema"}`
+//!   (and the beta's top-level `output_format`).
 //! - Every route (an extension, as llama.cpp's server has one): `grammar`,
 //!   a Lark grammar in llguidance's dialect as a string, or `{"type":
 //!   "lark" | "regex" | "json_schema", "definition" | "schema"}`. GBNF is
@@ -64,19 +65,19 @@ pub fn text_format(v: Option<&Value>) -> Result<Option<GrammarSpec>, ApiError> {
     }
 }
 
-/// Anthropic's `output_format`.
-pub fn output_format(v: Option<Value>) -> Result<Option<GrammarSpec>, ApiError> {
-    const P: &str = "output_format";
+/// Anthropic's `output_config.format` (`P`: the field's name as sent; the
+/// beta's top-level `output_format` too).
+pub fn output_format(v: Option<Value>, p: &'static str) -> Result<Option<GrammarSpec>, ApiError> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
     match v.get("type").and_then(Value::as_str) {
-        Some("json_schema") => schema_of(&v, P).map(Some),
+        Some("json_schema") => schema_of(&v, p).map(Some),
         Some(other) => Err(ApiError::invalid_param(
-            P,
-            format!("output_format type {other:?} is not supported (json_schema)"),
+            p,
+            format!("{p} type {other:?} is not supported (json_schema)"),
         )),
-        None => Err(ApiError::invalid_param(P, "output_format needs a type")),
+        None => Err(ApiError::invalid_param(p, format!("{p} needs a type"))),
     }
 }
 
@@ -179,8 +180,11 @@ mod tests {
             Some(GrammarSpec::JsonSchema(schema.clone()))
         );
         let a = json!({"type": "json_schema", "schema": schema});
-        assert_eq!(output_format(Some(a)).unwrap(), Some(GrammarSpec::JsonSchema(schema)));
-        assert!(output_format(Some(json!({"type": "text"}))).is_err());
+        assert_eq!(
+            output_format(Some(a), "output_config.format").unwrap(),
+            Some(GrammarSpec::JsonSchema(schema))
+        );
+        assert!(output_format(Some(json!({"type": "text"})), "output_format").is_err());
     }
 
     #[test]
