@@ -55,6 +55,7 @@ fn thinking_switches_reach_the_template() {
     );
     assert_eq!(chat(json!({"reasoning_effort": "none"})), off as u64);
     assert_eq!(chat(json!({"reasoning_effort": "high"})), on as u64);
+    assert_eq!(chat(json!({"reasoning_effort": "xhigh"})), on as u64);
     let msgs_api = |thinking: Value| {
         let b = json!({"model": "qwen3moe-chat", "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 1, "thinking": thinking});

@@ -75,10 +75,10 @@ pub fn is_harmony(template: &str) -> bool {
 
 /// The template's `reasoning_effort` for an OpenAI effort: gpt-oss knows
 /// `low`, `medium` and `high`; `minimal` and `none` (reasoning cannot be
-/// turned off) are `low`.
+/// turned off) are `low`, `xhigh` is `high`.
 pub fn effort(openai: &str) -> &'static str {
     match openai {
-        "high" => "high",
+        "high" | "xhigh" => "high",
         "medium" => "medium",
         _ => "low",
     }
@@ -814,8 +814,8 @@ mod tests {
     #[test]
     fn efforts_map_to_the_three_gpt_oss_knows() {
         assert_eq!(
-            ["none", "minimal", "low", "medium", "high"].map(effort),
-            ["low", "low", "low", "medium", "high"]
+            ["none", "minimal", "low", "medium", "high", "xhigh"].map(effort),
+            ["low", "low", "low", "medium", "high", "high"]
         );
         assert!(is_harmony("{{- '<|start|>assistant<|channel|>final<|message|>' }}"));
         assert!(!is_harmony("<|im_start|>assistant\n<think>"));

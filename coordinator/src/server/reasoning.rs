@@ -116,10 +116,10 @@ pub fn effort_switch(effort: Option<&str>, param: &'static str) -> Result<Option
     match effort {
         None => Ok(None),
         Some("none") => Ok(Some(false)),
-        Some("minimal" | "low" | "medium" | "high") => Ok(Some(true)),
+        Some("minimal" | "low" | "medium" | "high" | "xhigh") => Ok(Some(true)),
         Some(other) => Err(ApiError::invalid_param(
             param,
-            format!("{param} {other:?} is not one of none, minimal, low, medium, high"),
+            format!("{param} {other:?} is not one of none, minimal, low, medium, high, xhigh"),
         )),
     }
 }
