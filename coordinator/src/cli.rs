@@ -29,7 +29,7 @@ use crate::sampler::SamplingParams;
 use crate::server::answer::{AnswerStream, Out, Shape};
 use crate::server::harmony::is_harmony;
 use crate::server::reasoning::{opens_inside, template_thinks};
-use crate::server::think_budget::{ThinkBudget, HARMONY_CLOSE, THINK_CLOSE};
+use crate::server::think_budget::ThinkBudget;
 use crate::text::TextCodec;
 use charm_common::container::Quant;
 use charm_models::KvDtype;
@@ -880,7 +880,6 @@ fn chat(engine: &Engine, dir: &std::path::Path, template: Option<&std::path::Pat
     let source = codec.template().map(|t| t.source()).unwrap_or_default();
     let harmony = is_harmony(source);
     let thinks = !harmony && template_thinks(source);
-    let close_ids = codec.encode_plain(if harmony { HARMONY_CLOSE } else { THINK_CLOSE })?;
     let mut messages = Vec::new();
     if let Some(sys) = &args.system {
         messages.push(Message::new("system", sys));
@@ -916,14 +915,10 @@ fn chat(engine: &Engine, dir: &std::path::Path, template: Option<&std::path::Pat
             harmony,
             tools: None,
         };
-        // A model that writes no reasoning has nothing to cap.
-        let budget = args
-            .reasoning_budget
-            .filter(|_| harmony || thinks)
-            .map(|n| match harmony {
-                true => ThinkBudget::harmony(n, close_ids.clone()),
-                false => ThinkBudget::think(n, shape.think == Some(true), close_ids.clone()),
-            });
+        let budget = match args.reasoning_budget {
+            Some(n) => ThinkBudget::for_template(source, n, shape.think == Some(true), &codec)?,
+            None => None,
+        };
         let budget = std::cell::RefCell::new(budget);
         // The channel markers are special tokens: a harmony answer is
         // decoded with them.

@@ -1186,33 +1186,13 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     })
 }
 
-/// A chat answer's reasoning cap, with the ids that close the reasoning
-/// as the model's template writes it; `None` for a model whose template
-/// writes no reasoning (there is nothing to cap).
+/// A chat answer's reasoning cap ([`ThinkBudget::for_template`]).
 fn budget_for(st: &AppState, budget: usize, inside: bool) -> Result<Option<ThinkBudget>, ApiError> {
     let Some(source) = st.codec.template().map(|t| t.source()) else {
         return Ok(None);
     };
-    let harmony = harmony::is_harmony(source);
-    if !harmony && !reasoning::template_thinks(source) {
-        return Ok(None);
-    }
-    let close = if harmony {
-        think_budget::HARMONY_CLOSE
-    } else {
-        think_budget::THINK_CLOSE
-    };
-    let ids = st.codec.encode_plain(close).map_err(|e| {
-        ApiError::new(
-            ErrorKind::Server,
-            format!("tokenizing the end of the reasoning {close:?}: {e}"),
-        )
-    })?;
-    Ok(Some(if harmony {
-        ThinkBudget::harmony(budget, ids)
-    } else {
-        ThinkBudget::think(budget, inside, ids)
-    }))
+    ThinkBudget::for_template(source, budget, inside, &st.codec)
+        .map_err(|e| ApiError::new(ErrorKind::Server, format!("tokenizing the end of the reasoning: {e}")))
 }
 
 /// The request names this server's model (or none), and chat messages

@@ -25,8 +25,9 @@
 //! without one. The forcing depends only on the sequence's own text, so a
 //! capped answer is the same alone or batched with others.
 
-use super::harmony::HarmonySplit;
-use super::reasoning::ThinkSplit;
+use super::harmony::{self, HarmonySplit};
+use super::reasoning::{self, ThinkSplit};
+use crate::text::{TextCodec, TextError};
 
 /// The text that closes a `<think>` block.
 pub const THINK_CLOSE: &str = "\n</think>\n\n";
@@ -90,6 +91,25 @@ impl ThinkBudget {
     /// ids (special tokens).
     pub fn harmony(budget: usize, close: Vec<u32>) -> Self {
         Self::new(budget, Watch::Harmony(HarmonySplit::new(&[], "")), close)
+    }
+
+    /// The budget for an answer through the chat template `source`, its
+    /// closing tokenized by `codec`; `inside`: the prompt left a `<think>`
+    /// block open. `None` for a template that writes no reasoning (there
+    /// is nothing to cap).
+    pub fn for_template(
+        source: &str,
+        budget: usize,
+        inside: bool,
+        codec: &TextCodec,
+    ) -> Result<Option<Self>, TextError> {
+        if harmony::is_harmony(source) {
+            return Ok(Some(Self::harmony(budget, codec.encode_plain(HARMONY_CLOSE)?)));
+        }
+        if !reasoning::template_thinks(source) {
+            return Ok(None);
+        }
+        Ok(Some(Self::think(budget, inside, codec.encode_plain(THINK_CLOSE)?)))
     }
 
     fn new(budget: usize, watch: Watch, close: Vec<u32>) -> Self {
