@@ -135,36 +135,47 @@ fn earlier_reasoning_reaches_the_template() {
     assert_eq!(prompt_tokens(&r.json()), want);
 }
 
+/// The chat fixture served with Qwen3.5's template (which opens the
+/// `<think>` block in the prompt) and `--reasoning-budget`.
+fn qwen35_server(reasoning_budget: Option<usize>) -> Server {
+    let (engine, info) = engine();
+    let mut config = ServerConfig::new(&chat_fixture());
+    config.chat_template = Some(repo().join("tests/material/templates/Qwen3.5-4B.jinja"));
+    config.reasoning_budget = reasoning_budget;
+    Server::start(engine, &info, config).unwrap()
+}
+
+/// A greedy chat answer of 24 tokens (end-of-sequence ignored) with its
+/// `thinking_token_budget`: the message and each token's text.
+fn budgeted_chat(srv: &Server, user: &Value, budget: Option<u64>) -> (Value, Vec<String>) {
+    let mut b = json!({"messages": user, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+                       "logprobs": true});
+    if let Some(n) = budget {
+        b["thinking_token_budget"] = json!(n);
+    }
+    let r = post(srv.addr(), "/v1/chat/completions", &b);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let tokens: Vec<String> = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["token"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+    assert_eq!(tokens.len(), 24, "{v}");
+    (v["choices"][0]["message"].clone(), tokens)
+}
+
 /// A reasoning budget: the first `budget` tokens of the reasoning are the
 /// uncapped answer's, then the server writes the end of the reasoning
 /// (`\n</think>\n\n`) and the model answers after it. Qwen3.5's template
 /// opens the block in the prompt, so the reasoning starts at once.
 #[test]
 fn a_thinking_budget_closes_the_reasoning_and_the_answer_follows() {
-    let (engine, info) = engine();
-    let mut config = ServerConfig::new(&chat_fixture());
-    config.chat_template = Some(repo().join("tests/material/templates/Qwen3.5-4B.jinja"));
-    let srv = Server::start(engine, &info, config).unwrap();
+    let srv = qwen35_server(None);
     let user = json!([{"role": "user", "content": "Why is the sky blue?"}]);
-    let chat = |budget: Option<u64>| {
-        let mut b = json!({"messages": user, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
-                           "logprobs": true});
-        if let Some(n) = budget {
-            b["thinking_token_budget"] = json!(n);
-        }
-        let r = post(srv.addr(), "/v1/chat/completions", &b);
-        assert_eq!(r.status, 200, "{}", r.text());
-        let v = r.json();
-        let tokens: Vec<String> = v["choices"][0]["logprobs"]["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["token"].as_str().unwrap().to_string())
-            .collect();
-        assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
-        assert_eq!(tokens.len(), 24, "{v}");
-        (v["choices"][0]["message"].clone(), tokens)
-    };
+    let chat = |budget: Option<u64>| budgeted_chat(&srv, &user, budget);
     let (free, free_tokens) = chat(None);
     assert!(
         !free_tokens.iter().any(|t| t == "</think>"),
@@ -217,26 +228,9 @@ fn a_thinking_budget_closes_the_reasoning_and_the_answer_follows() {
     assert_eq!(v["output"][1]["type"], "message", "{v}");
 
     // The server's `--reasoning-budget` caps requests that set none.
-    let (engine, info) = api_support::engine();
-    let mut config = ServerConfig::new(&chat_fixture());
-    config.chat_template = Some(repo().join("tests/material/templates/Qwen3.5-4B.jinja"));
-    config.reasoning_budget = Some(4);
-    let capped_srv = Server::start(engine, &info, config).unwrap();
+    let capped_srv = qwen35_server(Some(4));
     for (budget, want) in [(None, 4usize), (Some(8u64), 8)] {
-        let mut b = json!({"messages": user, "max_tokens": 24, "temperature": 0, "ignore_eos": true,
-                           "logprobs": true});
-        if let Some(n) = budget {
-            b["thinking_token_budget"] = json!(n);
-        }
-        let r = post(capped_srv.addr(), "/v1/chat/completions", &b);
-        assert_eq!(r.status, 200, "{}", r.text());
-        let v = r.json();
-        let tokens: Vec<&str> = v["choices"][0]["logprobs"]["content"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["token"].as_str().unwrap())
-            .collect();
+        let (v, tokens) = budgeted_chat(&capped_srv, &user, budget);
         assert_eq!(tokens[..want], free_tokens[..want], "{budget:?}");
         assert_eq!(tokens[want + 1], "</think>", "{budget:?}: {v}");
     }

@@ -182,36 +182,20 @@ fn chat_flag_renders_the_template_and_generates_reference_ids() {
 /// block in the prompt; the random fixture never closes it itself.
 #[test]
 fn chat_keeps_reasoning_apart_and_caps_it() {
-    use std::io::Write;
     let template = repo().join("tests/material/templates/Qwen3.5-4B.jinja");
     let run = |budget: Option<&str>| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_coordinator"));
-        cmd.args(["--local", "--model"])
-            .arg(fixture("qwen3moe-chat"))
-            .arg("--chat-template")
-            .arg(&template)
-            .args(["chat", "--max-tokens", "12", "--ignore-eos"]);
+        let mut args = vec![
+            std::ffi::OsStr::new("--chat-template"),
+            template.as_os_str(),
+            "chat".as_ref(),
+            "--max-tokens".as_ref(),
+            "12".as_ref(),
+            "--ignore-eos".as_ref(),
+        ];
         if let Some(n) = budget {
-            cmd.args(["--reasoning-budget", n]);
+            args.extend([std::ffi::OsStr::new("--reasoning-budget"), std::ffi::OsStr::new(n)]);
         }
-        let mut child = cmd
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"Why is the sky blue?\n/exit\n")
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        (
-            String::from_utf8(out.stdout).unwrap(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        chat_repl(&args, b"Why is the sky blue?\n/exit\n")
     };
     let (answer, log) = run(None);
     assert_eq!(answer.trim(), "", "all twelve tokens are reasoning: {answer:?}");
@@ -396,29 +380,33 @@ fn stops_at_eos_unless_told_to_ignore_it() {
     assert_eq!(v["finish_reason"], "length");
 }
 
-#[test]
-fn chat_repl_answers_each_turn() {
+/// `coordinator --local --model qwen3moe-chat ARGS` fed `input` on stdin:
+/// its stdout and stderr (it must succeed).
+fn chat_repl(args: &[&std::ffi::OsStr], input: &[u8]) -> (String, String) {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
         .args(["--local", "--model"])
         .arg(fixture("qwen3moe-chat"))
-        .args(["chat", "--max-tokens", "5", "--ignore-eos"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is the capital of France?\nAnd of Italy?\n/exit\n")
-        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let stdout = String::from_utf8(out.stdout).unwrap();
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn chat_repl_answers_each_turn() {
+    let args = ["chat", "--max-tokens", "5", "--ignore-eos"].map(std::ffi::OsStr::new);
+    let (stdout, stderr) = chat_repl(&args, b"What is the capital of France?\nAnd of Italy?\n/exit\n");
     assert_eq!(stdout.lines().count(), 2, "one answer line per turn: {stdout:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("5 generated").count(), 2, "{stderr}");
 }
 
