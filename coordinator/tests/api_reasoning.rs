@@ -227,6 +227,23 @@ fn a_thinking_budget_closes_the_reasoning_and_the_answer_follows() {
     );
     assert_eq!(v["output"][1]["type"], "message", "{v}");
 
+    // A schema with a template that opens the reasoning: the model
+    // reasons first (here until its budget), then answers in the schema;
+    // the JSON is the content, not the reasoning.
+    let schema = json!({"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}},
+                        "required": ["verdict"], "additionalProperties": false});
+    let body = json!({"messages": user, "max_tokens": 40, "temperature": 0, "thinking_token_budget": 4,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}}});
+    let r = post(srv.addr(), "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], free_tokens[..4].concat().trim(), "{v}");
+    let answer: Value = serde_json::from_str(message["content"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("the content is the schema's JSON: {e}: {v}"));
+    assert!(["yes", "no"].contains(&answer["verdict"].as_str().unwrap()), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+
     // The server's `--reasoning-budget` caps requests that set none.
     let capped_srv = qwen35_server(Some(4));
     for (budget, want) in [(None, 4usize), (Some(8u64), 8)] {

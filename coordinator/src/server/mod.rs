@@ -1140,7 +1140,17 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         None => None,
         Some((spec, param)) => Some(constrain(st, spec, param).await?),
     };
-    let think_budget = match ask.think_budget.or(st.config.reasoning_budget) {
+    // A grammar asked of an answer whose prompt opened the reasoning
+    // (Qwen3.5's template, thinking on) waits for the reasoning to end:
+    // from the first token it would hold the reasoning to the grammar and
+    // leave the answer empty. The reasoning is then watched even without
+    // a budget.
+    let grammar_after_reasoning = constraint.is_some() && opens_reasoning;
+    let budget = ask
+        .think_budget
+        .or(st.config.reasoning_budget)
+        .or(grammar_after_reasoning.then_some(usize::MAX));
+    let think_budget = match budget {
         Some(budget) if chat => budget_for(st, budget, opens_reasoning)?,
         _ => None,
     };
@@ -1173,6 +1183,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
         logprobs: ask.logprobs,
         constraint,
         think_budget,
+        grammar_after_reasoning,
         keep_special,
         score: None,
         events: tx,

@@ -38,8 +38,12 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The grammar its answer follows, if any.
     pub constraint: Option<Constraint>,
-    /// The cap on its reasoning, if any.
+    /// The cap on its reasoning, if any (also what tells a grammar that
+    /// waits for the reasoning when it ended).
     pub think_budget: Option<ThinkBudget>,
+    /// The grammar applies once the reasoning the prompt opened has ended
+    /// (the model thinks first, then answers in the grammar).
+    pub grammar_after_reasoning: bool,
     /// Decode the answer with special tokens kept (a harmony chat answer,
     /// whose channel markers are special tokens).
     pub keep_special: bool,

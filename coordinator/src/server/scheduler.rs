@@ -70,6 +70,9 @@ struct Seq<'c> {
     last_logits: Vec<f32>,
     /// The logits a grammar allows (a buffer reused every step).
     masked: Vec<f32>,
+    /// The grammar masks the logits (from the first token, or, for a job
+    /// whose grammar waits for the reasoning, once the reasoning ended).
+    grammar_on: bool,
     decoder: StreamDecoder<'c>,
     stop: StopMatcher,
     first_token: Option<Instant>,
@@ -152,6 +155,7 @@ impl<'c> Scheduler<'c> {
         };
         self.shared.board.begin(&job.id, job.api, job.prompt.len(), cached);
         let full = pending.is_some();
+        let job_waits = job.grammar_after_reasoning;
         let mut seq = Seq {
             sampler: Sampler::new(job.params.sampling.clone(), &job.prompt),
             stop: StopMatcher::new(&job.stop),
@@ -170,6 +174,7 @@ impl<'c> Scheduler<'c> {
             prompt_logits: pending.clone(),
             last_logits: Vec::new(),
             masked: Vec::new(),
+            grammar_on: !job_waits,
             first_token: None,
             prefill_done: full.then_some(started),
             decode_error: None,
@@ -497,11 +502,17 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
     let cfg = engine.config();
     let t = Instant::now();
     // A spent reasoning budget writes its closing instead of sampling
-    // (the grammar, if any, takes it as it takes a sampled id). A grammar
-    // samples from the logits it allows; the model's own logits are kept
-    // (log-probabilities, the prefix cache's checkpoints).
+    // (a grammar already under way takes it as it takes a sampled id). A
+    // grammar samples from the logits it allows; the model's own logits
+    // are kept (log-probabilities, the prefix cache's checkpoints). A
+    // grammar that waits for the reasoning starts with the first token
+    // sampled after it.
     let forced = s.job.think_budget.as_mut().and_then(ThinkBudget::forced);
-    let picked = match (forced, s.job.constraint.as_mut()) {
+    if !s.grammar_on && forced.is_none() && !s.job.think_budget.as_ref().is_some_and(ThinkBudget::in_reasoning) {
+        s.grammar_on = true;
+    }
+    let constraint = s.job.constraint.as_mut().filter(|_| s.grammar_on);
+    let picked = match (forced, constraint) {
         (Some(id), c) => {
             s.sampler.note(id);
             match c {
@@ -531,7 +542,7 @@ fn sample(engine: &Engine, board: &Board, s: &mut Seq<'_>, logits: Vec<f32>) {
             return;
         }
     };
-    let grammar_done = s.job.constraint.as_ref().is_some_and(|c| c.is_done());
+    let grammar_done = s.grammar_on && s.job.constraint.as_ref().is_some_and(|c| c.is_done());
     let lp = s.job.logprobs.map(|top| logprobs(&logits, id, top));
     s.last_logits = logits;
     s.first_token.get_or_insert_with(Instant::now);

@@ -367,6 +367,7 @@ async fn decide_inner(st: Arc<AppState>, body: Result<Bytes, BytesRejection>) ->
         logprobs: None,
         constraint: None,
         think_budget: None,
+        grammar_after_reasoning: false,
         keep_special: false,
         score: Some(job),
         events: tx,

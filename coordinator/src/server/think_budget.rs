@@ -142,6 +142,11 @@ impl ThinkBudget {
         self.watch.push(text);
     }
 
+    /// Whether the text so far ended inside the reasoning.
+    pub fn in_reasoning(&self) -> bool {
+        self.watch.in_reasoning()
+    }
+
     /// Tokens counted as reasoning so far.
     pub fn used(&self) -> usize {
         self.used
