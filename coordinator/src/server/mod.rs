@@ -1129,10 +1129,13 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     // no tokenizing, and a request that got this far is never refused after.
     let slot = reserve(st)?;
     let chat = matches!(ask.prompt, PromptInput::Chat(_));
+    // A forced call's prefill starts the answer after any block the
+    // template opened: the answer is the call, not reasoning.
+    let prefilled = !ask.prefill.is_empty();
     let prompt = prompt_ids(st, ask.prompt, ask.tools, ask.prefill, ask.template_kwargs).await?;
     // Harmony's channels and Kimi K2's call markers are special tokens.
     let keep_special = chat && tool_syntax(st).is_some_and(tools::ToolSyntax::keeps_special_tokens);
-    let opens_reasoning = chat && {
+    let opens_reasoning = chat && !prefilled && {
         let tail = &prompt[prompt.len().saturating_sub(16)..];
         reasoning::opens_inside(&st.codec.decode(tail, false).unwrap_or_default())
     };
