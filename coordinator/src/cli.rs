@@ -28,7 +28,7 @@ use crate::engine::{Engine, EngineOptions, FinishReason, GenStats, GenerateParam
 use crate::sampler::SamplingParams;
 use crate::server::answer::{AnswerStream, Out, Shape};
 use crate::server::harmony::is_harmony;
-use crate::server::reasoning::{opens_inside, template_thinks};
+use crate::server::reasoning::{prompt_opens_inside, template_thinks};
 use crate::server::think_budget::ThinkBudget;
 use crate::text::TextCodec;
 use charm_common::container::Quant;
@@ -909,9 +909,8 @@ fn chat(engine: &Engine, dir: &std::path::Path, template: Option<&std::path::Pat
         }
         messages.push(Message::new("user", input));
         let prompt = codec.encode_chat(&messages, true, &[])?;
-        let tail = codec.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
         let shape = Shape {
-            think: thinks.then(|| opens_inside(&tail)),
+            think: thinks.then(|| prompt_opens_inside(&codec, &prompt)),
             harmony,
             tools: None,
         };

@@ -1135,10 +1135,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     let prompt = prompt_ids(st, ask.prompt, ask.tools, ask.prefill, ask.template_kwargs).await?;
     // Harmony's channels and Kimi K2's call markers are special tokens.
     let keep_special = chat && tool_syntax(st).is_some_and(tools::ToolSyntax::keeps_special_tokens);
-    let opens_reasoning = chat && !prefilled && {
-        let tail = &prompt[prompt.len().saturating_sub(16)..];
-        reasoning::opens_inside(&st.codec.decode(tail, false).unwrap_or_default())
-    };
+    let opens_reasoning = chat && !prefilled && reasoning::prompt_opens_inside(&st.codec, &prompt);
     let constraint = match ask.grammar {
         None => None,
         Some((spec, param)) => Some(constrain(st, spec, param).await?),

@@ -48,6 +48,13 @@ pub fn opens_inside(prompt_tail: &str) -> bool {
     }
 }
 
+/// Whether a rendered prompt's ids leave a `<think>` block open (its last
+/// 16 tokens, decoded, hold the tags that matter).
+pub fn prompt_opens_inside(codec: &crate::text::TextCodec, prompt: &[u32]) -> bool {
+    let tail = &prompt[prompt.len().saturating_sub(16)..];
+    opens_inside(&codec.decode(tail, false).unwrap_or_default())
+}
+
 /// Template variables a request sets: its `chat_template_kwargs` (`param`)
 /// and `enable_thinking` (from the API's own switch; it wins). 400 for
 /// names the server sets itself, names that are no identifiers, or more
