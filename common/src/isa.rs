@@ -2,6 +2,11 @@
 //! at run time. Every kernel gives the same bits on every one of them (see
 //! [`crate::kernels`] and [`crate::gguf::qdot`]), so the choice changes
 //! speed only.
+//!
+//! AMX tiles (`AMX-INT8`) are not an instruction set of their own here:
+//! they serve the integer prefill products of an AVX-512 VNNI CPU
+//! ([`amx_active`], `crate::gguf::qdot::amx`), every other kernel running
+//! as on VNNI.
 
 use std::sync::OnceLock;
 
@@ -82,4 +87,47 @@ impl Isa {
             }
         })
     }
+}
+
+/// Whether this CPU runs AMX-INT8 tiles and this process may use them:
+/// CPUID's `AMX-TILE` and `AMX-INT8` bits, AVX-512 VNNI (the products'
+/// float part), and, on Linux, the tile state granted by
+/// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` (a kernel or
+/// hypervisor that refuses it leaves AMX off). Asked once.
+pub fn amx_runs() -> bool {
+    static RUNS: OnceLock<bool> = OnceLock::new();
+    *RUNS.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            // ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18.
+            // SAFETY: a system call with integer arguments.
+            amx_reported() && unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1023, 18) } == 0
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        false
+    })
+}
+
+/// Whether CPUID reports AMX-TILE and AMX-INT8 (whether or not this
+/// process may use them: [`amx_runs`]).
+pub fn amx_reported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 7 exists on every CPU with AVX-512 (checked first).
+        Isa::Avx512Vnni.runs() && std::arch::x86_64::__cpuid_count(7, 0).edx & (3 << 24) == 3 << 24
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the integer prefill products use AMX tiles: [`amx_runs`], the
+/// active instruction set is AVX-512 VNNI, and `CHARM_ISA` is unset or
+/// `amx` (`CHARM_ISA=avx512vnni` runs the same products on VNNI alone).
+/// Asked once.
+pub fn amx_active() -> bool {
+    static ACTIVE: OnceLock<bool> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let asked = std::env::var("CHARM_ISA").map_or(true, |v| v == "amx");
+        asked && Isa::active() == Isa::Avx512Vnni && amx_runs()
+    })
 }

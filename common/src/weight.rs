@@ -293,6 +293,9 @@ const ROWS_PER_TASK: usize = 32;
 /// cache while every activation row passes over it.
 const TILE_ROWS: usize = 16;
 
+// A tile of weight rows is one AMX tile (`qdot::amx::WeightTile`).
+const _: () = assert!(TILE_ROWS <= qdot::amx::ROWS);
+
 /// The token-major output of a matrix-matrix product, written by its
 /// tiles in disjoint columns ([`Weight::matmul`]).
 #[derive(Clone, Copy)]
@@ -314,6 +317,11 @@ impl OutPtr {
         unsafe { self.0.add(i) }
     }
 }
+
+/// Activation rows from which a product of GGML rows runs on AMX tiles
+/// (where AMX is active): below it the padding of a 16-row tile costs more
+/// than the VNNI loops.
+const AMX_MIN_ROWS: usize = 8;
 
 /// Activation rows per block of a tiled product: eight 2048-wide rows and
 /// their block sums (~20 KiB) share L1 with a tile's weight rows.
@@ -341,6 +349,8 @@ thread_local! {
     /// of activation rows (`qdot::tiled::scales_ahead_pay`; taken while in
     /// use, as [`TILE_OUT`]).
     static TILE_SCALES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// A matrix product's tile of weight rows decoded for AMX.
+    static AMX_TILE: RefCell<qdot::amx::WeightTile> = RefCell::new(Default::default());
 }
 
 impl Weight {
@@ -706,8 +716,9 @@ impl Weight {
             return;
         }
         let int8 = first.int8_activations();
-        // Q8_0 / Q4_0 / K-quants on x86: both sides chunk-transposed (same bits).
-        let arrange = int8 && ws.iter().any(|w| w.tiled(n));
+        // Q8_0 / Q4_0 / K-quants on x86: both sides chunk-transposed (same bits),
+        // unless AMX tiles take the product.
+        let arrange = int8 && ws.iter().any(|w| w.tiled(n) && !w.on_amx(n));
         let acts: Vec<Prepared<'_>> = xs
             .par_chunks_exact(first.cols)
             .with_min_len(4)
@@ -733,10 +744,33 @@ impl Weight {
         } else {
             Vec::new()
         };
+        // AMX: the activation rows laid out once as the tiles' operands.
+        let amx = (int8 && ws.iter().any(|w| w.on_amx(n))).then(|| {
+            let rows: Vec<&Q8Acts> = acts
+                .iter()
+                .map(|p| match p {
+                    Prepared::Q8(a) => a,
+                    Prepared::F32(_) => unreachable!("GGML blocks quantize activations"),
+                })
+                .collect();
+            qdot::amx::AmxActs::new(&rows)
+        });
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
-            let arranged = if w.tiled(n) { &arranged_acts[..] } else { &[] };
-            w.matmul_prepared(&acts, arranged, n, o);
+            let arranged = if w.tiled(n) && !w.on_amx(n) {
+                &arranged_acts[..]
+            } else {
+                &[]
+            };
+            let amx = amx.as_ref().filter(|_| w.on_amx(n));
+            w.matmul_prepared(&acts, arranged, amx, n, o);
         }
+    }
+
+    /// Whether a product with `n` activation rows runs on AMX tiles
+    /// ([`qdot::amx`]): GGML rows AMX takes, on a CPU where it is active,
+    /// with at least [`AMX_MIN_ROWS`] activation rows.
+    fn on_amx(&self, n: usize) -> bool {
+        matches!(&self.data, WeightData::Gguf { ty, .. } if n >= AMX_MIN_ROWS && qdot::amx::usable(*ty, self.cols))
     }
 
     /// Whether a product with `n` activation rows takes the chunk-transposed
@@ -751,7 +785,14 @@ impl Weight {
 
     /// The tiles of [`Weight::matmul_many`] for one matrix: `acts` prepared
     /// for it, `arranged_acts` the same rows arranged (empty: not tiled).
-    fn matmul_prepared(&self, acts: &[Prepared<'_>], arranged_acts: &[&Q8Acts], n: usize, out: &mut [f32]) {
+    fn matmul_prepared(
+        &self,
+        acts: &[Prepared<'_>],
+        arranged_acts: &[&Q8Acts],
+        amx: Option<&qdot::amx::AmxActs>,
+        n: usize,
+        out: &mut [f32],
+    ) {
         assert_eq!(out.len(), n * self.rows, "one output row per activation row");
         let arranged = !arranged_acts.is_empty();
         let batch = qdot::tiled::ArrangedActs::new(arranged_acts);
@@ -780,7 +821,15 @@ impl Weight {
                 // every weight row of the tile meets them (all the rows at
                 // once would stream them from L2 for each weight row).
                 let blocks = (0..n).step_by(ACT_BLOCK).map(|b| b..(b + ACT_BLOCK).min(n));
-                if let (true, Some(packed)) = (arranged, &self.packed) {
+                if let Some(amx) = amx {
+                    // AMX: the tile's rows decoded once, then every
+                    // activation tile against them.
+                    AMX_TILE.with_borrow_mut(|w| {
+                        w.decode(*ty, &data.as_slice()[r0 * rb..(r0 + tile_rows) * rb], self.cols);
+                        qdot::amx::product(w, amx, o, n);
+                    });
+                    t = n;
+                } else if let (true, Some(packed)) = (arranged, &self.packed) {
                     let packed = packed.as_slice();
                     // The next tile's packed rows into L2, a share per
                     // block of activation rows, while this tile's are used.

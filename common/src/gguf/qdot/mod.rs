@@ -138,6 +138,7 @@ macro_rules! each_type {
 }
 
 mod acts;
+pub mod amx;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod reference;
