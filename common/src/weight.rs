@@ -349,6 +349,9 @@ thread_local! {
     /// of activation rows (`qdot::tiled::scales_ahead_pay`; taken while in
     /// use, as [`TILE_OUT`]).
     static TILE_SCALES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// A matrix product's activation rows laid out for AMX (taken while
+    /// in use, as [`TILE_OUT`]: its pages are touched once, not per product).
+    static AMX_ACTS: Cell<qdot::amx::AmxActs> = const { Cell::new(qdot::amx::AmxActs::EMPTY) };
     /// A matrix product's tile of weight rows decoded for AMX.
     static AMX_TILE: RefCell<qdot::amx::WeightTile> = RefCell::new(Default::default());
 }
@@ -753,7 +756,9 @@ impl Weight {
                     Prepared::F32(_) => unreachable!("GGML blocks quantize activations"),
                 })
                 .collect();
-            qdot::amx::AmxActs::new(&rows)
+            let mut amx = AMX_ACTS.take();
+            amx.fill(&rows);
+            amx
         });
         for (w, o) in ws.iter().zip(outs.iter_mut()) {
             let arranged = if w.tiled(n) && !w.on_amx(n) {
@@ -763,6 +768,9 @@ impl Weight {
             };
             let amx = amx.as_ref().filter(|_| w.on_amx(n));
             w.matmul_prepared(&acts, arranged, amx, n, o);
+        }
+        if let Some(amx) = amx {
+            AMX_ACTS.set(amx);
         }
     }
 
@@ -1067,6 +1075,8 @@ mod tests {
             (GgmlType::Q5_0, 1408),
             (GgmlType::Q4_1, 512),
             (GgmlType::Q5_1, 1408),
+            (GgmlType::Q2_K, 512),
+            (GgmlType::Q3_K, 512),
         ];
         for (ty, cols) in shapes {
             let rows = 40;
@@ -1098,9 +1108,11 @@ mod tests {
             assert_eq!((bits(&c), bits(&d)), (bits(&a), bits(&a)), "{ty} matvec_many");
             assert_eq!(packed.row_dot(7, &x).to_bits(), a[7].to_bits());
             // Two and three rows (packed: the chunk-transposed path, plain:
-            // the row dot) and five and nine (both chunk-transposed where
-            // usable): each element the row dot of the folding kernel.
-            for n in [2, 3, 5, 9] {
+            // the row dot), five (both chunk-transposed where usable), nine
+            // and 33 (AMX tiles where the CPU has them: a partial tile, and
+            // two whole tiles and one row): each element the row dot of the
+            // folding kernel.
+            for n in [2, 3, 5, 9, 33] {
                 let xs = gguf::dot::tests::acts(&mut rng, n * cols);
                 let (mut e, mut f) = (vec![0.0; n * rows], vec![0.0; n * rows]);
                 plain.matmul(&xs, n, &mut e);

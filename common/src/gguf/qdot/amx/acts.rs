@@ -6,7 +6,7 @@
 
 use super::super::super::types::QK;
 use super::super::Q8Acts;
-use super::ROWS;
+use super::{line_bytes_mut, zeroed_lines, Line, ROWS};
 
 /// Bytes of one block's `B` tile.
 pub(super) const B_TILE: usize = 8 * 64;
@@ -20,7 +20,7 @@ pub struct AmxActs {
     /// Elements per row.
     pub(super) cols: usize,
     /// Per tile and block, its [`B_TILE`] bytes.
-    pub(super) b: Vec<i8>,
+    pub(super) b: Vec<Line>,
     /// Per tile and block, 16 lanes (one per activation row): `d[b]`.
     pub(super) dx: Vec<f32>,
     /// ... `s16[2b] + s16[2b + 1]`.
@@ -33,6 +33,18 @@ pub struct AmxActs {
 }
 
 impl AmxActs {
+    /// No rows.
+    pub const EMPTY: AmxActs = AmxActs {
+        n: 0,
+        cols: 0,
+        b: Vec::new(),
+        dx: Vec::new(),
+        s: Vec::new(),
+        xs: Vec::new(),
+        s0: Vec::new(),
+        s1: Vec::new(),
+    };
+
     /// Lays out `acts` (rows of one width).
     ///
     /// # Panics
@@ -63,7 +75,11 @@ impl AmxActs {
         self.n.div_ceil(ROWS)
     }
 
-    fn fill(&mut self, acts: &[&Q8Acts]) {
+    /// Lays out `acts` in place of the rows held, reusing the buffers.
+    ///
+    /// # Panics
+    /// If the rows differ in width.
+    pub fn fill(&mut self, acts: &[&Q8Acts]) {
         let cols = acts.first().map_or(0, |a| a.len());
         assert!(
             acts.iter().all(|a| a.len() == cols),
@@ -73,8 +89,8 @@ impl AmxActs {
         self.n = acts.len();
         self.cols = cols;
         let tiles = self.tiles();
-        self.b.clear();
-        self.b.resize(tiles * nb * B_TILE, 0);
+        zeroed_lines(&mut self.b, tiles * nb * B_TILE);
+        let bytes = line_bytes_mut(&mut self.b);
         let lanes = tiles * nb * ROWS;
         for v in [&mut self.dx, &mut self.xs] {
             v.clear();
@@ -94,7 +110,7 @@ impl AmxActs {
                 self.s[at] = s0 + s1;
                 self.xs[at] = dx * (s0 + s1) as f32;
                 (self.s0[at], self.s1[at]) = (s0, s1);
-                let tile_b = &mut self.b[(tile * nb + b) * B_TILE..(tile * nb + b + 1) * B_TILE];
+                let tile_b = &mut bytes[(tile * nb + b) * B_TILE..(tile * nb + b + 1) * B_TILE];
                 let q = &a.qs[b * QK..(b + 1) * QK];
                 for j in 0..8 {
                     tile_b[64 * j + 4 * t..64 * j + 4 * t + 4].copy_from_slice(&q[4 * j..4 * j + 4]);

@@ -114,10 +114,13 @@ pub fn product(w: &WeightTile, acts: &AmxActs, out: &mut [f32], stride: usize) {
     let _ = (ty, out, stride);
 }
 
-/// The 64-byte tile configuration (palette 1) for whole blocks or halves:
-/// `A` tiles (tmm0, tmm3) 16 weight rows of 32 (halves: 16) code bytes,
-/// `B` tiles (tmm1, tmm4) 8 (halves: 4) rows of 64 bytes, `C` tiles (tmm2,
-/// tmm5) 16 rows of 16 `i32`.
+/// The 64-byte tile configuration (palette 1) of two register sets, one
+/// for even blocks and one for odd, so that a block's tiles are computed
+/// while the previous block's sums are scaled. Whole blocks: `A` (tmm0,
+/// tmm3) 16 weight rows of 32 code bytes, `B` (tmm1, tmm4) 8 rows of 64
+/// bytes, `C` (tmm2, tmm5) 16 rows of 16 `i32`. Halves: `A` (tmm0, tmm4)
+/// 16 rows of 16 bytes, `B` (tmm1, tmm5) 4 rows of 64, `C` of the first
+/// and second halves (tmm2, tmm3; tmm6, tmm7).
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
@@ -125,15 +128,60 @@ impl TileConfig {
     fn new(halves: bool) -> Self {
         let mut c = [0u8; 64];
         c[0] = 1;
-        let (a_cols, b_rows) = if halves { (16, 4) } else { (32, 8) };
-        for (t, (cols, rows)) in [(a_cols, 16), (64, b_rows), (64, 16)].into_iter().enumerate() {
-            for reg in [t, t + 3] {
-                c[16 + 2 * reg] = cols as u8;
-                c[48 + reg] = rows as u8;
+        let mut set = |reg: usize, cols: u8, rows: u8| {
+            c[16 + 2 * reg] = cols;
+            c[48 + reg] = rows;
+        };
+        if halves {
+            for base in [0, 4] {
+                set(base, 16, 16);
+                set(base + 1, 64, 4);
+                set(base + 2, 64, 16);
+                set(base + 3, 64, 16);
+            }
+        } else {
+            for base in [0, 3] {
+                set(base, 32, 16);
+                set(base + 1, 64, 8);
+                set(base + 2, 64, 16);
             }
         }
         TileConfig(c)
     }
+}
+
+/// A block's integer sums (the whole block's, or its two halves'), as
+/// the tiles store them.
+#[repr(C, align(64))]
+struct Sums([i32; 2 * ROWS * ROWS]);
+
+/// A cache line of codes: the tiles' operands are stored in whole lines.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Line(pub [i8; 64]);
+
+impl Default for Line {
+    fn default() -> Self {
+        Line([0; 64])
+    }
+}
+
+/// `v` resized to hold `bytes` bytes of zeros, in whole cache lines.
+fn zeroed_lines(v: &mut Vec<Line>, bytes: usize) {
+    v.clear();
+    v.resize(bytes.div_ceil(64), Line::default());
+}
+
+/// The bytes of `v`.
+fn line_bytes(v: &[Line]) -> &[i8] {
+    // SAFETY: `Line` is 64 bytes with no padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), 64 * v.len()) }
+}
+
+/// The bytes of `v`, mutable.
+fn line_bytes_mut(v: &mut [Line]) -> &mut [i8] {
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast(), 64 * v.len()) }
 }
 
 const PLAIN: u8 = 0;
@@ -141,6 +189,60 @@ const MIN_ADD: u8 = 1;
 const MIN_SUB: u8 = 2;
 const HALVES: u8 = 3;
 const Q2K: u8 = 4;
+
+/// A block's integer sums into `c` (the first half's, or the whole
+/// block's, at `c`; the second half's at `c + 1024` bytes), on register
+/// set `SET` of [`TileConfig`].
+///
+/// # Safety
+/// The tile configuration is loaded; `a` starts 16 rows of `stride` bytes
+/// (32 read from each), `b` a block's `B` tile, `c` 2 KiB (halves) or 1 KiB.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block_sums<const HALF: bool, const SET: u8>(a: *const i8, stride: usize, b: *const i8, c: *mut i32) {
+    let c1 = c.wrapping_add(ROWS * ROWS);
+    macro_rules! whole {
+        ($a:literal, $b:literal, $c:literal) => {
+            asm!(
+                concat!("tileloadd ", $a, ", [{a} + {s}*1]"),
+                concat!("tileloadd ", $b, ", [{b} + {w}*1]"),
+                concat!("tilezero ", $c),
+                concat!("tdpbssd ", $c, ", ", $a, ", ", $b),
+                concat!("tilestored [{c} + {w}*1], ", $c),
+                a = in(reg) a, s = in(reg) stride, b = in(reg) b, w = in(reg) 64usize, c = in(reg) c,
+                options(nostack),
+            )
+        };
+    }
+    macro_rules! halves {
+        ($a:literal, $b:literal, $c0:literal, $c1:literal) => {
+            asm!(
+                concat!("tileloadd ", $a, ", [{a} + {s}*1]"),
+                concat!("tileloadd ", $b, ", [{b} + {w}*1]"),
+                concat!("tilezero ", $c0),
+                concat!("tdpbssd ", $c0, ", ", $a, ", ", $b),
+                concat!("tileloadd ", $a, ", [{a} + {s}*1 + 16]"),
+                concat!("tileloadd ", $b, ", [{b} + {w}*1 + 256]"),
+                concat!("tilezero ", $c1),
+                concat!("tdpbssd ", $c1, ", ", $a, ", ", $b),
+                concat!("tilestored [{c0} + {w}*1], ", $c0),
+                concat!("tilestored [{c1} + {w}*1], ", $c1),
+                a = in(reg) a, s = in(reg) stride, b = in(reg) b, w = in(reg) 64usize,
+                c0 = in(reg) c, c1 = in(reg) c1,
+                options(nostack),
+            )
+        };
+    }
+    // SAFETY: the caller's promises.
+    unsafe {
+        match (HALF, SET) {
+            (false, 0) => whole!("tmm0", "tmm1", "tmm2"),
+            (false, _) => whole!("tmm3", "tmm4", "tmm5"),
+            (true, 0) => halves!("tmm0", "tmm1", "tmm2", "tmm3"),
+            (true, _) => halves!("tmm4", "tmm5", "tmm6", "tmm7"),
+        }
+    }
+}
 
 /// [`product`] for one kind of term.
 ///
@@ -150,92 +252,78 @@ const Q2K: u8 = 4;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn product_x86<const K: u8>(w: &WeightTile, acts: &AmxActs, out: &mut [f32], stride: usize) {
+    const { assert!(K <= Q2K) };
     let halves = K == HALVES || K == Q2K;
     let cfg = TileConfig::new(halves);
     let nb = w.cols / QK;
-    let cols = w.cols;
-    // A chunk's sums: 8 blocks (halves: 16) of 16 × 16 `i32`.
-    let mut c = [[0i32; ROWS * ROWS]; 16];
+    // Two blocks' sums (each: the whole block's, or the two halves').
+    // Aligned to cache lines: a tile row split over two lines stores at
+    // half the rate.
+    let mut c = [const { Sums([0; 2 * ROWS * ROWS]) }; 2];
     // SAFETY: the configuration is a valid palette-1 layout.
     unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
     for tile in 0..acts.tiles() {
         let mut acc = [[_mm512_setzero_ps(); 8]; ROWS];
-        for b0 in (0..nb).step_by(8) {
-            let k = (nb - b0).min(8);
-            for kb in 0..k {
-                let b = b0 + kb;
-                let a = w.codes.as_ptr().wrapping_add(QK * b);
-                let bt = acts.b.as_ptr().wrapping_add((tile * nb + b) * acts::B_TILE);
-                // SAFETY: `a` starts 16 rows of `cols` bytes (32 read from
-                // each), `bt` a block's `B` tile, `c` holds the sums.
-                unsafe {
-                    if halves {
-                        asm!(
-                            "tileloadd tmm0, [{a} + {s}*1]",
-                            "tileloadd tmm1, [{b} + {w}*1]",
-                            "tilezero tmm2",
-                            "tdpbssd tmm2, tmm0, tmm1",
-                            "tileloadd tmm3, [{a} + {s}*1 + 16]",
-                            "tileloadd tmm4, [{b} + {w}*1 + 256]",
-                            "tilezero tmm5",
-                            "tdpbssd tmm5, tmm3, tmm4",
-                            "tilestored [{c0} + {w}*1], tmm2",
-                            "tilestored [{c1} + {w}*1], tmm5",
-                            a = in(reg) a, s = in(reg) cols, b = in(reg) bt, w = in(reg) 64usize,
-                            c0 = in(reg) c[2 * kb].as_mut_ptr(), c1 = in(reg) c[2 * kb + 1].as_mut_ptr(),
-                            options(nostack),
-                        );
-                    } else {
-                        asm!(
-                            "tileloadd tmm0, [{a} + {s}*1]",
-                            "tileloadd tmm1, [{b} + {w}*1]",
-                            "tilezero tmm2",
-                            "tdpbssd tmm2, tmm0, tmm1",
-                            "tilestored [{c0} + {w}*1], tmm2",
-                            a = in(reg) a, s = in(reg) cols, b = in(reg) bt, w = in(reg) 64usize,
-                            c0 = in(reg) c[kb].as_mut_ptr(),
-                            options(nostack),
-                        );
-                    }
+        let sums = |b: usize, c: &mut [Sums; 2]| {
+            let a = line_bytes(&w.codes).as_ptr().wrapping_add(QK * b);
+            let bt = line_bytes(&acts.b)
+                .as_ptr()
+                .wrapping_add((tile * nb + b) * acts::B_TILE);
+            let c = c[b % 2].0.as_mut_ptr();
+            // SAFETY: `a` starts the tile's 16 rows of `cols` codes at
+            // block `b`, `bt` its `B` tile, `c` 2 KiB; the set alternates
+            // with the block, as the configuration has it.
+            unsafe {
+                match (halves, b % 2) {
+                    (false, 0) => block_sums::<false, 0>(a, w.cols, bt, c),
+                    (false, _) => block_sums::<false, 1>(a, w.cols, bt, c),
+                    (true, 0) => block_sums::<true, 0>(a, w.cols, bt, c),
+                    (true, _) => block_sums::<true, 1>(a, w.cols, bt, c),
                 }
             }
+        };
+        sums(0, &mut c);
+        for b in 0..nb {
+            // The next block's tiles run while this block's sums are scaled.
+            if b + 1 < nb {
+                sums(b + 1, &mut c);
+            }
+            let c = &c[b % 2].0;
+            let lane = b % 8;
+            let at = (tile * nb + b) * ROWS;
+            let dx = _mm512_loadu_ps(acts.dx.as_ptr().add(at));
             for (r, acc) in acc.iter_mut().enumerate().take(w.rows) {
-                for (kb, lane) in acc.iter_mut().enumerate().take(k) {
-                    let b = b0 + kb;
-                    let at = (tile * nb + b) * ROWS;
-                    let dx = _mm512_loadu_ps(acts.dx.as_ptr().add(at));
-                    let wd = _mm512_set1_ps(w.wd[r * nb + b]);
-                    let sum = if halves {
-                        let i0 = _mm512_loadu_si512(c[2 * kb].as_ptr().add(ROWS * r).cast());
-                        let i1 = _mm512_loadu_si512(c[2 * kb + 1].as_ptr().add(ROWS * r).cast());
-                        let h = 2 * (r * nb + b);
-                        let sc0 = _mm512_set1_epi32(w.sc[h]);
-                        let sc1 = _mm512_set1_epi32(w.sc[h + 1]);
-                        _mm512_add_epi32(_mm512_mullo_epi32(sc0, i0), _mm512_mullo_epi32(sc1, i1))
-                    } else {
-                        _mm512_loadu_si512(c[kb].as_ptr().add(ROWS * r).cast())
-                    };
-                    let mut term = _mm512_mul_ps(_mm512_mul_ps(wd, dx), _mm512_cvtepi32_ps(sum));
-                    if K == MIN_ADD {
-                        let s = _mm512_cvtepi32_ps(_mm512_loadu_si512(acts.s.as_ptr().add(at).cast()));
-                        let wm = _mm512_set1_ps(w.wm[r * nb + b]);
-                        term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_mul_ps(wm, dx), s));
-                    } else if K == MIN_SUB {
-                        let xs = _mm512_loadu_ps(acts.xs.as_ptr().add(at));
-                        term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_set1_ps(w.wm[r * nb + b]), xs));
-                    } else if K == Q2K {
-                        let h = 2 * (r * nb + b);
-                        let s0 = _mm512_loadu_si512(acts.s0.as_ptr().add(at).cast());
-                        let s1 = _mm512_loadu_si512(acts.s1.as_ptr().add(at).cast());
-                        let m = _mm512_add_epi32(
-                            _mm512_mullo_epi32(_mm512_set1_epi32(w.mn[h]), s0),
-                            _mm512_mullo_epi32(_mm512_set1_epi32(w.mn[h + 1]), s1),
-                        );
-                        let wm = _mm512_set1_ps(w.wm[r * nb + b]);
-                        term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_mul_ps(wm, dx), _mm512_cvtepi32_ps(m)));
-                    }
-                    *lane = _mm512_add_ps(*lane, term);
+                let wd = _mm512_set1_ps(*w.wd.get_unchecked(r * nb + b));
+                let sum = if halves {
+                    let i0 = _mm512_loadu_si512(c.as_ptr().add(ROWS * r).cast());
+                    let i1 = _mm512_loadu_si512(c.as_ptr().add(ROWS * (ROWS + r)).cast());
+                    let h = 2 * (r * nb + b);
+                    let sc0 = _mm512_set1_epi32(*w.sc.get_unchecked(h));
+                    let sc1 = _mm512_set1_epi32(*w.sc.get_unchecked(h + 1));
+                    _mm512_add_epi32(_mm512_mullo_epi32(sc0, i0), _mm512_mullo_epi32(sc1, i1))
+                } else {
+                    _mm512_loadu_si512(c.as_ptr().add(ROWS * r).cast())
+                };
+                let mut term = _mm512_mul_ps(_mm512_mul_ps(wd, dx), _mm512_cvtepi32_ps(sum));
+                if K == MIN_ADD {
+                    let s = _mm512_cvtepi32_ps(_mm512_loadu_si512(acts.s.as_ptr().add(at).cast()));
+                    let wm = _mm512_set1_ps(*w.wm.get_unchecked(r * nb + b));
+                    term = _mm512_add_ps(term, _mm512_mul_ps(_mm512_mul_ps(wm, dx), s));
+                } else if K == MIN_SUB {
+                    let xs = _mm512_loadu_ps(acts.xs.as_ptr().add(at));
+                    term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_set1_ps(*w.wm.get_unchecked(r * nb + b)), xs));
+                } else if K == Q2K {
+                    let h = 2 * (r * nb + b);
+                    let s0 = _mm512_loadu_si512(acts.s0.as_ptr().add(at).cast());
+                    let s1 = _mm512_loadu_si512(acts.s1.as_ptr().add(at).cast());
+                    let m = _mm512_add_epi32(
+                        _mm512_mullo_epi32(_mm512_set1_epi32(*w.mn.get_unchecked(h)), s0),
+                        _mm512_mullo_epi32(_mm512_set1_epi32(*w.mn.get_unchecked(h + 1)), s1),
+                    );
+                    let wm = _mm512_set1_ps(*w.wm.get_unchecked(r * nb + b));
+                    term = _mm512_sub_ps(term, _mm512_mul_ps(_mm512_mul_ps(wm, dx), _mm512_cvtepi32_ps(m)));
                 }
+                acc[lane] = _mm512_add_ps(acc[lane], term);
             }
         }
         let t0 = tile * ROWS;

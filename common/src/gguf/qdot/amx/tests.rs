@@ -191,7 +191,7 @@ fn the_tile_decode_holds_the_reference_codes() {
                 };
                 for b in 0..k {
                     let want = super::super::reference::codes(ty, chunk, b).map(|c| c - off);
-                    let got = &tile.codes[r * cols + QK * (b0 + b)..][..QK];
+                    let got = &line_bytes(&tile.codes)[r * cols + QK * (b0 + b)..][..QK];
                     let got: Vec<i16> = got.iter().map(|&c| c as i16).collect();
                     assert_eq!(got, want, "{ty} row {r} block {}", b0 + b);
                 }
@@ -199,7 +199,7 @@ fn the_tile_decode_holds_the_reference_codes() {
             }
         }
         assert!(
-            tile.codes[5 * cols..].iter().all(|&c| c == 0),
+            line_bytes(&tile.codes)[5 * cols..].iter().all(|&c| c == 0),
             "{ty}: rows past the tile's are zero"
         );
     }

@@ -8,10 +8,8 @@
 //! Q6_K), so the tile's integer sum of a block is the term's integer
 //! `lo + hi − off·S` (or, per half, `lo − off·s₀`) itself, exactly.
 
-use super::super::super::types::{
-    e8m0_to_f32_half, f16_le, iq4_xs_scale, q3_k_scale, scale_min_k4, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK, QK_K,
-};
-use super::ROWS;
+use super::super::super::types::{e8m0_to_f32_half, f16_le, iq4_xs_scale, q3_k_scale, scale_min_k4, GgmlType, QK};
+use super::{line_bytes_mut, zeroed_lines, Line, ROWS};
 
 /// Decoded weight rows (reused between tiles: decoding allocates only when
 /// a tile is wider than any before).
@@ -23,7 +21,7 @@ pub struct WeightTile {
     /// Elements per row.
     pub(super) cols: usize,
     /// `ROWS × cols` signed codes, row-major.
-    pub(super) codes: Vec<i8>,
+    pub(super) codes: Vec<Line>,
     /// Per row and block (`r · blocks + b`): the factor multiplied by the
     /// activation scale (`d`, `d·sc`, `d·(ls − 32)`, `2^(e−128)`).
     pub(super) wd: Vec<f32>,
@@ -51,8 +49,12 @@ impl WeightTile {
         self.ty = Some(ty);
         self.rows = n;
         self.cols = cols;
-        self.codes.clear();
-        self.codes.resize(ROWS * cols, 0);
+        // Only the rows past the tile's need zeros: the others are written.
+        if self.codes.len() != ROWS * cols / 64 {
+            zeroed_lines(&mut self.codes, ROWS * cols);
+        }
+        let all = line_bytes_mut(&mut self.codes);
+        all[n * cols..].fill(0);
         for v in [&mut self.wd, &mut self.wm] {
             v.clear();
             v.resize(ROWS * nb, 0.0);
@@ -62,173 +64,240 @@ impl WeightTile {
             v.resize(2 * ROWS * nb, 0);
         }
         for (r, row) in rows.chunks_exact(rb).enumerate() {
-            let codes = &mut self.codes[r * cols..(r + 1) * cols];
+            let codes = &mut all[r * cols..(r + 1) * cols];
             let at = r * nb;
             let (wd, wm) = (&mut self.wd[at..at + nb], &mut self.wm[at..at + nb]);
             let (sc, mn) = (&mut self.sc[2 * at..2 * (at + nb)], &mut self.mn[2 * at..2 * (at + nb)]);
-            decode_row(ty, row, codes, wd, wm, sc, mn);
+            factors(ty, row, wd, wm, sc, mn);
+            #[cfg(target_arch = "x86_64")]
+            if crate::Isa::Avx512Vnni.runs() {
+                // SAFETY: AVX-512 (F, BW, VL) runs here; `codes` holds the row's
+                // `cols` codes and `row` its bytes.
+                unsafe { x86::codes(ty, row, codes) };
+                continue;
+            }
+            codes_scalar(ty, row, codes);
         }
     }
 }
 
-/// The low nibbles of `qs` (16 bytes) then their high nibbles, through `f`.
-#[inline(always)]
-fn nibbles(qs: &[u8], out: &mut [i8], f: impl Fn(u8) -> i8) {
-    for j in 0..16 {
-        out[j] = f(qs[j] & 0x0f);
-        out[j + 16] = f(qs[j] >> 4);
-    }
-}
-
-/// Q5_0's and Q5_1's fifth bits (`qh`, little-endian) into the codes.
-#[inline(always)]
-fn fifth_bits(qh: &[u8], out: &mut [i8], off: i8) {
-    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
-    for (j, v) in out.iter_mut().enumerate() {
-        *v = (*v + off) | ((((qh >> j) & 1) << 4) as i8);
-        *v -= off;
-    }
-}
-
-/// One row of `ty`: codes, and the factors of each block.
-fn decode_row(
-    ty: GgmlType,
-    row: &[u8],
-    codes: &mut [i8],
-    wd: &mut [f32],
-    wm: &mut [f32],
-    sc: &mut [i32],
-    mn: &mut [i32],
-) {
+/// The per-block factors of one row of `ty`.
+fn factors(ty: GgmlType, row: &[u8], wd: &mut [f32], wm: &mut [f32], sc: &mut [i32], mn: &mut [i32]) {
     let bs = ty.block_bytes();
-    match ty {
-        GgmlType::Q8_0 => {
-            for ((p, c), d) in row.chunks_exact(bs).zip(codes.chunks_exact_mut(QK)).zip(wd.iter_mut()) {
-                *d = f16_le([p[0], p[1]]);
-                for (v, &x) in c.iter_mut().zip(&p[2..2 + QK]) {
-                    *v = x as i8;
-                }
-            }
-        }
-        GgmlType::Q4_0 | GgmlType::IQ4_NL => {
-            for ((p, c), d) in row.chunks_exact(bs).zip(codes.chunks_exact_mut(QK)).zip(wd.iter_mut()) {
-                *d = f16_le([p[0], p[1]]);
-                if ty == GgmlType::Q4_0 {
-                    nibbles(&p[2..18], c, |x| x as i8 - 8);
-                } else {
-                    nibbles(&p[2..18], c, |x| KVALUES_IQ4NL[x as usize]);
-                }
-            }
-        }
-        GgmlType::MXFP4 => {
-            for ((p, c), d) in row.chunks_exact(bs).zip(codes.chunks_exact_mut(QK)).zip(wd.iter_mut()) {
-                *d = e8m0_to_f32_half(p[0]);
-                nibbles(&p[1..17], c, |x| KVALUES_MXFP4[x as usize]);
-            }
-        }
-        GgmlType::Q5_0 => {
-            for ((p, c), d) in row.chunks_exact(bs).zip(codes.chunks_exact_mut(QK)).zip(wd.iter_mut()) {
-                *d = f16_le([p[0], p[1]]);
-                nibbles(&p[6..22], c, |x| x as i8 - 16);
-                fifth_bits(&p[2..6], c, 16);
-            }
-        }
-        GgmlType::Q4_1 | GgmlType::Q5_1 => {
-            let five = ty == GgmlType::Q5_1;
-            let it = row
-                .chunks_exact(bs)
-                .zip(codes.chunks_exact_mut(QK))
-                .zip(wd.iter_mut().zip(wm.iter_mut()));
-            for ((p, c), (d, m)) in it {
-                (*d, *m) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]]));
-                if five {
-                    nibbles(&p[8..24], c, |x| x as i8);
-                    fifth_bits(&p[4..8], c, 0);
-                } else {
-                    nibbles(&p[4..20], c, |x| x as i8);
-                }
-            }
-        }
-        GgmlType::IQ4_XS => {
-            for (s, p) in row.chunks_exact(bs).enumerate() {
+    for (s, p) in row.chunks_exact(bs).enumerate() {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => wd[s] = f16_le([p[0], p[1]]),
+            GgmlType::MXFP4 => wd[s] = e8m0_to_f32_half(p[0]),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => (wd[s], wm[s]) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]])),
+            GgmlType::IQ4_XS => {
                 let d = f16_le([p[0], p[1]]);
                 for b in 0..8 {
                     // Exact: an f16 times a 6-bit integer.
                     wd[8 * s + b] = d * iq4_xs_scale([p[2], p[3]], &p[4..8], b) as f32;
-                    let c = &mut codes[QK_K * s + QK * b..QK_K * s + QK * (b + 1)];
-                    nibbles(&p[8 + 16 * b..24 + 16 * b], c, |x| KVALUES_IQ4NL[x as usize]);
                 }
             }
-        }
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            let qs_at = if ty == GgmlType::Q4_K { 16 } else { 48 };
-            for (s, p) in row.chunks_exact(bs).enumerate() {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
                 let (d, dmin) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]]));
                 let scales: &[u8; 12] = p[4..16].try_into().expect("12 scale bytes");
                 for b in 0..8 {
                     let (s6, m6) = scale_min_k4(scales, b);
                     // Exact: an f16 times a 6-bit integer.
                     (wd[8 * s + b], wm[8 * s + b]) = (d * s6 as f32, dmin * m6 as f32);
-                    let qs = &p[qs_at + 32 * (b / 2)..qs_at + 32 * (b / 2) + 32];
-                    let c = &mut codes[QK_K * s + QK * b..QK_K * s + QK * (b + 1)];
-                    let shift = 4 * (b % 2);
-                    for (l, v) in c.iter_mut().enumerate() {
-                        *v = ((qs[l] >> shift) & 0x0f) as i8;
-                        if ty == GgmlType::Q5_K {
-                            *v |= (((p[16 + l] >> b) & 1) << 4) as i8;
+                }
+            }
+            GgmlType::Q6_K => {
+                wd[8 * s..8 * s + 8].fill(f16_le([p[208], p[209]]));
+                for (g, v) in sc[16 * s..16 * s + 16].iter_mut().enumerate() {
+                    *v = p[192 + g] as i8 as i32;
+                }
+            }
+            GgmlType::Q2_K => {
+                wd[8 * s..8 * s + 8].fill(f16_le([p[80], p[81]]));
+                wm[8 * s..8 * s + 8].fill(f16_le([p[82], p[83]]));
+                for g in 0..16 {
+                    (sc[16 * s + g], mn[16 * s + g]) = ((p[g] & 15) as i32, (p[g] >> 4) as i32);
+                }
+            }
+            GgmlType::Q3_K => {
+                wd[8 * s..8 * s + 8].fill(f16_le([p[108], p[109]]));
+                for g in 0..16 {
+                    sc[16 * s + g] = q3_k_scale(&p[96..108], g);
+                }
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no codes"),
+        }
+    }
+}
+
+/// The codes of one row of `ty`, less the term's offset (the reference
+/// of the vector decode: [`super::super::reference::codes`] spelled out).
+fn codes_scalar(ty: GgmlType, row: &[u8], codes: &mut [i8]) {
+    let bs = ty.block_bytes();
+    for (s, p) in row.chunks_exact(bs).enumerate() {
+        let out = &mut codes[s * ty.block_elems()..(s + 1) * ty.block_elems()];
+        for b in 0..ty.block_elems() / QK {
+            let c = &mut out[QK * b..QK * (b + 1)];
+            for (v, x) in c.iter_mut().zip(super::super::reference::codes(ty, p, b)) {
+                *v = (x - offset(ty)) as i8;
+            }
+        }
+    }
+}
+
+/// What the term subtracts from each code (see the module docs).
+pub(super) fn offset(ty: GgmlType) -> i16 {
+    match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q3_K => 4,
+        GgmlType::Q6_K => 32,
+        _ => 0,
+    }
+}
+
+/// The vector decode: every block's 32 codes in one AVX2 register.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::super::super::types::{GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK};
+
+    /// A 16-entry byte table in both halves of a register.
+    #[inline(always)]
+    unsafe fn table(t: [i8; 16]) -> __m256i {
+        // SAFETY: `t` holds 16 bytes.
+        let x = unsafe { _mm_loadu_si128(t.as_ptr().cast()) };
+        _mm256_set_m128i(x, x)
+    }
+
+    /// The 16 bytes at `p` as 32 nibbles: the low ones, then the high ones.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: the caller's `p` holds 16 bytes.
+        let x = unsafe { _mm_loadu_si128(p.cast()) };
+        let m = _mm_set1_epi8(0x0f);
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(x, 4), m), _mm_and_si128(x, m))
+    }
+
+    /// Bytes of `x` shifted right by `n` (within each byte), masked to `m`.
+    #[inline(always)]
+    unsafe fn bits(x: __m256i, n: u32, m: i8) -> __m256i {
+        _mm256_and_si256(_mm256_srl_epi16(x, _mm_cvtsi32_si128(n as i32)), _mm256_set1_epi8(m))
+    }
+
+    /// `codes_scalar`'s codes.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL run here; `row` holds whole blocks of `ty` and
+    /// `codes` their elements.
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn codes(ty: GgmlType, row: &[u8], codes: &mut [i8]) {
+        let bs = ty.block_bytes();
+        let n = row.len() / bs;
+        assert!(codes.len() >= n * ty.block_elems(), "codes for every element");
+        let (p0, c0) = (row.as_ptr(), codes.as_mut_ptr());
+        let store = |i: usize, v: __m256i| {
+            // SAFETY: `i` is a block of the row, `codes` holds its 32 codes.
+            unsafe { _mm256_storeu_si256(c0.add(QK * i).cast(), v) }
+        };
+        let lut = |t: [i8; 16]| unsafe { table(t) };
+        let four: [i8; 16] = std::array::from_fn(|i| i as i8 - 8);
+        let plain: [i8; 16] = std::array::from_fn(|i| i as i8);
+        // SAFETY (every block below): `p` starts a whole block of `ty` in
+        // `row`, and every read stays inside it.
+        unsafe {
+            match ty {
+                GgmlType::Q8_0 => {
+                    for i in 0..n {
+                        store(i, _mm256_loadu_si256(p0.add(bs * i + 2).cast()));
+                    }
+                }
+                GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4 | GgmlType::Q4_1 => {
+                    let (t, at) = match ty {
+                        GgmlType::Q4_0 => (lut(four), 2),
+                        GgmlType::IQ4_NL => (lut(KVALUES_IQ4NL), 2),
+                        GgmlType::MXFP4 => (lut(KVALUES_MXFP4), 1),
+                        _ => (lut(plain), 4),
+                    };
+                    for i in 0..n {
+                        store(i, _mm256_shuffle_epi8(t, nibbles(p0.add(bs * i + at))));
+                    }
+                }
+                GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                    let (at, qh, off) = if ty == GgmlType::Q5_0 { (6, 2, 16) } else { (8, 4, 0) };
+                    for i in 0..n {
+                        let p = p0.add(bs * i);
+                        let v = nibbles(p.add(at));
+                        let m = (p.add(qh) as *const u32).read_unaligned().to_le();
+                        let v = _mm256_mask_add_epi8(v, m, v, _mm256_set1_epi8(16));
+                        store(i, _mm256_sub_epi8(v, _mm256_set1_epi8(off)));
+                    }
+                }
+                GgmlType::IQ4_XS => {
+                    let t = lut(KVALUES_IQ4NL);
+                    for i in 0..n {
+                        for b in 0..8 {
+                            store(8 * i + b, _mm256_shuffle_epi8(t, nibbles(p0.add(bs * i + 8 + 16 * b))));
                         }
                     }
                 }
-            }
-        }
-        GgmlType::Q6_K => {
-            for (s, p) in row.chunks_exact(bs).enumerate() {
-                let d = f16_le([p[208], p[209]]);
-                for b in 0..8 {
-                    wd[8 * s + b] = d;
-                    let (h, k) = (b / 4, b % 4);
-                    sc[16 * s + 2 * b] = p[192 + 2 * b] as i8 as i32;
-                    sc[16 * s + 2 * b + 1] = p[193 + 2 * b] as i8 as i32;
-                    let c = &mut codes[QK_K * s + QK * b..QK_K * s + QK * (b + 1)];
-                    for (l, v) in c.iter_mut().enumerate() {
-                        let ql = p[64 * h + l + 32 * (k & 1)];
-                        let low = if k < 2 { ql & 0x0f } else { ql >> 4 };
-                        let high = (p[128 + 32 * h + l] >> (2 * k)) & 3;
-                        *v = (low | (high << 4)) as i8 - 32;
-                    }
-                }
-            }
-        }
-        GgmlType::Q2_K | GgmlType::Q3_K => {
-            let q2 = ty == GgmlType::Q2_K;
-            for (s, p) in row.chunks_exact(bs).enumerate() {
-                let qs = if q2 { 16 } else { 32 };
-                for b in 0..8 {
-                    for h in 0..2 {
-                        let g = 2 * b + h;
-                        if q2 {
-                            (sc[16 * s + g], mn[16 * s + g]) = ((p[g] & 15) as i32, (p[g] >> 4) as i32);
-                        } else {
-                            sc[16 * s + g] = q3_k_scale(&p[96..108], g);
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    let qs = if ty == GgmlType::Q4_K { 16 } else { 48 };
+                    for i in 0..n {
+                        let p = p0.add(bs * i);
+                        let qh = _mm256_loadu_si256(p.add(16).cast());
+                        for j in 0..4 {
+                            let x = _mm256_loadu_si256(p.add(qs + 32 * j).cast());
+                            for (h, v) in [bits(x, 0, 0x0f), bits(x, 4, 0x0f)].into_iter().enumerate() {
+                                let b = 2 * j + h;
+                                let v = if ty == GgmlType::Q5_K {
+                                    let m = _mm256_test_epi8_mask(qh, _mm256_set1_epi8((1u8 << b) as i8));
+                                    _mm256_mask_add_epi8(v, m, v, _mm256_set1_epi8(16))
+                                } else {
+                                    v
+                                };
+                                store(8 * i + b, v);
+                            }
                         }
                     }
-                    if q2 {
-                        (wd[8 * s + b], wm[8 * s + b]) = (f16_le([p[80], p[81]]), f16_le([p[82], p[83]]));
-                    } else {
-                        wd[8 * s + b] = f16_le([p[108], p[109]]);
-                    }
-                    let c = &mut codes[QK_K * s + QK * b..QK_K * s + QK * (b + 1)];
-                    for (l, v) in c.iter_mut().enumerate() {
-                        let low = (p[qs + 32 * (b / 4) + l] >> (2 * (b % 4))) & 3;
-                        *v = if q2 {
-                            low as i8
-                        } else {
-                            (low | (((p[l] >> b) & 1) << 2)) as i8 - 4
-                        };
+                }
+                GgmlType::Q6_K => {
+                    for i in 0..n {
+                        let p = p0.add(bs * i);
+                        for b in 0..8 {
+                            let (h, k) = (b / 4, b % 4);
+                            let ql = _mm256_loadu_si256(p.add(64 * h + 32 * (k & 1)).cast());
+                            let low = bits(ql, if k < 2 { 0 } else { 4 }, 0x0f);
+                            let qh = _mm256_loadu_si256(p.add(128 + 32 * h).cast());
+                            let high = _mm256_slli_epi16(bits(qh, 2 * k as u32, 3), 4);
+                            store(
+                                8 * i + b,
+                                _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32)),
+                            );
+                        }
                     }
                 }
+                GgmlType::Q2_K | GgmlType::Q3_K => {
+                    let q3 = ty == GgmlType::Q3_K;
+                    let qs = if q3 { 32 } else { 16 };
+                    for i in 0..n {
+                        let p = p0.add(bs * i);
+                        let hm = _mm256_loadu_si256(p.cast());
+                        for b in 0..8 {
+                            let x = _mm256_loadu_si256(p.add(qs + 32 * (b / 4)).cast());
+                            let v = bits(x, 2 * (b % 4) as u32, 3);
+                            let v = if q3 {
+                                let m = _mm256_test_epi8_mask(hm, _mm256_set1_epi8((1u8 << b) as i8));
+                                _mm256_sub_epi8(_mm256_mask_add_epi8(v, m, v, _mm256_set1_epi8(4)), _mm256_set1_epi8(4))
+                            } else {
+                                v
+                            };
+                            store(8 * i + b, v);
+                        }
+                    }
+                }
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no codes"),
             }
         }
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no codes"),
     }
 }
