@@ -190,17 +190,19 @@ const MIN_SUB: u8 = 2;
 const HALVES: u8 = 3;
 const Q2K: u8 = 4;
 
-/// A block's integer sums into `c` (the first half's, or the whole
-/// block's, at `c`; the second half's at `c + 1024` bytes), on register
-/// set `SET` of [`TileConfig`].
+/// Starts a block's integer sums on register set `SET` of [`TileConfig`]:
+/// loads its `A` and `B` tiles and issues the `tdpbssd` (both halves'
+/// for `HALF`). The AMX unit runs tile instructions in order, and a store
+/// waits for its product (tens of cycles): so the next block is started
+/// before this one is stored ([`store_sums`]), and its product runs
+/// meanwhile.
 ///
 /// # Safety
 /// The tile configuration is loaded; `a` starts 16 rows of `stride` bytes
-/// (32 read from each), `b` a block's `B` tile, `c` 2 KiB (halves) or 1 KiB.
+/// (32 read from each), `b` a block's `B` tile.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn block_sums<const HALF: bool, const SET: u8>(a: *const i8, stride: usize, b: *const i8, c: *mut i32) {
-    let c1 = c.wrapping_add(ROWS * ROWS);
+unsafe fn start_sums<const HALF: bool, const SET: u8>(a: *const i8, stride: usize, b: *const i8) {
     macro_rules! whole {
         ($a:literal, $b:literal, $c:literal) => {
             asm!(
@@ -208,9 +210,8 @@ unsafe fn block_sums<const HALF: bool, const SET: u8>(a: *const i8, stride: usiz
                 concat!("tileloadd ", $b, ", [{b} + {w}*1]"),
                 concat!("tilezero ", $c),
                 concat!("tdpbssd ", $c, ", ", $a, ", ", $b),
-                concat!("tilestored [{c} + {w}*1], ", $c),
-                a = in(reg) a, s = in(reg) stride, b = in(reg) b, w = in(reg) 64usize, c = in(reg) c,
-                options(nostack),
+                a = in(reg) a, s = in(reg) stride, b = in(reg) b, w = in(reg) 64usize,
+                options(nostack, readonly),
             )
         };
     }
@@ -225,11 +226,8 @@ unsafe fn block_sums<const HALF: bool, const SET: u8>(a: *const i8, stride: usiz
                 concat!("tileloadd ", $b, ", [{b} + {w}*1 + 256]"),
                 concat!("tilezero ", $c1),
                 concat!("tdpbssd ", $c1, ", ", $a, ", ", $b),
-                concat!("tilestored [{c0} + {w}*1], ", $c0),
-                concat!("tilestored [{c1} + {w}*1], ", $c1),
                 a = in(reg) a, s = in(reg) stride, b = in(reg) b, w = in(reg) 64usize,
-                c0 = in(reg) c, c1 = in(reg) c1,
-                options(nostack),
+                options(nostack, readonly),
             )
         };
     }
@@ -240,6 +238,40 @@ unsafe fn block_sums<const HALF: bool, const SET: u8>(a: *const i8, stride: usiz
             (false, _) => whole!("tmm3", "tmm4", "tmm5"),
             (true, 0) => halves!("tmm0", "tmm1", "tmm2", "tmm3"),
             (true, _) => halves!("tmm4", "tmm5", "tmm6", "tmm7"),
+        }
+    }
+}
+
+/// Stores the sums [`start_sums`] began on set `SET` into `c` (the first
+/// half's, or the whole block's, at `c`; the second half's 1 KiB later).
+///
+/// # Safety
+/// The tile configuration is loaded and the set's sums were started; `c`
+/// holds 2 KiB (halves) or 1 KiB.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_sums<const HALF: bool, const SET: u8>(c: *mut i32) {
+    let c1 = c.wrapping_add(ROWS * ROWS);
+    macro_rules! store {
+        ($c0:literal) => {
+            asm!(concat!("tilestored [{c0} + {w}*1], ", $c0), c0 = in(reg) c, w = in(reg) 64usize, options(nostack))
+        };
+        ($c0:literal, $c1:literal) => {
+            asm!(
+                concat!("tilestored [{c0} + {w}*1], ", $c0),
+                concat!("tilestored [{c1} + {w}*1], ", $c1),
+                c0 = in(reg) c, c1 = in(reg) c1, w = in(reg) 64usize,
+                options(nostack),
+            )
+        };
+    }
+    // SAFETY: the caller's promises.
+    unsafe {
+        match (HALF, SET) {
+            (false, 0) => store!("tmm2"),
+            (false, _) => store!("tmm5"),
+            (true, 0) => store!("tmm2", "tmm3"),
+            (true, _) => store!("tmm6", "tmm7"),
         }
     }
 }
@@ -264,29 +296,40 @@ unsafe fn product_x86<const K: u8>(w: &WeightTile, acts: &AmxActs, out: &mut [f3
     unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
     for tile in 0..acts.tiles() {
         let mut acc = [[_mm512_setzero_ps(); 8]; ROWS];
-        let sums = |b: usize, c: &mut [Sums; 2]| {
+        let start = |b: usize| {
             let a = line_bytes(&w.codes).as_ptr().wrapping_add(QK * b);
             let bt = line_bytes(&acts.b)
                 .as_ptr()
                 .wrapping_add((tile * nb + b) * acts::B_TILE);
-            let c = c[b % 2].0.as_mut_ptr();
             // SAFETY: `a` starts the tile's 16 rows of `cols` codes at
-            // block `b`, `bt` its `B` tile, `c` 2 KiB; the set alternates
-            // with the block, as the configuration has it.
+            // block `b`, `bt` its `B` tile; the set alternates with the
+            // block, as the configuration has it.
             unsafe {
                 match (halves, b % 2) {
-                    (false, 0) => block_sums::<false, 0>(a, w.cols, bt, c),
-                    (false, _) => block_sums::<false, 1>(a, w.cols, bt, c),
-                    (true, 0) => block_sums::<true, 0>(a, w.cols, bt, c),
-                    (true, _) => block_sums::<true, 1>(a, w.cols, bt, c),
+                    (false, 0) => start_sums::<false, 0>(a, w.cols, bt),
+                    (false, _) => start_sums::<false, 1>(a, w.cols, bt),
+                    (true, 0) => start_sums::<true, 0>(a, w.cols, bt),
+                    (true, _) => start_sums::<true, 1>(a, w.cols, bt),
                 }
             }
         };
-        sums(0, &mut c);
+        start(0);
         for b in 0..nb {
-            // The next block's tiles run while this block's sums are scaled.
+            // The next block's product runs while this block's sums are
+            // stored and scaled.
             if b + 1 < nb {
-                sums(b + 1, &mut c);
+                start(b + 1);
+            }
+            let at_c = c[b % 2].0.as_mut_ptr();
+            // SAFETY: block `b`'s sums were started on its set; `at_c`
+            // holds 2 KiB.
+            unsafe {
+                match (halves, b % 2) {
+                    (false, 0) => store_sums::<false, 0>(at_c),
+                    (false, _) => store_sums::<false, 1>(at_c),
+                    (true, 0) => store_sums::<true, 0>(at_c),
+                    (true, _) => store_sums::<true, 1>(at_c),
+                }
             }
             let c = &c[b % 2].0;
             let lane = b % 8;
