@@ -321,7 +321,7 @@ impl OutPtr {
 /// Activation rows from which a product of GGML rows runs on AMX tiles
 /// (where AMX is active): below it the padding of a 16-row tile costs more
 /// than the VNNI loops.
-const AMX_MIN_ROWS: usize = 8;
+const AMX_MIN_ROWS: usize = 16;
 
 /// Activation rows per block of a tiled product: eight 2048-wide rows and
 /// their block sums (~20 KiB) share L1 with a tile's weight rows.

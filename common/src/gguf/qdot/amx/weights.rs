@@ -81,51 +81,73 @@ impl WeightTile {
     }
 }
 
-/// The per-block factors of one row of `ty`.
+/// The per-block factors of one row of `ty` (one loop per type: with the
+/// type tested per block, the branch took most of the decode).
 fn factors(ty: GgmlType, row: &[u8], wd: &mut [f32], wm: &mut [f32], sc: &mut [i32], mn: &mut [i32]) {
-    let bs = ty.block_bytes();
-    for (s, p) in row.chunks_exact(bs).enumerate() {
-        match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => wd[s] = f16_le([p[0], p[1]]),
-            GgmlType::MXFP4 => wd[s] = e8m0_to_f32_half(p[0]),
-            GgmlType::Q4_1 | GgmlType::Q5_1 => (wd[s], wm[s]) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]])),
-            GgmlType::IQ4_XS => {
+    let blocks = row.chunks_exact(ty.block_bytes());
+    match ty {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::IQ4_NL => {
+            for (p, d) in blocks.zip(wd.iter_mut()) {
+                *d = f16_le([p[0], p[1]]);
+            }
+        }
+        GgmlType::MXFP4 => {
+            for (p, d) in blocks.zip(wd.iter_mut()) {
+                *d = e8m0_to_f32_half(p[0]);
+            }
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            for (p, (d, m)) in blocks.zip(wd.iter_mut().zip(wm.iter_mut())) {
+                (*d, *m) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]]));
+            }
+        }
+        GgmlType::IQ4_XS => {
+            for (p, wd) in blocks.zip(wd.chunks_exact_mut(8)) {
                 let d = f16_le([p[0], p[1]]);
-                for b in 0..8 {
+                for (b, v) in wd.iter_mut().enumerate() {
                     // Exact: an f16 times a 6-bit integer.
-                    wd[8 * s + b] = d * iq4_xs_scale([p[2], p[3]], &p[4..8], b) as f32;
+                    *v = d * iq4_xs_scale([p[2], p[3]], &p[4..8], b) as f32;
                 }
             }
-            GgmlType::Q4_K | GgmlType::Q5_K => {
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            for (p, (wd, wm)) in blocks.zip(wd.chunks_exact_mut(8).zip(wm.chunks_exact_mut(8))) {
                 let (d, dmin) = (f16_le([p[0], p[1]]), f16_le([p[2], p[3]]));
                 let scales: &[u8; 12] = p[4..16].try_into().expect("12 scale bytes");
                 for b in 0..8 {
                     let (s6, m6) = scale_min_k4(scales, b);
                     // Exact: an f16 times a 6-bit integer.
-                    (wd[8 * s + b], wm[8 * s + b]) = (d * s6 as f32, dmin * m6 as f32);
+                    (wd[b], wm[b]) = (d * s6 as f32, dmin * m6 as f32);
                 }
             }
-            GgmlType::Q6_K => {
-                wd[8 * s..8 * s + 8].fill(f16_le([p[208], p[209]]));
-                for (g, v) in sc[16 * s..16 * s + 16].iter_mut().enumerate() {
+        }
+        GgmlType::Q6_K => {
+            for (p, (wd, sc)) in blocks.zip(wd.chunks_exact_mut(8).zip(sc.chunks_exact_mut(16))) {
+                wd.fill(f16_le([p[208], p[209]]));
+                for (g, v) in sc.iter_mut().enumerate() {
                     *v = p[192 + g] as i8 as i32;
                 }
             }
-            GgmlType::Q2_K => {
-                wd[8 * s..8 * s + 8].fill(f16_le([p[80], p[81]]));
-                wm[8 * s..8 * s + 8].fill(f16_le([p[82], p[83]]));
-                for g in 0..16 {
-                    (sc[16 * s + g], mn[16 * s + g]) = ((p[g] & 15) as i32, (p[g] >> 4) as i32);
-                }
-            }
-            GgmlType::Q3_K => {
-                wd[8 * s..8 * s + 8].fill(f16_le([p[108], p[109]]));
-                for g in 0..16 {
-                    sc[16 * s + g] = q3_k_scale(&p[96..108], g);
-                }
-            }
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no codes"),
         }
+        GgmlType::Q2_K => {
+            let it = wd.chunks_exact_mut(8).zip(wm.chunks_exact_mut(8));
+            for (p, ((wd, wm), (sc, mn))) in blocks.zip(it.zip(sc.chunks_exact_mut(16).zip(mn.chunks_exact_mut(16)))) {
+                wd.fill(f16_le([p[80], p[81]]));
+                wm.fill(f16_le([p[82], p[83]]));
+                for g in 0..16 {
+                    (sc[g], mn[g]) = ((p[g] & 15) as i32, (p[g] >> 4) as i32);
+                }
+            }
+        }
+        GgmlType::Q3_K => {
+            for (p, (wd, sc)) in blocks.zip(wd.chunks_exact_mut(8).zip(sc.chunks_exact_mut(16))) {
+                wd.fill(f16_le([p[108], p[109]]));
+                for (g, v) in sc.iter_mut().enumerate() {
+                    *v = q3_k_scale(&p[96..108], g);
+                }
+            }
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => unreachable!("float rows have no codes"),
     }
 }
 
