@@ -2,6 +2,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
+use crate::gguf::types::QK;
 use crate::gguf::dot::tests::{acts, random_row};
 use crate::gguf::qdot::{dot_on, Q8Acts};
 use crate::Isa;
