@@ -56,7 +56,7 @@ fn main() {
             })
             .fold(f64::MAX, f64::min)
     };
-    let product = time(&mut || amx::product(&tile, &acts, &mut out, n));
+    let product = time(&mut || amx::product(&tile, &acts, &mut out, n, &[]));
     let decode = time(&mut || tile.decode(ty, &rows, cols));
     let block_tiles = (cols / 32 * n.div_ceil(16)) as f64;
     println!(

@@ -833,8 +833,14 @@ impl Weight {
                     // AMX: the tile's rows decoded once, then every
                     // activation tile against them.
                     AMX_TILE.with_borrow_mut(|w| {
-                        w.decode(*ty, &data.as_slice()[r0 * rb..(r0 + tile_rows) * rb], self.cols);
-                        qdot::amx::product(w, amx, o, n);
+                        let data = data.as_slice();
+                        w.decode(*ty, &data[r0 * rb..(r0 + tile_rows) * rb], self.cols);
+                        // The next tile's rows into L2 while this tile's
+                        // products run (its decode read them from memory:
+                        // a fifth of an OLMoE Q6_K prefill without this).
+                        let next = ((r0 + tile_rows) * rb).min(data.len());
+                        let len = (tile_rows * rb).min(data.len() - next);
+                        qdot::amx::product(w, amx, o, n, &data[next..next + len]);
                     });
                     t = n;
                 } else if let (true, Some(packed)) = (arranged, &self.packed) {

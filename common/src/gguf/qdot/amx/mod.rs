@@ -72,18 +72,25 @@ pub fn takes(ty: GgmlType, cols: usize) -> bool {
 }
 
 /// Whether prefill products of rows of `ty` with `cols` elements run on AMX
-/// here ([`takes`], and [`crate::isa::amx_active`]).
+/// here: [`takes`], [`crate::isa::amx_active`], and a type AMX speeds up.
+/// Q8_0 stays on the VNNI pair loop, which multiplies its stored bytes
+/// with nothing to decode: with AMX an OLMoE-shaped Q8_0 prefill ran at
+/// 0.91 × (`scripts/bench_amx_ab.sh`, 2026-12-07; Q4_0 1.00 ×, Q4_K_M
+/// 1.06 ×, Q6_K 1.10 ×, IQ4_XS 1.19 ×).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
-    crate::isa::amx_active() && takes(ty, cols)
+    crate::isa::amx_active() && takes(ty, cols) && ty != GgmlType::Q8_0
 }
 
 /// `out[r · stride + t]` = the dot product of weight row `r` of `w` with
 /// activation row `t`, for every row of both: the bits of [`super::dot`].
+/// `ahead` (the next tile's rows, or nothing) is asked into L2 a share per
+/// block as the product runs: all at once, the prefetches queued behind
+/// each other and stalled the loop that issued them.
 ///
 /// # Panics
 /// If AMX does not run here ([`crate::isa::amx_runs`]), the widths differ,
 /// or `out` does not reach the last output.
-pub fn product(w: &WeightTile, acts: &AmxActs, out: &mut [f32], stride: usize) {
+pub fn product(w: &WeightTile, acts: &AmxActs, out: &mut [f32], stride: usize, ahead: &[u8]) {
     let ty = w.ty.expect("a decoded tile");
     if acts.is_empty() || w.rows == 0 {
         return;
@@ -101,15 +108,15 @@ pub fn product(w: &WeightTile, acts: &AmxActs, out: &mut [f32], stride: usize) {
     unsafe {
         use tiles::*;
         match kind(ty).expect("a type AMX takes") {
-            Kind::Plain => product_x86::<PLAIN>(w, acts, out, stride),
-            Kind::MinAdd => product_x86::<MIN_ADD>(w, acts, out, stride),
-            Kind::MinSub => product_x86::<MIN_SUB>(w, acts, out, stride),
-            Kind::Halves => product_x86::<HALVES>(w, acts, out, stride),
-            Kind::Q2K => product_x86::<Q2K>(w, acts, out, stride),
+            Kind::Plain => product_x86::<PLAIN>(w, acts, out, stride, ahead),
+            Kind::MinAdd => product_x86::<MIN_ADD>(w, acts, out, stride, ahead),
+            Kind::MinSub => product_x86::<MIN_SUB>(w, acts, out, stride, ahead),
+            Kind::Halves => product_x86::<HALVES>(w, acts, out, stride, ahead),
+            Kind::Q2K => product_x86::<Q2K>(w, acts, out, stride, ahead),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (ty, out, stride);
+    let _ = (ty, out, stride, ahead);
 }
 
 /// A cache line of codes: the tiles' operands are stored in whole lines.

@@ -2,9 +2,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::gguf::types::QK;
 use crate::gguf::dot::tests::{acts, random_row};
 use crate::gguf::qdot::{dot_on, Q8Acts};
+use crate::gguf::types::QK;
 use crate::Isa;
 
 /// Whether AMX runs here; if not, says why the tests below assert nothing
@@ -44,7 +44,7 @@ fn check(ty: GgmlType, data: &[u8], cols: usize, xs: &[Q8Acts], what: &str) {
         let r1 = (r0 + ROWS).min(rows);
         tile.decode(ty, &data[r0 * rb..r1 * rb], cols);
         let mut out = vec![f32::from_bits(0x7fc0_1234); (r1 - r0) * stride];
-        product(&tile, &acts, &mut out, stride);
+        product(&tile, &acts, &mut out, stride, &[]);
         for r in r0..r1 {
             for (t, x) in xs.iter().enumerate() {
                 let want = dot_on(Isa::Scalar, ty, &data[r * rb..(r + 1) * rb], x);
@@ -199,10 +199,6 @@ fn the_tile_decode_holds_the_reference_codes() {
                 b0 += k;
             }
         }
-        assert!(
-            line_bytes(&tile.codes)[5 * cols..].iter().all(|&c| c == 0),
-            "{ty}: rows past the tile's are zero"
-        );
     }
 }
 

@@ -147,7 +147,13 @@ unsafe fn store_sums<const HALF: bool, const SET: u8>(c: *mut i32) {
 /// shapes are [`product`]'s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn product_x86<const K: u8>(w: &WeightTile, acts: &AmxActs, out: &mut [f32], stride: usize) {
+pub(super) unsafe fn product_x86<const K: u8>(
+    w: &WeightTile,
+    acts: &AmxActs,
+    out: &mut [f32],
+    stride: usize,
+    ahead: &[u8],
+) {
     const { assert!(K <= Q2K) };
     let halves = K == HALVES || K == Q2K;
     let cfg = TileConfig::new(halves);
@@ -158,6 +164,8 @@ pub(super) unsafe fn product_x86<const K: u8>(w: &WeightTile, acts: &AmxActs, ou
     let mut c = [const { Sums([0; 2 * ROWS * ROWS]) }; 2];
     // SAFETY: the configuration is a valid palette-1 layout.
     unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly)) };
+    // `ahead`'s lines spread over every block of every activation tile.
+    let share = ahead.len().div_ceil(acts.tiles() * nb).next_multiple_of(64);
     for tile in 0..acts.tiles() {
         let mut acc = [[_mm512_setzero_ps(); 8]; ROWS];
         let start = |b: usize| {
@@ -196,6 +204,8 @@ pub(super) unsafe fn product_x86<const K: u8>(w: &WeightTile, acts: &AmxActs, ou
                 }
             }
             let c = &c[b % 2].0;
+            let from = ((tile * nb + b) * share).min(ahead.len());
+            crate::prefetch::span_to_l2(ahead[from..].as_ptr(), share.min(ahead.len() - from));
             let lane = b % 8;
             let at = (tile * nb + b) * ROWS;
             let dx = _mm512_loadu_ps(acts.dx.as_ptr().add(at));

@@ -49,18 +49,17 @@ impl WeightTile {
         self.ty = Some(ty);
         self.rows = n;
         self.cols = cols;
-        // Only the rows past the tile's need zeros: the others are written.
+        // Rows past the tile's keep what they hold: their sums are never
+        // read (the terms run over the tile's rows only).
         if self.codes.len() != ROWS * cols / 64 {
             zeroed_lines(&mut self.codes, ROWS * cols);
         }
         let all = line_bytes_mut(&mut self.codes);
-        all[n * cols..].fill(0);
+        // Every factor of the tile's rows is written below.
         for v in [&mut self.wd, &mut self.wm] {
-            v.clear();
             v.resize(ROWS * nb, 0.0);
         }
         for v in [&mut self.sc, &mut self.mn] {
-            v.clear();
             v.resize(2 * ROWS * nb, 0);
         }
         for (r, row) in rows.chunks_exact(rb).enumerate() {
