@@ -72,13 +72,9 @@ pub fn takes(ty: GgmlType, cols: usize) -> bool {
 }
 
 /// Whether prefill products of rows of `ty` with `cols` elements run on AMX
-/// here: [`takes`], [`crate::isa::amx_active`], and a type AMX speeds up.
-/// Q8_0 stays on the VNNI pair loop, which multiplies its stored bytes
-/// with nothing to decode: with AMX an OLMoE-shaped Q8_0 prefill ran at
-/// 0.91 × (`scripts/bench_amx_ab.sh`, 2026-12-07; Q4_0 1.00 ×, Q4_K_M
-/// 1.06 ×, Q6_K 1.10 ×, IQ4_XS 1.19 ×).
+/// here ([`takes`], and [`crate::isa::amx_active`]).
 pub fn usable(ty: GgmlType, cols: usize) -> bool {
-    crate::isa::amx_active() && takes(ty, cols) && ty != GgmlType::Q8_0
+    crate::isa::amx_active() && takes(ty, cols)
 }
 
 /// `out[r · stride + t]` = the dot product of weight row `r` of `w` with
