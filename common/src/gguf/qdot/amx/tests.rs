@@ -1,4 +1,4 @@
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
@@ -55,7 +55,7 @@ fn check(ty: GgmlType, data: &[u8], cols: usize, xs: &[Q8Acts], what: &str) {
                     "{ty} x{cols} {what}: row {r}, act {t}: {got} vs {want}"
                 );
             }
-            for v in &out[(r - r0) * stride + n..(r - r0 + 1) * stride.min(out.len() / (r1 - r0))] {
+            for v in &out[(r - r0) * stride + n..(r - r0 + 1) * stride] {
                 assert_eq!(
                     v.to_bits(),
                     0x7fc0_1234,
@@ -209,5 +209,4 @@ fn takes_whole_blocks_of_quantized_types_only() {
     assert!(takes(GgmlType::Q6_K, 512));
     assert!(!takes(GgmlType::BF16, 512));
     assert!(!takes(GgmlType::Q8_0, 0));
-    let _ = Rng::gen::<u8>(&mut ChaCha8Rng::seed_from_u64(0));
 }
