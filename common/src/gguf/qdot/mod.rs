@@ -62,6 +62,8 @@
 //! - `x86`: AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) sums.
 //! - `neon`: AArch64 sums (widening multiplies, or `sdot` where the CPU has
 //!   it), the codes decoded once for the four activation rows of `dot4`.
+//! - [`amx`]: prefill products of every type on AMX-INT8 tiles (x86 CPUs
+//!   that have them), the same bits.
 //! - [`tiled`]: Q8_0, Q4_0, MXFP4, Q4_K and Q6_K matrix products on x86
 //!   with both sides chunk-transposed, so no block needs a horizontal fold
 //!   (same bits), and decode's packed copies of the same rows (the blocks

@@ -18,7 +18,9 @@
 //!   sum is the term's integer itself; the per-block factors widened.
 //! - [`AmxActs`] (`acts`): the activation rows of a product laid out once
 //!   as the tiles' `B` operands, with their scales and code sums in lanes.
-//! - [`product`]: one weight tile against every activation tile.
+//! - [`product`]: one weight tile against every activation tile; its x86
+//!   kernel (`tiles`: the tile configuration, the tile instructions of a
+//!   block, the terms in AVX-512 registers).
 //!
 //! AMX is used where [`crate::isa::amx_active`] says so: the CPU has
 //! AMX-INT8, Linux granted this process the tile state
