@@ -57,6 +57,10 @@ pub enum GrammarSpec {
     Lark(String),
     /// A regular expression the whole answer must match.
     Regex(String),
+    /// `outer`, a Lark grammar in which `@answer` stands for `inner` (a
+    /// chat format's frame around the request's own grammar: harmony's
+    /// channels, [`crate::server::harmony::final_answer`]).
+    Framed { outer: String, inner: Box<GrammarSpec> },
 }
 
 /// Longest grammar or schema accepted, in bytes of its text.
@@ -65,11 +69,7 @@ pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
 impl GrammarSpec {
     /// The llguidance grammar, with charm's JSON layout.
     fn top_level(&self) -> Result<TopLevelGrammar, GrammarError> {
-        let size = match self {
-            GrammarSpec::JsonObject => 0,
-            GrammarSpec::JsonSchema(v) => v.to_string().len(),
-            GrammarSpec::Lark(s) | GrammarSpec::Regex(s) => s.len(),
-        };
+        let size = self.size();
         if size > MAX_GRAMMAR_BYTES {
             return Err(GrammarError::Compile(format!(
                 "the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are accepted"
@@ -85,7 +85,27 @@ impl GrammarSpec {
             }
             GrammarSpec::Lark(src) => TopLevelGrammar::from_lark(src.clone()),
             GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            GrammarSpec::Framed { outer, inner } => {
+                let mut top = TopLevelGrammar::from_lark(outer.clone());
+                let mut inner = inner.top_level()?;
+                match inner.grammars.first_mut() {
+                    Some(g) => g.name = Some("answer".into()),
+                    None => return Err(GrammarError::Compile("the framed grammar is empty".into())),
+                }
+                top.grammars.extend(inner.grammars);
+                top
+            }
         })
+    }
+
+    /// The bytes of the grammar's text (a JSON object's: none).
+    fn size(&self) -> usize {
+        match self {
+            GrammarSpec::JsonObject => 0,
+            GrammarSpec::JsonSchema(v) => v.to_string().len(),
+            GrammarSpec::Lark(s) | GrammarSpec::Regex(s) => s.len(),
+            GrammarSpec::Framed { outer, inner } => outer.len() + inner.size(),
+        }
     }
 }
 

@@ -249,3 +249,97 @@ fn api_conversations_with_several_calls_render_through_the_gpt_oss_template() {
     assert!(text.contains("# Instructions\n\nBe brief.\n\n# Tools"), "{text}");
     assert!(text.contains("Current date: 1970-01-01\n"), "{text}");
 }
+
+/// A schema asked of a harmony chat answer holds its `final` message to
+/// the schema after an optional `analysis` message
+/// (`harmony::final_answer`): with the real vocabulary the model's own
+/// spelling passes token by token — reasoning then answer, the answer
+/// alone, and a reasoning budget's closing — and splits into that
+/// reasoning and the JSON; JSON before the `final` header is refused, and
+/// after the JSON only an end-of-sequence token may come.
+#[test]
+fn a_schema_holds_the_final_message_and_leaves_the_reasoning_free() {
+    use charm_coordinator::grammar::{GrammarSpec, Grammars};
+    use charm_coordinator::server::answer::Out;
+    use charm_coordinator::server::harmony::{final_answer, HarmonySplit};
+    use charm_coordinator::server::think_budget::HARMONY_CLOSE;
+
+    let c = codec();
+    let r = reference();
+    let vocab = 201_088;
+    let eos = [r.special_ids["<|return|>"], 199_999, r.special_ids["<|call|>"]];
+    let grammars = Grammars::new(&c, vocab, &eos).expect("the gpt-oss vocabulary builds a token trie");
+    let schema = serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}},
+                                    "required": ["city"]});
+    let spec = final_answer(GrammarSpec::JsonSchema(schema));
+    let answer = "{\"city\": \"Paris\"}";
+    let thought = "The user wants a city; {not JSON} <b>fine</b>.\nSo: Paris.";
+    for (text, reasoning) in [
+        (
+            format!(
+                "<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant<|channel|>final<|message|>{answer}"
+            ),
+            Some(thought),
+        ),
+        (format!("<|channel|>final<|message|>{answer}"), None),
+        (
+            format!("<|channel|>analysis<|message|>Let me{HARMONY_CLOSE}{answer}"),
+            Some("Let me"),
+        ),
+    ] {
+        let mut g = grammars.compile(&spec).unwrap();
+        for id in c.encode_plain(&text).unwrap() {
+            let mut logits = vec![0.0f32; vocab];
+            g.mask(&mut logits).unwrap();
+            assert!(logits[id as usize].is_finite(), "{text}: token {id} refused");
+            g.accept(id).unwrap();
+        }
+        let mut logits = vec![0.0f32; vocab];
+        g.mask(&mut logits).unwrap();
+        let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
+        let eos_ids: Vec<usize> = eos.iter().map(|&e| e as usize).collect();
+        assert!(
+            !allowed.is_empty() && allowed.iter().all(|i| eos_ids.contains(i)),
+            "{text}: only end-of-sequence tokens may follow the answer, not {allowed:?}"
+        );
+        let mut split = HarmonySplit::new(&[], "");
+        let mut pieces = split.push(&text);
+        pieces.extend(split.push("<|return|>"));
+        pieces.extend(split.finish());
+        let (mut thought_said, mut text_said) = (String::new(), String::new());
+        for p in &pieces {
+            match p {
+                Out::Reasoning(t) => thought_said.push_str(t),
+                Out::Text(t) => text_said.push_str(t),
+                Out::Call(_) => panic!("{text}: a call in {pieces:?}"),
+            }
+        }
+        assert_eq!(thought_said, reasoning.unwrap_or(""), "{text}: the reasoning");
+        assert_eq!(text_said, answer, "{text}: the answer");
+    }
+    // The answer cannot start the message: a header comes first.
+    let mut g = grammars.compile(&spec).unwrap();
+    let mut logits = vec![0.0f32; vocab];
+    g.mask(&mut logits).unwrap();
+    let brace = c.encode_plain("{").unwrap()[0];
+    assert!(logits[brace as usize].is_infinite(), "JSON before the final header");
+    assert!(
+        logits[r.special_ids["<|channel|>"] as usize].is_finite(),
+        "a channel header opens the answer"
+    );
+    // A final message off the schema is refused along the way.
+    let mut g = grammars.compile(&spec).unwrap();
+    let off = c
+        .encode_plain("<|channel|>final<|message|>{\"town\": \"Paris\"}")
+        .unwrap();
+    let refused = off.iter().any(|&id| {
+        let mut logits = vec![0.0f32; vocab];
+        g.mask(&mut logits).unwrap();
+        let no = logits[id as usize].is_infinite();
+        if !no {
+            g.accept(id).unwrap();
+        }
+        no
+    });
+    assert!(refused, "an answer off the schema passed");
+}

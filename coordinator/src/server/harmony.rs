@@ -40,6 +40,7 @@ use serde_json::{Map, Value};
 use super::answer::Out;
 use super::tools::ToolCall;
 use crate::chat_template::Message;
+use crate::grammar::GrammarSpec;
 
 /// Opens a message (its role follows).
 pub const START: &str = "<|start|>";
@@ -71,6 +72,24 @@ const MAX_HEADER: usize = 256;
 /// Whether a chat template writes harmony (gpt-oss's).
 pub fn is_harmony(template: &str) -> bool {
     template.contains(CHANNEL) && template.contains(MESSAGE)
+}
+
+/// A request's grammar for a harmony answer: an optional `analysis`
+/// message (free text), then the `final` message, whose body is `answer`.
+/// Held to `answer` from the first token, a harmony model would write its
+/// answer with no channel header and no reasoning; framed so, it reasons
+/// first, as it was trained to, and a reasoning budget's closing
+/// ([`super::think_budget::HARMONY_CLOSE`]) is the frame's own text. (The
+/// special tokens are written bare in llguidance's Lark.)
+pub fn final_answer(answer: GrammarSpec) -> GrammarSpec {
+    let outer = format!(
+        "start: analysis? {CHANNEL} \"final\" {MESSAGE} @answer\n\
+         analysis: {CHANNEL} \"analysis\" {MESSAGE} /(?s:.*)/ {END} {START} \"assistant\"\n"
+    );
+    GrammarSpec::Framed {
+        outer,
+        inner: Box::new(answer),
+    }
 }
 
 /// The template's `reasoning_effort` for an OpenAI effort: gpt-oss knows

@@ -1136,8 +1136,13 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     // Harmony's channels and Kimi K2's call markers are special tokens.
     let keep_special = chat && tool_syntax(st).is_some_and(tools::ToolSyntax::keeps_special_tokens);
     let opens_reasoning = chat && !prefilled && reasoning::prompt_opens_inside(&st.codec, &prompt);
+    // A harmony chat answer (gpt-oss) is held to the request's grammar
+    // in its final message, after any reasoning: the frame around it is
+    // harmony's. (A forced call's prefill has already begun its message.)
+    let harmony_chat = chat && !prefilled && st.codec.template().is_some_and(|t| harmony::is_harmony(t.source()));
     let constraint = match ask.grammar {
         None => None,
+        Some((spec, param)) if harmony_chat => Some(constrain(st, harmony::final_answer(spec), param).await?),
         Some((spec, param)) => Some(constrain(st, spec, param).await?),
     };
     // A grammar asked of an answer whose prompt opened the reasoning
