@@ -139,6 +139,20 @@ fn harmony_markers_are_special_tokens_kept_only_when_asked() {
     }
 }
 
+/// Feeds `text`'s tokens to `g`, each one allowed by the mask before it;
+/// the mask after the last.
+fn feed(g: &mut charm_coordinator::grammar::Constraint, c: &TextCodec, text: &str, vocab: usize) -> Vec<f32> {
+    for id in c.encode_plain(text).unwrap() {
+        let mut logits = vec![0.0f32; vocab];
+        g.mask(&mut logits).unwrap();
+        assert!(logits[id as usize].is_finite(), "{text}: token {id} refused");
+        g.accept(id).unwrap();
+    }
+    let mut logits = vec![0.0f32; vocab];
+    g.mask(&mut logits).unwrap();
+    logits
+}
+
 /// The forced-call grammars name harmony's special tokens bare; with the
 /// real vocabulary they compile, and the model's own spelling of a call
 /// (`NAME <|constrain|>json<|message|>` + arguments) passes them token by
@@ -172,15 +186,7 @@ fn forced_harmony_calls_compile_and_accept_a_call_with_the_real_vocabulary() {
         (Some("get_time"), "{\"city\": \"Lima\"}"),
     ] {
         let mut g = grammars.compile(&h.forced_grammar(&tools, name)).unwrap();
-        let ids = c.encode_plain(text).unwrap();
-        for &id in &ids {
-            let mut logits = vec![0.0f32; vocab];
-            g.mask(&mut logits).unwrap();
-            assert!(logits[id as usize].is_finite(), "{text}: token {id} refused");
-            g.accept(id).unwrap();
-        }
-        let mut logits = vec![0.0f32; vocab];
-        g.mask(&mut logits).unwrap();
+        let logits = feed(&mut g, &c, text, vocab);
         assert!(logits[call as usize].is_finite(), "{text}: <|call|> may end the call");
         let allowed = logits.iter().filter(|l| l.is_finite()).count();
         assert_eq!(allowed, eos.len(), "{text}: only end-of-sequence tokens");
@@ -288,14 +294,7 @@ fn a_schema_holds_the_final_message_and_leaves_the_reasoning_free() {
         ),
     ] {
         let mut g = grammars.compile(&spec).unwrap();
-        for id in c.encode_plain(&text).unwrap() {
-            let mut logits = vec![0.0f32; vocab];
-            g.mask(&mut logits).unwrap();
-            assert!(logits[id as usize].is_finite(), "{text}: token {id} refused");
-            g.accept(id).unwrap();
-        }
-        let mut logits = vec![0.0f32; vocab];
-        g.mask(&mut logits).unwrap();
+        let logits = feed(&mut g, &c, &text, vocab);
         let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
         let eos_ids: Vec<usize> = eos.iter().map(|&e| e as usize).collect();
         assert!(
