@@ -100,6 +100,12 @@ mkdir -p "$OUT"
 RAW="$OUT/runs.jsonl"
 lscpu | grep -E "Model name|^CPU\(s\)" >"$OUT/machine.txt" || true
 cat "$OUT/machine.txt" >&2
+# The binary measured, and the commit it was built from: a build in the
+# repository while this runs (a test run rebuilds the binaries) must not
+# swap it mid-run.
+(cd "$ROOT" && git rev-parse --short HEAD && git status --short) >"$OUT/commit.txt" 2>/dev/null || true
+cp "$CHARM" "$OUT/coordinator"
+CHARM="$OUT/coordinator"
 
 PORT=18431
 PID=""
