@@ -1139,7 +1139,7 @@ pub(crate) async fn submit(st: &Arc<AppState>, ask: Ask) -> Result<Ticket, ApiEr
     // A harmony chat answer (gpt-oss) is held to the request's grammar
     // in its final message, after any reasoning: the frame around it is
     // harmony's. (A forced call's prefill has already begun its message.)
-    let harmony_chat = chat && !prefilled && st.codec.template().is_some_and(|t| harmony::is_harmony(t.source()));
+    let harmony_chat = chat && !prefilled && speaks_harmony(st);
     let constraint = match ask.grammar {
         None => None,
         Some((spec, param)) if harmony_chat => Some(constrain(st, harmony::final_answer(spec), param).await?),
